@@ -1,0 +1,80 @@
+"""Model arguments and the per-call plumbing every architecture shares."""
+
+import inspect
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from . import masks as masks_lib
+
+
+@dataclass
+class BaseModelArgs:
+    """Dataclass built from a Hugging Face ``config.json`` dict (unknown keys ignored)."""
+
+    @classmethod
+    def from_dict(cls, params):
+        params = normalize_rope_config(params)
+        names = inspect.signature(cls).parameters
+        return cls(**{k: v for k, v in params.items() if k in names})
+
+
+def normalize_rope_config(config):
+    """Read RoPE settings from both config layouts found in the wild.
+
+    transformers 4 writes ``rope_theta`` / ``rope_scaling`` at the top level;
+    transformers 5 writes ``rope_parameters`` (with ``rope_theta`` inside), or one
+    such dict per layer type (``full_attention``, ``sliding_attention``). The result
+    always has the flat keys; per-type settings are also kept as
+    ``rope_parameters_by_type`` and the sliding one as ``rope_local_base_freq``.
+    """
+    params = config.get("rope_parameters")
+    if not isinstance(params, dict):
+        return config
+    config = dict(config)
+    by_type = None
+    if params and all(isinstance(v, dict) for v in params.values()):
+        by_type = params
+        params = by_type.get("full_attention") or next(iter(by_type.values()))
+        config["rope_parameters_by_type"] = by_type
+        local = by_type.get("sliding_attention")
+        if local and "rope_theta" in local:
+            config.setdefault("rope_local_base_freq", local["rope_theta"])
+    if "rope_theta" in params:
+        config.setdefault("rope_theta", params["rope_theta"])
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in (None, "default") and not config.get("rope_scaling"):
+        config["rope_scaling"] = {k: v for k, v in params.items() if k != "rope_theta"}
+    for key in ("partial_rotary_factor",):
+        if key in params:
+            config.setdefault(key, params[key])
+    return config
+
+
+def resolve_offset(inputs, offset, cache):
+    """Per-row position of the first input column, as an ``(B,)`` int32 array.
+
+    The batch driver always passes it. Callers that don't (mlx-lm style
+    ``model(x, cache=cache)`` on one unpadded sequence) get the cache's slot count,
+    which equals the position when nothing is padded.
+    """
+    B = inputs.shape[0]
+    if offset is None:
+        start = 0
+        if cache is not None and cache[0] is not None:
+            start = cache[0].size
+        return mx.full((B,), start, dtype=mx.int32)
+    if not isinstance(offset, mx.array):
+        offset = mx.array(offset, dtype=mx.int32)
+    if offset.ndim == 0:
+        offset = mx.broadcast_to(offset, (B,))
+    return offset.astype(mx.int32)
+
+
+def resolve_masks(mask, cache, windows, query_len, offset):
+    """Per-layer masks: the caller's (one array, or a list per layer) or built here."""
+    if isinstance(mask, (list, tuple)):
+        return list(mask)
+    if isinstance(mask, mx.array):
+        return [mask] * len(windows)
+    return masks_lib.masks_for_layers(cache, windows, query_len, offset)

@@ -1,0 +1,78 @@
+"""Gemma 3 (text): sandwich norms with ``1 + w``, QK-norm, scaled embeddings, tied
+output, and five sliding-window layers per global layer with their own RoPE base."""
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+from .base import BaseModelArgs
+from .cache import KVCache, RotatingKVCache
+from .layers import MLP, Attention, CausalLM, DecoderStack, RMSNorm, SandwichBlock
+from .rope import make_rope
+
+
+@dataclass
+class ModelArgs(BaseModelArgs):
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    vocab_size: int = 262144
+    head_dim: int = 256
+    num_key_value_heads: int = 1
+    rms_norm_eps: float = 1e-6
+    query_pre_attn_scalar: float = 256
+    sliding_window: int = 512
+    sliding_window_pattern: int = 6
+    layer_types: Optional[List[str]] = None
+    rope_theta: float = 1_000_000.0
+    rope_local_base_freq: float = 10_000.0
+    rope_scaling: Optional[dict] = None
+    max_position_embeddings: int = 32768
+    hidden_activation: str = "gelu_pytorch_tanh"
+    attention_bias: bool = False
+    attn_logit_softcapping: Optional[float] = None
+    final_logit_softcapping: Optional[float] = None
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self):
+        if self.layer_types is None:
+            p = self.sliding_window_pattern
+            self.layer_types = [
+                "full_attention" if (i + 1) % p == 0 else "sliding_attention"
+                for i in range(self.num_hidden_layers)
+            ]
+
+
+class Model(CausalLM):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model_type = args.model_type
+        norm = lambda dims=args.hidden_size: RMSNorm(dims, args.rms_norm_eps, zero_centered=True)
+        global_rope = make_rope(args.head_dim, args.rope_theta, False, args.rope_scaling,
+                                args.max_position_embeddings)
+        local_rope = make_rope(args.head_dim, args.rope_local_base_freq)
+        layers = []
+        for kind in args.layer_types:
+            attn = Attention(
+                args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
+                args.head_dim, global_rope if kind == "full_attention" else local_rope,
+                bias=args.attention_bias, scale=args.query_pre_attn_scalar**-0.5,
+                qk_norm=norm, softcap=args.attn_logit_softcapping,
+            )
+            mlp = MLP(args.hidden_size, args.intermediate_size, args.hidden_activation)
+            layers.append(SandwichBlock(attn, mlp, norm))
+        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm(),
+                                  embed_scale=args.hidden_size**0.5)
+        self.final_logit_softcap = args.final_logit_softcapping
+        self.layer_windows = [
+            None if kind == "full_attention" else args.sliding_window for kind in args.layer_types
+        ]
+
+    def make_cache(self, max_kv_size=None):
+        caches = []
+        for w in self.layer_windows:
+            size = w if max_kv_size is None else min(w or max_kv_size, max_kv_size)
+            caches.append(KVCache() if size is None else RotatingKVCache(size))
+        return caches

@@ -1,0 +1,404 @@
+"""Batched sampling and logits processing (drop-in for ``mlx_lm.sample_utils``).
+
+Every function works on a whole batch ``(B, V)`` with array ops only (no
+Python loop over rows). Sampling parameters may be a scalar or one value per
+row, so a continuous-batching driver can serve requests with different
+settings in a single vectorised call. A 1-D ``(V,)`` input behaves like the
+single-sequence mlx-lm API.
+"""
+
+import math
+import numbers
+from typing import Callable, Dict, List, Optional, Sequence, Union
+
+import mlx.core as mx
+
+Sampler = Callable[[mx.array], mx.array]
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+RowParam = Union[float, int, Sequence, mx.array]
+
+_NEG_INF = -float("inf")
+
+
+# Parameter validation / normalisation (runs once, outside the hot path)
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _check_real(name: str, lo: float, hi: float, finite: bool = False):
+    """Checker for a real number in [lo, hi] (``not (lo <= v <= hi)`` also rejects NaN)."""
+    kind = "a finite number" if finite else "a number"
+    rng = "" if lo == -math.inf else f" >= {lo}" if hi == math.inf else f" in [{lo}, {hi}]"
+
+    def check(v):
+        if not _is_real(v) or not (lo <= v <= hi) or (finite and not math.isfinite(v)):
+            raise ValueError(f"{name} must be {kind}{rng}, got {v!r}")
+
+    return check
+
+
+def _check_int(name: str, lo: int):
+    def check(v):
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+
+    return check
+
+
+def _param(name: str, value, check, dtype=mx.float32):
+    """Validate a scalar-or-per-row parameter.
+
+    Returns a Python scalar, or an ``(N, 1)`` array (one value per row) that
+    broadcasts against ``(B, V)`` logits.
+    """
+    if isinstance(value, mx.array):
+        per_row = value.ndim > 0
+        values = value.reshape(-1).tolist() if per_row else [value.item()]
+    elif hasattr(value, "__len__") and not isinstance(value, (str, bytes)):
+        per_row = True
+        # .item() turns numpy / mx scalars into Python numbers for the checks.
+        values = [v.item() if hasattr(v, "item") else v for v in value]
+    else:
+        per_row, values = False, [value]
+    if per_row and len(values) == 0:
+        raise ValueError(f"{name} must not be an empty sequence")
+    for v in values:
+        check(v)
+    if not per_row:
+        return values[0]
+    return mx.array(values, dtype=dtype).reshape(-1, 1)
+
+
+def _check_rows(name: str, p, batch: int):
+    """Per-row parameters must match the batch (a single value broadcasts)."""
+    if isinstance(p, mx.array) and p.shape[0] not in (1, batch):
+        raise ValueError(
+            f"{name} has {p.shape[0]} per-row values but the batch has {batch} rows"
+        )
+
+
+def _as_2d(x: mx.array):
+    """View a 1-D single-sequence input as a batch of one."""
+    return (x[None], True) if x.ndim == 1 else (x, False)
+
+
+def _enabled(p, lo: float, hi: float) -> bool:
+    """Whether a filter does anything for at least one row (mlx-lm skips it otherwise)."""
+    if isinstance(p, mx.array):
+        return bool(mx.any((p > lo) & (p < hi)).item())
+    return lo < p < hi
+
+
+# Filters: (B, V) logprobs -> (B, V) logprobs with removed tokens at -inf
+def _top_k(lp: mx.array, k) -> mx.array:
+    vocab = lp.shape[-1]
+    if not isinstance(k, mx.array):
+        if k <= 0 or k >= vocab:
+            return lp
+        # argpartition is O(V): after it the k most likely tokens occupy the first k slots.
+        drop = mx.argpartition(-lp, kth=k - 1, axis=-1)[:, k:]
+        return mx.put_along_axis(lp, drop, mx.array(_NEG_INF, lp.dtype), axis=-1)
+    # Per-row k needs each token's rank; one argsort + scatter gives it for all rows.
+    order = mx.argsort(-lp, axis=-1)
+    positions = mx.broadcast_to(mx.arange(vocab, dtype=mx.int32), lp.shape)
+    ranks = mx.put_along_axis(mx.zeros(lp.shape, mx.int32), order, positions, axis=-1)
+    keep = mx.where(k > 0, k, vocab)  # k == 0 disables the filter for that row
+    return mx.where(ranks < keep, lp, _NEG_INF)
+
+
+def _top_p(lp: mx.array, p) -> mx.array:
+    desc = -mx.sort(-lp, axis=-1)
+    probs = mx.softmax(desc.astype(mx.float32), axis=-1)
+    # A token is kept while the mass of strictly more likely tokens is < p;
+    # this keeps the smallest prefix reaching p (and always the top token).
+    mass_before = mx.cumsum(probs, axis=-1, inclusive=False)
+    n_keep = mx.maximum((mass_before < p).sum(axis=-1, keepdims=True), 1)
+    threshold = mx.take_along_axis(desc, n_keep - 1, axis=-1)
+    out = mx.where(lp < threshold, _NEG_INF, lp)
+    if isinstance(p, mx.array):
+        # mlx-lm treats top_p outside (0, 1) as "off"; do the same per row.
+        out = mx.where((p > 0) & (p < 1), out, lp)
+    return out
+
+
+def _min_p(lp: mx.array, min_p, min_tokens_to_keep: int) -> mx.array:
+    # p >= min_p * p_max  <=>  logp >= logp_max + log(min_p); log(0) = -inf keeps all.
+    log_min_p = mx.log(min_p) if isinstance(min_p, mx.array) else math.log(min_p)
+    remove = lp < (lp.max(axis=-1, keepdims=True) + log_min_p)
+    keep_n = min(min_tokens_to_keep, lp.shape[-1])
+    if keep_n > 1:
+        top = mx.argpartition(-lp, kth=keep_n - 1, axis=-1)[:, :keep_n]
+        remove = mx.put_along_axis(remove, top, mx.array(False), axis=-1)
+    return mx.where(remove, _NEG_INF, lp)
+
+
+def _xtc(lp: mx.array, probability: float, threshold: float, special: List[int]):
+    probs = mx.softmax(lp.astype(mx.float32), axis=-1)
+    # "Exclude top choices": of the tokens above the threshold, remove all but
+    # the least likely one.
+    least_above = mx.where(probs > threshold, probs, mx.inf).min(axis=-1, keepdims=True)
+    cut = probs > least_above
+    special = [t for t in special if t < lp.shape[-1]]
+    if special:
+        cut[:, mx.array(special)] = False
+    # One coin per row so rows stay independent (mlx-lm flips one per call).
+    coin = mx.random.uniform(shape=(lp.shape[0], 1))
+    return mx.where((coin < probability) & cut, _NEG_INF, lp)
+
+
+def apply_top_k(logprobs: mx.array, top_k: RowParam) -> mx.array:
+    """Keep only the ``top_k`` most likely tokens of each row.
+
+    ``top_k`` is an int or one int per row; 0 (or >= vocab size) keeps all.
+    """
+    top_k = _param("top_k", top_k, _check_int("top_k", 0), mx.int32)
+    x, squeeze = _as_2d(logprobs)
+    _check_rows("top_k", top_k, x.shape[0])
+    out = _top_k(x, top_k)
+    return out[0] if squeeze else out
+
+
+def apply_top_p(logprobs: mx.array, top_p: RowParam) -> mx.array:
+    """Nucleus filter: keep the smallest set of most likely tokens with mass >= ``top_p``.
+
+    ``top_p`` is a float or one per row; values of 0 or 1 leave a row unchanged.
+    """
+    top_p = _param("top_p", top_p, _check_real("top_p", 0, 1))
+    x, squeeze = _as_2d(logprobs)
+    _check_rows("top_p", top_p, x.shape[0])
+    out = _top_p(x, top_p) if _enabled(top_p, 0, 1) else x
+    return out[0] if squeeze else out
+
+
+def apply_min_p(
+    logprobs: mx.array, min_p: RowParam, min_tokens_to_keep: int = 1
+) -> mx.array:
+    """Keep tokens whose probability is at least ``min_p`` times the row's top probability.
+
+    ``min_p`` is a float or one per row (0 keeps all); at least
+    ``min_tokens_to_keep`` tokens survive in each row.
+    """
+    min_p = _param("min_p", min_p, _check_real("min_p", 0, 1))
+    _check_int("min_tokens_to_keep", 1)(min_tokens_to_keep)
+    x, squeeze = _as_2d(logprobs)
+    _check_rows("min_p", min_p, x.shape[0])
+    out = _min_p(x, min_p, min_tokens_to_keep) if _enabled(min_p, 0, 2) else x
+    return out[0] if squeeze else out
+
+
+def apply_xtc(
+    logits: mx.array,
+    xtc_probability: float,
+    xtc_threshold: float,
+    xtc_special_tokens: List[int],
+) -> mx.array:
+    """XTC: with probability ``xtc_probability`` (drawn per row), remove every token
+    with probability above ``xtc_threshold`` except the least likely such token.
+    Tokens in ``xtc_special_tokens`` are never removed."""
+    _check_real("xtc_probability", 0, 1)(xtc_probability)
+    _check_real("xtc_threshold", 0, 0.5)(xtc_threshold)
+    special = _check_special(xtc_special_tokens)
+    x, squeeze = _as_2d(logits)
+    out = _xtc(x, xtc_probability, xtc_threshold, special)
+    return out[0] if squeeze else out
+
+
+def _check_special(tokens) -> List[int]:
+    tokens = [] if tokens is None else list(tokens)
+    for t in tokens:
+        _check_int("xtc_special_tokens", 0)(t)
+    return tokens
+
+
+# Samplers
+def greedy_sampler(logprobs: mx.array) -> mx.array:
+    """Argmax over the last axis: ``(B, V) -> (B,)``, ``(V,) -> ()``."""
+    return mx.argmax(logprobs, axis=-1)
+
+
+def _categorical(x: mx.array, temp) -> mx.array:
+    if not isinstance(temp, mx.array):
+        if temp == 0:
+            return mx.argmax(x, axis=-1)
+        return mx.random.categorical(x * (1.0 / temp))
+    # Rows with temp 0 get a dummy scale (avoids inf * -inf = nan) and are
+    # replaced by the argmax afterwards.
+    t = temp.astype(mx.float32)
+    tokens = mx.random.categorical(x * (1.0 / mx.where(t > 0, t, 1.0)))
+    return mx.where(t[:, 0] > 0, tokens, mx.argmax(x, axis=-1))
+
+
+def categorical_sampling(logits: mx.array, temp: RowParam) -> mx.array:
+    """Sample one token per row from ``softmax(logits / temp)``.
+
+    ``temp`` is a float or one per row; rows with ``temp == 0`` take the argmax.
+    """
+    temp = _param("temp", temp, _check_real("temp", 0, math.inf, finite=True))
+    x, squeeze = _as_2d(logits)
+    _check_rows("temp", temp, x.shape[0])
+    out = _categorical(x, temp)
+    return out[0] if squeeze else out
+
+
+def make_sampler(
+    temp: RowParam = 0.0,
+    top_p: RowParam = 0.0,
+    min_p: RowParam = 0.0,
+    min_tokens_to_keep: int = 1,
+    top_k: RowParam = 0,
+    xtc_probability: float = 0.0,
+    xtc_threshold: float = 0.1,
+    xtc_special_tokens: Optional[List[int]] = None,
+) -> Sampler:
+    """Make a batched sampler ``sampler(logprobs) -> tokens``.
+
+    Same signature and defaults as mlx-lm. ``logprobs`` is ``(B, V)`` (returns
+    ``(B,)`` uint32) or ``(V,)`` (returns a scalar). ``temp``, ``top_p``,
+    ``min_p`` and ``top_k`` may each be a scalar or one value per row; a row
+    with ``temp == 0`` is greedy (argmax of the unfiltered logprobs, ignoring
+    all filters as mlx-lm does), other rows apply, in mlx-lm's order,
+    top-p -> min-p -> XTC -> top-k, then sample from ``softmax(x / temp)``.
+    A value of 0 disables a filter (top_p of 1 too). Raises ``ValueError``
+    for out-of-range values.
+    """
+    temp = _param("temp", temp, _check_real("temp", 0, math.inf, finite=True))
+    top_p = _param("top_p", top_p, _check_real("top_p", 0, 1))
+    min_p = _param("min_p", min_p, _check_real("min_p", 0, 1))
+    top_k = _param("top_k", top_k, _check_int("top_k", 0), mx.int32)
+    _check_int("min_tokens_to_keep", 1)(min_tokens_to_keep)
+    _check_real("xtc_probability", 0, 1)(xtc_probability)
+    _check_real("xtc_threshold", 0, 0.5)(xtc_threshold)
+    special = _check_special(xtc_special_tokens)
+
+    if not isinstance(temp, mx.array) and temp == 0:
+        return greedy_sampler
+
+    # Build the chain once; disabled filters cost nothing per step.
+    steps = []
+    if _enabled(top_p, 0, 1):
+        steps.append(lambda x: _top_p(x, top_p))
+    if _enabled(min_p, 0, 2):
+        steps.append(lambda x: _min_p(x, min_p, min_tokens_to_keep))
+    if xtc_probability > 0:
+        steps.append(lambda x: _xtc(x, xtc_probability, xtc_threshold, special))
+    if _enabled(top_k, 0, math.inf):
+        steps.append(lambda x: _top_k(x, top_k))
+    per_row = {"temp": temp, "top_p": top_p, "min_p": min_p, "top_k": top_k}
+
+    def sampler(logprobs: mx.array) -> mx.array:
+        lp, squeeze = _as_2d(logprobs)
+        for name, p in per_row.items():
+            _check_rows(name, p, lp.shape[0])
+        x = lp
+        for step in steps:
+            x = step(x)
+        tokens = _categorical(x, temp)
+        if isinstance(temp, mx.array):
+            # Greedy rows use the unfiltered logprobs (XTC may drop the top token).
+            tokens = mx.where(temp[:, 0] > 0, tokens, mx.argmax(lp, axis=-1))
+        return tokens[0] if squeeze else tokens
+
+    return sampler
+
+
+# Logits processors: processor(tokens (B, T) | (T,), logits (B, V)) -> logits
+def _token_counts(tokens, vocab: int, batch: int, context_size: Optional[int]):
+    """``(B, V)`` float32 count of each id in the last ``context_size`` tokens.
+
+    Negative ids (left-padding) and ids >= vocab are ignored.
+    """
+    toks = tokens if isinstance(tokens, mx.array) else mx.array(tokens)
+    toks = toks[None] if toks.ndim == 1 else toks
+    if toks.shape[0] != batch:
+        raise ValueError(
+            f"tokens has {toks.shape[0]} rows but logits has {batch} rows"
+        )
+    if context_size is not None:
+        toks = toks[:, -context_size:]
+    if toks.size == 0:
+        return None
+    toks = toks.astype(mx.int32)  # pads stored as uint32 wrap to -1 here too
+    valid = (toks >= 0) & (toks < vocab)
+    # Flat scatter-add: duplicates accumulate, pads add 0 at a dummy slot.
+    flat = mx.arange(batch, dtype=mx.int32)[:, None] * vocab + mx.where(valid, toks, 0)
+    counts = mx.zeros((batch * vocab,), mx.float32)
+    counts = counts.at[flat.reshape(-1)].add(valid.reshape(-1).astype(mx.float32))
+    return counts.reshape(batch, vocab)
+
+
+def _penalty_processor(kind: str, penalty, context_size: Optional[int]):
+    def processor(tokens, logits: mx.array) -> mx.array:
+        x, squeeze = _as_2d(logits)
+        _check_rows(f"{kind}_penalty", penalty, x.shape[0])
+        counts = _token_counts(tokens, x.shape[-1], x.shape[0], context_size)
+        if counts is None:
+            return logits
+        if kind == "repetition":
+            # HF / CTRL: once per distinct id; shrink positive logits, grow negative.
+            p = mx.where(penalty == 0, 1.0, penalty) if isinstance(penalty, mx.array) else penalty
+            hit = mx.where(x < 0, x * p, x / p)
+            out = mx.where(counts > 0, hit, x)
+        elif kind == "presence":
+            out = x - penalty * (counts > 0)
+        else:  # frequency: proportional to the number of occurrences
+            out = x - penalty * counts
+        out = out.astype(x.dtype)
+        return out[0] if squeeze else out
+
+    return processor
+
+
+def make_logits_processors(
+    logit_bias: Optional[Dict[int, float]] = None,
+    repetition_penalty: Optional[RowParam] = None,
+    repetition_context_size: Optional[int] = 20,
+    presence_penalty: Optional[RowParam] = None,
+    presence_context_size: Optional[int] = 20,
+    frequency_penalty: Optional[RowParam] = None,
+    frequency_context_size: Optional[int] = 20,
+) -> List[LogitsProcessor]:
+    """Make batched logits processors (same signature as mlx-lm 0.32.2).
+
+    Each processor is ``processor(tokens, logits) -> logits`` with ``tokens``
+    ``(B, T)`` (right-aligned history per row, prompt included; negative ids
+    are padding and ignored) or ``(T,)``, and ``logits`` ``(B, V)``. Penalties
+    only look at the last ``*_context_size`` tokens (``None`` = all):
+
+    - ``logit_bias``: ``{token_id: bias}`` added to every row.
+    - ``repetition_penalty`` (>= 0): each distinct id in context has positive
+      logits divided and negative logits multiplied by the penalty.
+    - ``presence_penalty``: subtracted once per distinct id in context.
+    - ``frequency_penalty``: subtracted once per occurrence in context.
+
+    Penalties may be a scalar or one value per row; ``None``/0 disables them.
+    """
+    processors: List[LogitsProcessor] = []
+    if logit_bias:
+        for tok, bias in logit_bias.items():
+            _check_int("logit_bias token id", 0)(tok)
+            _check_real("logit_bias value", -math.inf, math.inf, finite=True)(bias)
+        ids = mx.array(list(logit_bias.keys()), dtype=mx.int32)
+        biases = mx.array(list(logit_bias.values()), dtype=mx.float32)
+
+        def logit_bias_processor(_tokens, logits: mx.array) -> mx.array:
+            return logits.at[..., ids].add(biases.astype(logits.dtype))
+
+        processors.append(logit_bias_processor)
+
+    specs = [
+        ("repetition", repetition_penalty, repetition_context_size, 0.0),
+        ("presence", presence_penalty, presence_context_size, -math.inf),
+        ("frequency", frequency_penalty, frequency_context_size, -math.inf),
+    ]
+    for kind, penalty, context_size, lo in specs:
+        if context_size is not None:
+            _check_int(f"{kind}_context_size", 1)(context_size)
+        if penalty is None:
+            continue
+        penalty = _param(
+            f"{kind}_penalty", penalty,
+            _check_real(f"{kind}_penalty", lo, math.inf, finite=True),
+        )
+        if isinstance(penalty, mx.array) or penalty != 0:
+            processors.append(_penalty_processor(kind, penalty, context_size))
+    return processors
