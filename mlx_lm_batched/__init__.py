@@ -4,31 +4,38 @@ Import it instead of ``mlx_lm``: ``from mlx_lm_batched import load, generate,
 stream_generate, batch_generate``.
 """
 
+import warnings
+
 from . import _blas  # noqa: F401  (must run before the first `import mlx.core`)
+
+# `python -m mlx_lm_batched.generate` runs a module this package also imports
+# (as mlx-lm's does); runpy's warning about that is noise for users.
+warnings.filterwarnings(
+    "ignore", category=RuntimeWarning, message=r".*'mlx_lm_batched\.\w+' found in sys\.modules"
+)
+
+from .convert import convert  # noqa: E402
+from .generate import (  # noqa: E402
+    BatchResponse,
+    GenerationResponse,
+    batch_generate,
+    generate,
+    generate_step,
+    stream_batch_generate,
+    stream_generate,
+)
+from .utils import load  # noqa: E402
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "load": "utils",
-    "generate": "generate",
-    "stream_generate": "generate",
-    "batch_generate": "generate",
-    "stream_batch_generate": "generate",
-    "generate_step": "generate",
-    "GenerationResponse": "generate",
-    "BatchResponse": "generate",
-    "convert": "convert",
-}
-
-
-def __getattr__(name):
-    # Lazy, so `import mlx_lm_batched` stays cheap and the BLAS preload runs first.
-    if name in _EXPORTS:
-        import importlib
-
-        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
-        return getattr(module, name)
-    raise AttributeError(f"module 'mlx_lm_batched' has no attribute '{name}'")
-
-
-__all__ = list(_EXPORTS)
+__all__ = [
+    "load",
+    "generate",
+    "stream_generate",
+    "batch_generate",
+    "stream_batch_generate",
+    "generate_step",
+    "GenerationResponse",
+    "BatchResponse",
+    "convert",
+]

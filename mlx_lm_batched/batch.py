@@ -1,0 +1,175 @@
+"""Many prompts at once: ``batch_generate`` and its streaming form.
+
+Prompts are sorted by length and cut into batches of ``completion_batch_size`` so
+rows of similar length share a batch (less padding). Each row stops on its own EOS
+or ``max_tokens``; once a quarter of a batch has finished, finished rows are
+dropped from the batch so they stop costing compute.
+"""
+
+import time
+
+import mlx.core as mx
+
+from .batching import BatchEngine, left_pad
+from .generate import BatchResponse, BatchStats, BatchStreamResponse, _as_wrapper
+from .tokenizer_utils import encode_prompt
+
+
+def encode_prompts(tokenizer, prompts):
+    """Token lists for prompts given as strings or token ids; rejects empty ones."""
+    encoded = []
+    for i, p in enumerate(prompts):
+        ids = encode_prompt(tokenizer, p) if isinstance(p, str) else [int(t) for t in p]
+        if len(ids) == 0:
+            raise ValueError(f"prompt {i} is empty")
+        encoded.append(ids)
+    return encoded
+
+
+def _per_row(value, n, name):
+    values = [value] * n if isinstance(value, int) else list(value)
+    if len(values) != n:
+        raise ValueError(f"{name} has {len(values)} entries for {n} prompts")
+    for v in values:
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    return values
+
+
+def stream_batch_generate(
+    model,
+    tokenizer,
+    prompts,
+    max_tokens=128,
+    sampler=None,
+    logits_processors=None,
+    completion_batch_size=32,
+    prefill_step_size=2048,
+    max_kv_size=None,
+    stats=None,
+    **unused,
+):
+    """Yield a :class:`BatchStreamResponse` per row per generated token.
+
+    ``prompts``: strings or token lists; ``max_tokens``: int or one per prompt.
+    ``index`` says which prompt a response belongs to; each row's ``text`` pieces
+    come from its own streaming detokenizer, so they never split a character.
+    Pass a :class:`BatchStats` as ``stats`` to collect timings.
+    """
+    tokenizer = _as_wrapper(tokenizer)
+    encoded = encode_prompts(tokenizer, prompts)
+    limits = _per_row(max_tokens, len(encoded), "max_tokens")
+    stats = stats if stats is not None else BatchStats()
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    size = max(1, int(completion_batch_size))
+    for start in range(0, len(order), size):
+        rows = order[start : start + size]
+        yield from _run_batch(
+            model, tokenizer, [encoded[i] for i in rows], rows, [limits[i] for i in rows],
+            sampler, logits_processors, prefill_step_size, max_kv_size, stats,
+        )
+
+
+def _run_batch(model, tokenizer, prompts, indices, limits, sampler, processors,
+               prefill_step_size, max_kv_size, stats):
+    eos = tokenizer.eos_token_ids
+    tic = time.perf_counter()
+    tokens, padding = left_pad(prompts)
+    engine = BatchEngine(model, sampler, processors, None, max_kv_size, prefill_step_size)
+    y, logprobs = engine.prefill(tokens, padding)
+    chosen = mx.take_along_axis(logprobs, y[:, None], axis=-1)[:, 0]
+    mx.eval(y, chosen)
+    stats.prompt_time += time.perf_counter() - tic
+    stats.prompt_tokens += sum(len(p) for p in prompts)
+    stats.padding_tokens += sum(padding)
+    tic = time.perf_counter()
+
+    live = list(range(len(prompts)))  # batch row -> position in this batch
+    done = [False] * len(prompts)
+    counts = [0] * len(prompts)
+    detokenizers = [tokenizer.make_detokenizer() for _ in prompts]
+    while live:
+        next_y, next_logprobs = engine.step(y)
+        next_chosen = mx.take_along_axis(next_logprobs, next_y[:, None], axis=-1)[:, 0]
+        mx.async_eval(next_y, next_chosen)
+        for row, (token, lp) in enumerate(zip(y.tolist(), chosen.tolist())):
+            j = live[row]
+            if done[j]:
+                continue
+            stats.generation_tokens += 1
+            finish = None
+            if token in eos:
+                finish = "stop"
+            else:
+                detokenizers[j].add_token(token)
+                counts[j] += 1
+                if counts[j] >= limits[j]:
+                    finish = "length"
+            if finish is not None:
+                done[j] = True
+                detokenizers[j].finalize()
+            yield BatchStreamResponse(indices[j], token, detokenizers[j].last_segment, lp, finish)
+        finished_rows = [r for r, j in enumerate(live) if done[j]]
+        if len(finished_rows) == len(live):
+            break
+        if finished_rows and len(finished_rows) * 4 >= len(live):
+            keep = [r for r, j in enumerate(live) if not done[j]]
+            engine.filter(keep)
+            idx = mx.array(keep, dtype=mx.int32)
+            next_y, next_chosen = next_y[idx], next_chosen[idx]
+            live = [live[r] for r in keep]
+        y, chosen = next_y, next_chosen
+    stats.generation_time += time.perf_counter() - tic
+    stats.peak_memory = max(stats.peak_memory, mx.get_peak_memory() / 1e9)
+
+
+def batch_generate(
+    model,
+    tokenizer,
+    prompts,
+    prompt_caches=None,
+    max_tokens=128,
+    verbose=False,
+    return_prompt_caches=False,
+    return_token_ids=False,
+    return_logprobs=False,
+    **kwargs,
+):
+    """Generate for every prompt at once; returns a :class:`BatchResponse`.
+
+    ``prompts`` are strings or token lists; ``max_tokens`` an int or one per
+    prompt. Texts exclude the EOS token, as mlx-lm's do. Other keyword arguments
+    (``sampler``, ``logits_processors``, ``completion_batch_size``,
+    ``prefill_step_size``, ``max_kv_size``) go to :func:`stream_batch_generate`.
+    """
+    if prompt_caches is not None or return_prompt_caches:
+        raise NotImplementedError("per-prompt caches in batch_generate are not supported yet")
+    tokenizer = _as_wrapper(tokenizer)
+    n = len(prompts)
+    ids = [[] for _ in range(n)]
+    logprobs = [[] for _ in range(n)]
+    reasons = [None] * n
+    stats = BatchStats()
+    finished = 0
+    for r in stream_batch_generate(model, tokenizer, prompts, max_tokens, stats=stats, **kwargs):
+        if r.finish_reason != "stop":
+            ids[r.index].append(r.token)
+            logprobs[r.index].append(r.logprob)
+        if r.finish_reason is not None:
+            reasons[r.index] = r.finish_reason
+            finished += 1
+            if verbose:
+                print(f"[batch_generate] Finished processing {finished}/{n} ...", end="\r")
+    texts = [tokenizer.decode(t) for t in ids]
+    if verbose:
+        print(f"[batch_generate] Finished processing {finished}/{n}")
+        print(f"[batch_generate] Prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.3f} tokens-per-sec")
+        print(f"[batch_generate] Generation: {stats.generation_tokens} tokens, "
+              f"{stats.generation_tps:.3f} tokens-per-sec")
+        print(f"[batch_generate] Peak memory: {stats.peak_memory:.3f} GB")
+    return BatchResponse(
+        texts, stats, None,
+        ids if return_token_ids else None,
+        logprobs if return_logprobs else None,
+        reasons,
+    )

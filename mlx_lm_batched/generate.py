@@ -1,0 +1,223 @@
+"""Generation API, drop-in for ``mlx_lm.generate``: ``generate_step``,
+``stream_generate``, ``generate``, ``batch_generate`` and ``stream_batch_generate``.
+
+The command line lives in ``cli.py``; ``python -m mlx_lm_batched.generate`` runs it.
+"""
+
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import mlx.core as mx
+
+from .batching import BatchEngine, left_pad
+from .tokenizer_utils import TokenizerWrapper, encode_prompt
+
+
+@dataclass
+class GenerationResponse:
+    """One step of :func:`stream_generate` (the fields of mlx-lm's)."""
+
+    text: str
+    token: int
+    logprobs: mx.array
+    from_draft: bool
+    prompt_tokens: int
+    prompt_tps: float
+    generation_tokens: int
+    generation_tps: float
+    peak_memory: float
+    finish_reason: Optional[str] = None
+
+
+def _peak_memory_gb():
+    return mx.get_peak_memory() / 1e9
+
+
+def generate_step(
+    prompt,
+    model,
+    *,
+    max_tokens=256,
+    sampler=None,
+    logits_processors=None,
+    max_kv_size=None,
+    prompt_cache=None,
+    prefill_step_size=2048,
+    left_padding=None,
+    prompt_progress_callback=None,
+    input_embeddings=None,
+    kv_bits=None,
+    kv_group_size=64,
+    quantized_kv_start=5000,
+):
+    """Generate tokens for a prompt ``(L,)`` or a left-padded batch ``(B, L)``.
+
+    A 1-D prompt keeps mlx-lm's contract: yields ``(token: int, logprobs (V,))``.
+    A 2-D prompt yields ``(tokens (B,), logprobs (B, V))`` per step;
+    ``left_padding`` lists the pad columns of each row. Rows never stop early
+    here (``batch_generate`` handles per-row stopping). ``max_tokens=-1`` never ends.
+    Logits processors see ``(B, T)`` token histories with -1 at padding (1-D
+    histories for a 1-D prompt) and ``(B, V)`` logits.
+    """
+    if kv_bits is not None:
+        raise NotImplementedError("quantized KV caches (kv_bits) are not supported yet")
+    prompt = prompt if isinstance(prompt, mx.array) else mx.array(prompt)
+    single = prompt.ndim == 1
+    tokens = prompt[None] if single else prompt
+    processors = list(logits_processors or [])
+    if single and processors:
+        # mlx-lm processors take a 1-D history and (1, V) logits.
+        processors = [lambda h, l, p=p: p(h[0], l) for p in processors]
+    engine = BatchEngine(model, sampler, processors, prompt_cache, max_kv_size, prefill_step_size)
+    if single and input_embeddings is not None and input_embeddings.ndim == 2:
+        input_embeddings = input_embeddings[None]
+    progress = None
+    if prompt_progress_callback is not None:
+        total = tokens.shape[1]
+        progress = lambda done, _: prompt_progress_callback(done, total)
+    y, logprobs = engine.prefill(tokens, left_padding, progress, input_embeddings)
+    mx.async_eval(y, logprobs)
+    if prompt_progress_callback is not None:
+        prompt_progress_callback(tokens.shape[1], tokens.shape[1])
+    n = 0
+    while n != max_tokens:
+        # Queue the next step before handing this one out, so the device works
+        # while the caller detokenizes.
+        next_y, next_logprobs = (None, None)
+        if n + 1 != max_tokens:
+            next_y, next_logprobs = engine.step(y)
+            mx.async_eval(next_y, next_logprobs)
+        if single:
+            yield y.item(), logprobs[0]
+        else:
+            yield y, logprobs
+        y, logprobs = next_y, next_logprobs
+        n += 1
+
+
+def _as_wrapper(tokenizer):
+    return tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
+
+
+def stream_generate(model, tokenizer, prompt, max_tokens=256, draft_model=None, **kwargs):
+    """Yield a :class:`GenerationResponse` per generated token for one prompt.
+
+    ``prompt`` is a string (encoded as is) or token ids. Stops at an EOS token
+    (``finish_reason="stop"``) or after ``max_tokens`` (``"length"``). Other
+    keyword arguments go to :func:`generate_step`.
+    """
+    if draft_model is not None:
+        raise NotImplementedError("speculative decoding (draft_model) is not supported yet")
+    if max_tokens == 0:
+        raise ValueError("max_tokens must be non-zero (use -1 for no limit)")
+    tokenizer = _as_wrapper(tokenizer)
+    if isinstance(prompt, str):
+        prompt = encode_prompt(tokenizer, prompt)
+    prompt = prompt if isinstance(prompt, mx.array) else mx.array(prompt)
+    if prompt.size == 0:
+        raise ValueError("empty prompt: nothing to generate from")
+    detokenizer = tokenizer.make_detokenizer()
+    tic = time.perf_counter()
+    token, prompt_tps, n = None, 0.0, 0
+    for n, (token, logprobs) in enumerate(generate_step(prompt, model, max_tokens=max_tokens, **kwargs)):
+        if n == 0:
+            prompt_tps = prompt.size / (time.perf_counter() - tic)
+            tic = time.perf_counter()
+        if token in tokenizer.eos_token_ids:
+            break
+        detokenizer.add_token(token)
+        if n + 1 == max_tokens:
+            break
+        yield GenerationResponse(
+            detokenizer.last_segment, token, logprobs, False, prompt.size, prompt_tps,
+            n + 1, (n + 1) / (time.perf_counter() - tic), _peak_memory_gb(),
+        )
+    detokenizer.finalize()
+    finish = "stop" if token in tokenizer.eos_token_ids else "length"
+    yield GenerationResponse(
+        detokenizer.last_segment, token, logprobs, False, prompt.size, prompt_tps,
+        n + 1, (n + 1) / max(time.perf_counter() - tic, 1e-9), _peak_memory_gb(), finish,
+    )
+
+
+def generate(model, tokenizer, prompt, verbose=False, **kwargs):
+    """Generate the full completion of one prompt and return its text."""
+    if verbose:
+        print("=" * 10)
+    text, response = "", None
+    for response in stream_generate(model, tokenizer, prompt, **kwargs):
+        if verbose:
+            print(response.text, end="", flush=True)
+        text += response.text
+    if verbose and response is not None:
+        print()
+        print("=" * 10)
+        if not text:
+            print("No text generated for this prompt")
+        print(f"Prompt: {response.prompt_tokens} tokens, {response.prompt_tps:.3f} tokens-per-sec")
+        print(f"Generation: {response.generation_tokens} tokens, "
+              f"{response.generation_tps:.3f} tokens-per-sec")
+        print(f"Peak memory: {response.peak_memory:.3f} GB")
+    return text
+
+
+@dataclass
+class BatchStats:
+    """Totals of one :func:`batch_generate` call."""
+
+    prompt_tokens: int = 0
+    prompt_time: float = 0.0
+    generation_tokens: int = 0
+    generation_time: float = 0.0
+    padding_tokens: int = 0
+    peak_memory: float = 0.0
+
+    @property
+    def prompt_tps(self):
+        return self.prompt_tokens / self.prompt_time if self.prompt_time > 0 else 0.0
+
+    @property
+    def generation_tps(self):
+        return self.generation_tokens / self.generation_time if self.generation_time > 0 else 0.0
+
+    @property
+    def wall_time(self):
+        return self.prompt_time + self.generation_time
+
+
+@dataclass
+class BatchResponse:
+    """Result of :func:`batch_generate` (the fields of mlx-lm's)."""
+
+    texts: List[str]
+    stats: BatchStats
+    caches: Optional[list] = None
+    token_ids: Optional[List[List[int]]] = None
+    logprobs: Optional[List[List[float]]] = None
+    finish_reasons: List[str] = field(default_factory=list)
+
+
+@dataclass
+class BatchStreamResponse:
+    """One row's new token in :func:`stream_batch_generate`."""
+
+    index: int  # which prompt
+    token: int
+    text: str  # newly final text of that row
+    logprob: float
+    finish_reason: Optional[str] = None
+
+
+from .batch import batch_generate, stream_batch_generate  # noqa: E402
+
+
+def main():
+    """Command-line entry point (see ``cli.py``)."""
+    from .cli import main as cli_main
+
+    return cli_main()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

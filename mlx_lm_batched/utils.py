@@ -1,0 +1,215 @@
+"""Loading models and tokenizers: local directories, Hugging Face repos, GGUF files."""
+
+import glob
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .models import get_model_module
+
+HUB_PATTERNS = [
+    "*.json",
+    "*.safetensors",
+    "*.py",
+    "tokenizer.model",
+    "*.tiktoken",
+    "*.txt",
+    "*.jsonl",
+    "*.jinja",
+]
+
+
+class ModelLoadError(ValueError):
+    """A model path, repo or file that cannot be loaded; the message says why."""
+
+
+def get_model_path(path_or_hf_repo, revision=None):
+    """Local directory for a model: the path itself, or a hub snapshot.
+
+    Honours ``HF_HUB_OFFLINE``: an uncached repo then fails with a clear error
+    instead of a network attempt.
+    """
+    path = Path(os.path.expanduser(path_or_hf_repo))
+    if path.exists():
+        return path
+    if path_or_hf_repo.startswith((".", "/", "~")) or path_or_hf_repo.count("/") != 1:
+        raise ModelLoadError(f"model path '{path_or_hf_repo}' does not exist")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(
+            snapshot_download(path_or_hf_repo, revision=revision, allow_patterns=HUB_PATTERNS)
+        )
+    except LocalEntryNotFoundError:
+        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        why = "HF_HUB_OFFLINE is set" if offline else "the hub could not be reached"
+        raise ModelLoadError(
+            f"'{path_or_hf_repo}' is not a local path and is not in the Hugging Face cache ({why})"
+        ) from None
+    except HfHubHTTPError as e:
+        raise ModelLoadError(f"cannot download '{path_or_hf_repo}': {str(e).splitlines()[0]}") from None
+
+
+def load_config(model_path):
+    """The model's ``config.json`` as a dict."""
+    path = Path(model_path) / "config.json"
+    if not path.exists():
+        raise ModelLoadError(f"no config.json in '{model_path}': not a model directory")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"cannot read '{path}': {e}") from None
+
+
+def quantization_config(config):
+    """The MLX quantization settings in ``config`` (mlx-lm layout), or None."""
+    q = config.get("quantization") or config.get("quantization_config")
+    if isinstance(q, dict) and "bits" in q and "group_size" in q:
+        return q
+    return None
+
+
+def quantize_like(model, weights, qconfig):
+    """Quantize exactly the modules whose quantized weights are in ``weights``.
+
+    Per-module entries of ``qconfig`` (keyed by module path, mlx-lm style) override
+    the global bits/group size; ``False`` keeps a module in float.
+    """
+
+    def predicate(path, module):
+        if not hasattr(module, "to_quantized") or f"{path}.scales" not in weights:
+            return False
+        override = qconfig.get(path)
+        if override is False:
+            return False
+        if isinstance(override, dict):
+            return {k: v for k, v in override.items() if k in ("group_size", "bits", "mode")}
+        return True
+
+    nn.quantize(
+        model,
+        group_size=qconfig["group_size"],
+        bits=qconfig["bits"],
+        mode=qconfig.get("mode", "affine"),
+        class_predicate=predicate,
+    )
+
+
+def model_from_weights(config, weights, strict=True, lazy=False):
+    """Build the architecture ``config`` names and load ``weights`` (HF names) into it."""
+    model_type = config.get("model_type")
+    if model_type is None:
+        raise ModelLoadError("config.json has no 'model_type'")
+    module = get_model_module(model_type)
+    model = module.Model(module.ModelArgs.from_dict(config))
+    weights = model.sanitize(weights)
+    qconfig = quantization_config(config)
+    if qconfig is not None:
+        quantize_like(model, weights, qconfig)
+    model.load_weights(list(weights.items()), strict=strict)
+    if not lazy:
+        mx.eval(model.parameters())
+    model.eval()
+    return model
+
+
+def load_weights(model_path):
+    """All ``*.safetensors`` tensors of a directory in one dict."""
+    files = sorted(glob.glob(str(Path(model_path) / "*.safetensors")))
+    if not files:
+        raise ModelLoadError(f"no *.safetensors weights in '{model_path}'")
+    weights = {}
+    for f in files:
+        weights.update(mx.load(f))
+    return weights
+
+
+def load_model(model_path, lazy=False, strict=True, model_config=None):
+    """Load a model from a local directory; returns ``(model, config)``."""
+    config = load_config(model_path)
+    config.update(model_config or {})
+    model = model_from_weights(config, load_weights(model_path), strict=strict, lazy=lazy)
+    return model, config
+
+
+def _gguf_tokenizer_dir(gguf_path):
+    """A cache directory for the tokenizer files extracted from a GGUF."""
+    st = os.stat(gguf_path)
+    key = hashlib.sha1(f"{os.path.abspath(gguf_path)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    root = Path(os.environ.get("MLX_LM_BATCHED_CACHE", Path.home() / ".cache" / "mlx_lm_batched"))
+    return root / "gguf_tokenizers" / key.hexdigest()[:16]
+
+
+def load_gguf(path, dtype=None, tokenizer_config=None, model_config=None):
+    """Load a GGUF file: ``(model, tokenizer, config)``.
+
+    Q4_0/Q4_1/Q8_0 tensors stay quantized unless ``dtype`` asks for floats.
+    """
+    from .gguf import read_gguf, save_gguf_tokenizer
+    from .tokenizer_utils import load_tokenizer
+
+    weights, config, _ = read_gguf(path, dtype=dtype)
+    config.update(model_config or {})
+    model = model_from_weights(config, weights)
+    tok_dir = _gguf_tokenizer_dir(path)
+    if not (tok_dir / "tokenizer_config.json").exists():
+        tok_dir.mkdir(parents=True, exist_ok=True)
+        save_gguf_tokenizer(path, str(tok_dir))
+    tokenizer = load_tokenizer(tok_dir, tokenizer_config, eos_token_ids=config.get("eos_token_id"))
+    return model, tokenizer, config
+
+
+def load(
+    path_or_hf_repo,
+    tokenizer_config=None,
+    model_config=None,
+    adapter_path=None,
+    lazy=False,
+    return_config=False,
+    revision=None,
+    trust_remote_code=False,
+    dtype=None,
+):
+    """Load a model and its tokenizer (mlx-lm's ``load``).
+
+    ``path_or_hf_repo`` is a local model directory, a ``.gguf`` file, or a Hugging
+    Face repo id (downloaded through huggingface-hub unless ``HF_HUB_OFFLINE`` is
+    set). ``dtype`` (e.g. ``mx.float32``) casts float weights after loading and,
+    for GGUF files, dequantizes everything. Returns ``(model, tokenizer)``, plus
+    the config when ``return_config`` is True.
+    """
+    if adapter_path is not None:
+        raise NotImplementedError("adapters (LoRA) are not supported yet")
+    if str(path_or_hf_repo).endswith(".gguf"):
+        if not os.path.isfile(path_or_hf_repo):
+            raise ModelLoadError(f"GGUF file '{path_or_hf_repo}' does not exist")
+        model, tokenizer, config = load_gguf(path_or_hf_repo, dtype, tokenizer_config, model_config)
+    else:
+        model_path = get_model_path(str(path_or_hf_repo), revision)
+        if model_path.is_file():
+            raise ModelLoadError(f"'{model_path}' is a file: pass a model directory or a .gguf file")
+        model, config = load_model(model_path, lazy, model_config=model_config)
+        if dtype is not None:
+            cast_floats(model, dtype)
+        from .tokenizer_utils import load_tokenizer
+
+        eos = config.get("eos_token_id")
+        tokenizer = load_tokenizer(model_path, tokenizer_config, eos_token_ids=eos)
+    return (model, tokenizer, config) if return_config else (model, tokenizer)
+
+
+def cast_floats(model, dtype):
+    """Cast the model's floating-point parameters to ``dtype`` in place."""
+    from mlx.utils import tree_map
+
+    model.update(
+        tree_map(lambda p: p.astype(dtype) if mx.issubdtype(p.dtype, mx.floating) else p,
+                 model.parameters())
+    )
+    mx.eval(model.parameters())
