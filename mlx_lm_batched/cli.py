@@ -131,7 +131,7 @@ def run(args):
 
     check_args(args)
     try:
-        sampler = make_sampler(args.temp, args.top_p if args.top_p < 1.0 else 0.0,
+        sampler = make_sampler(args.temp, 0.0 if args.top_p == 1.0 else args.top_p,
                                args.min_p, top_k=args.top_k)
     except ValueError as e:
         raise CliError(f"invalid sampling value: {e}") from None

@@ -72,6 +72,10 @@ def quantization_config(config):
     q = config.get("quantization") or config.get("quantization_config")
     if isinstance(q, dict) and "bits" in q and "group_size" in q:
         return q
+    if isinstance(q, dict) and q.get("quant_method") == "mxfp4":
+        # Hugging Face MXFP4 checkpoints (GPT-OSS experts as blocks + scales, which
+        # the architecture's sanitize maps to MLX's mxfp4 layout).
+        return {"group_size": 32, "bits": 4, "mode": "mxfp4"}
     return None
 
 
@@ -101,12 +105,17 @@ def quantize_like(model, weights, qconfig):
     )
 
 
-def model_from_weights(config, weights, strict=True, lazy=False):
-    """Build the architecture ``config`` names and load ``weights`` (HF names) into it."""
+def architecture_module(config):
+    """The module implementing ``config['model_type']``; a clear error when unknown."""
     model_type = config.get("model_type")
     if model_type is None:
         raise ModelLoadError("config.json has no 'model_type'")
-    module = get_model_module(model_type)
+    return get_model_module(model_type)
+
+
+def model_from_weights(config, weights, strict=True, lazy=False):
+    """Build the architecture ``config`` names and load ``weights`` (HF names) into it."""
+    module = architecture_module(config)
     model = module.Model(module.ModelArgs.from_dict(config))
     weights = model.sanitize(weights)
     qconfig = quantization_config(config)
@@ -134,6 +143,7 @@ def load_model(model_path, lazy=False, strict=True, model_config=None):
     """Load a model from a local directory; returns ``(model, config)``."""
     config = load_config(model_path)
     config.update(model_config or {})
+    architecture_module(config)  # fail on an unknown architecture before reading weights
     model = model_from_weights(config, load_weights(model_path), strict=strict, lazy=lazy)
     return model, config
 

@@ -1,0 +1,90 @@
+"""Shared fixtures: real model directories built once from the PyPI GGUF wheels.
+
+Directories are made with our own ``convert`` and cached outside the repository
+(``$MLX_LM_BATCHED_TEST_CACHE``, default ``~/.cache/mlx_lm_batched/test_models``)
+under a key that changes whenever the conversion code or the GGUF changes, so a
+stale conversion is never reused.
+"""
+
+import hashlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # for arch_harness
+
+import mlx_lm_batched  # noqa: E402  (BLAS preload before mlx.core)
+import mlx.core as mx  # noqa: E402
+
+from mlx_lm_batched import convert, load  # noqa: E402
+from mlx_lm_batched.demo_models import gemma3_gguf_path, smollm2_gguf_path  # noqa: E402
+
+PACKAGE = Path(mlx_lm_batched.__file__).parent
+CACHE = Path(os.environ.get("MLX_LM_BATCHED_TEST_CACHE",
+                            Path.home() / ".cache" / "mlx_lm_batched" / "test_models"))
+CORPUS = (Path(__file__).parent / "data" / "corpus.txt").read_text(encoding="utf-8")
+SOURCES = {"smollm2": smollm2_gguf_path, "gemma3": gemma3_gguf_path}
+
+
+def _conversion_key(gguf, options):
+    h = hashlib.sha1()
+    for name in ("gguf.py", "convert.py", "utils.py"):
+        h.update((PACKAGE / name).read_bytes())
+    st = os.stat(gguf)
+    h.update(f"{st.st_size}:{sorted(options.items())}".encode())
+    return h.hexdigest()[:12]
+
+
+def model_dir(name, **convert_options):
+    """Directory converted from model ``name``'s GGUF with ``convert_options``, cached."""
+    gguf = SOURCES[name]()
+    tag = "-".join(f"{k}{v}" for k, v in sorted(convert_options.items()))
+    out = CACHE / f"{name}-{tag}-{_conversion_key(gguf, convert_options)}"
+    if not (out / "config.json").exists():
+        tmp = out.with_name(out.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        convert(gguf, str(tmp), **convert_options)
+        tmp.rename(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def float_dirs():
+    return {name: model_dir(name, dtype="float32") for name in SOURCES}
+
+
+@pytest.fixture(scope="session")
+def float_models(float_dirs):
+    return {name: load(str(d)) for name, d in float_dirs.items()}
+
+
+@pytest.fixture(scope="session")
+def q4_models():
+    return {name: load(str(model_dir(name, quantize=True, q_bits=4, q_group_size=64)))
+            for name in SOURCES}
+
+
+def corpus_prompts(tokenizer, lengths, stride=37):
+    """Token prompts of exactly ``lengths`` cut from the corpus at different places.
+
+    Each starts with the BOS token when the tokenizer uses one, like a real prompt.
+    """
+    ids = tokenizer.encode(CORPUS, add_special_tokens=False)
+    bos = [tokenizer.bos_token_id] if tokenizer.encode("a")[0] == tokenizer.bos_token_id else []
+    prompts = []
+    for i, n in enumerate(lengths):
+        body = n - len(bos)
+        start = (i * stride) % max(1, len(ids) - body)
+        prompt = bos + ids[start:start + body]
+        assert len(prompt) == n, (n, len(ids))
+        prompts.append(prompt)
+    return prompts
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    mx.random.seed(0)
