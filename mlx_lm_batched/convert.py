@@ -149,6 +149,8 @@ def _dequantize(model):
             if "bias" in module:
                 lin.bias = module.bias
             layers.append((name, lin))
+        elif hasattr(module, "dequantized"):  # quantized MoE switch layers
+            layers.append((name, module.dequantized()))
         elif isinstance(module, nn.QuantizedEmbedding):
             w = mx.dequantize(module.weight, module.scales, module.biases,
                               module.group_size, module.bits)

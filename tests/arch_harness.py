@@ -45,6 +45,9 @@ def to_transformers4_layout(config):
     for key in ("partial_rotary_factor",):
         if key in params:
             config[key] = params[key]
+    if config.get("model_type") == "gpt_neox":  # GPT-NeoX's own names (Pythia configs)
+        config["rotary_emb_base"] = config.pop("rope_theta")
+        config["rotary_pct"] = config.pop("partial_rotary_factor", 0.25)
     return config
 
 
@@ -55,6 +58,9 @@ def build_hf_model(model_type, config_kwargs, seed=0, std=0.1):
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.normal_(0.0, std)
+        for name, b in model.named_buffers():  # saved router biases (zeros by default)
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, std)
     return model
 
 
@@ -69,7 +75,18 @@ def save_hf_model(model, directory, layout):
     path.write_text(json.dumps(config, indent=2))
 
 
+def reset_hf_rope(model):
+    """Forget transformers' dynamic-RoPE state: its ``dynamic`` type keeps the largest
+    length seen across calls, so a shorter sequence after a longer one would reuse
+    the longer one's frequencies instead of being seen fresh."""
+    for m in model.modules():
+        if hasattr(m, "original_inv_freq") and hasattr(m, "original_max_seq_len"):
+            m.inv_freq.copy_(m.original_inv_freq)
+            m.max_seq_len_cached = m.original_max_seq_len
+
+
 def hf_logits(model, prompt):
+    reset_hf_rope(model)
     with torch.no_grad():
         return model(torch.tensor([prompt])).logits[0].float().numpy()
 
@@ -91,9 +108,12 @@ def greedy_tokens(model, prompts, n_tokens, **engine_kwargs):
 
 
 def check_architecture(model_type, config_kwargs, layout="transformers5", lengths=(7, 1, 12, 4),
-                       gen_lengths=None, new_tokens=16, max_kv_size=None):
-    """Run the three parity checks; returns the loaded MLX model for extra checks."""
-    hf = build_hf_model(model_type, config_kwargs)
+                       gen_lengths=None, new_tokens=16, max_kv_size=None, std=0.1):
+    """Run the three parity checks; returns the loaded MLX model for extra checks.
+
+    ``std``: weight scale; larger values sharpen attention so that position
+    details (RoPE variants) move the logits well past the tolerance."""
+    hf = build_hf_model(model_type, config_kwargs, std=std)
     with tempfile.TemporaryDirectory() as d:
         save_hf_model(hf, d, layout)
         model, _ = load_model(d)

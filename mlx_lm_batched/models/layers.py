@@ -8,6 +8,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .base import resolve_masks, resolve_offset
+from .cache import KVCache, RotatingKVCache
 
 
 class RMSNorm(nn.Module):
@@ -22,6 +23,43 @@ class RMSNorm(nn.Module):
     def __call__(self, x):
         w = 1.0 + self.weight if self.zero_centered else self.weight
         return mx.fast.rms_norm(x, w, self.eps)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with optional bias; ``zero_centered`` scales by ``1 + w`` (Nemotron's
+    LayerNorm1P)."""
+
+    def __init__(self, dims, eps=1e-5, bias=True, zero_centered=False):
+        super().__init__()
+        self.weight = mx.zeros((dims,)) if zero_centered else mx.ones((dims,))
+        if bias:
+            self.bias = mx.zeros((dims,))
+        self.eps = eps
+        self.zero_centered = zero_centered
+
+    def __call__(self, x):
+        w = 1.0 + self.weight if self.zero_centered else self.weight
+        return mx.fast.layer_norm(x, w, self.get("bias"), self.eps)
+
+
+class HeadwiseLayerNorm(nn.Module):
+    """LayerNorm of each head of a ``(..., heads * head_dim)`` projection with its own
+    ``(heads, head_dim)`` weight (Cohere, StableLM QK-norm; use ``qk_norm_full``)."""
+
+    def __init__(self, heads, head_dim, eps=1e-5, bias=False):
+        super().__init__()
+        self.weight = mx.ones((heads, head_dim))
+        if bias:
+            self.bias = mx.zeros((heads, head_dim))
+        self.eps = eps
+
+    def __call__(self, x):
+        heads, head_dim = self.weight.shape
+        h = mx.fast.layer_norm(x.reshape(*x.shape[:-1], heads, head_dim), None, None, self.eps)
+        h = h * self.weight
+        if "bias" in self:
+            h = h + self.bias
+        return h.reshape(x.shape)
 
 
 ACTIVATIONS = {
@@ -42,13 +80,16 @@ def activation(name):
     return ACTIVATIONS[name]
 
 
-def scaled_dot_product_attention(q, k, v, scale, mask, softcap=None):
+def scaled_dot_product_attention(q, k, v, scale, mask, softcap=None, sinks=None):
     """Attention over ``(B, H, L, D)`` queries; keys/values may have fewer heads (GQA).
 
     ``mask`` is boolean (True = attend). Soft-capped logits need the explicit path.
+    ``sinks``: ``(H,)`` learned logits of an extra key with no value (GPT-OSS).
     """
     if softcap is None:
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
+    if sinks is not None:
+        raise NotImplementedError("attention sinks with soft-capping")
     B, H, L, D = q.shape
     n_kv = k.shape[1]
     q = q.reshape(B, n_kv, H // n_kv, L, D)
@@ -76,91 +117,194 @@ class Attention(nn.Module):
         scale=None,
         qk_norm=None,
         softcap=None,
+        qk_norm_full=False,
+        qk_norm_after_rope=False,
+        qk_norm_names=("q_norm", "k_norm"),
+        fused_qkv=False,
+        sinks=False,
     ):
+        """``qk_norm_full``: norm the whole q/k projection, not each head (OLMo 2).
+        ``qk_norm_after_rope``: norm the rotated q/k (Hunyuan). ``qk_norm_names``:
+        the checkpoint's names for the two norms. ``fused_qkv``: one ``qkv_proj``
+        holding q, k then v (Phi 3; sanitize maps other fused layouts to it)."""
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.q_proj = nn.Linear(hidden_size, n_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
+        self.fused_qkv = fused_qkv
+        if fused_qkv:
+            self.qkv_proj = nn.Linear(hidden_size, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
+        else:
+            self.q_proj = nn.Linear(hidden_size, n_heads * head_dim, bias=bias)
+            self.k_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
+            self.v_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(n_heads * head_dim, hidden_size, bias=bias if o_bias is None else o_bias)
-        if qk_norm is not None:  # a factory: qk_norm(head_dim) -> norm module
-            self.q_norm = qk_norm(head_dim)
-            self.k_norm = qk_norm(head_dim)
+        self.qk_norm_names = qk_norm_names
+        if qk_norm is not None:  # a factory: qk_norm(dims) -> norm module
+            q_dims, k_dims = (n_heads * head_dim, n_kv_heads * head_dim) if qk_norm_full else (head_dim,) * 2
+            setattr(self, qk_norm_names[0], qk_norm(q_dims))
+            setattr(self, qk_norm_names[1], qk_norm(k_dims))
         self.has_qk_norm = qk_norm is not None
+        self.qk_norm_full = qk_norm_full
+        self.qk_norm_after_rope = qk_norm_after_rope
         self.rope = rope
         self.scale = scale if scale is not None else head_dim**-0.5
         self.softcap = softcap
+        if sinks:  # per-head attention-sink logits (GPT-OSS)
+            self.sinks = mx.zeros((n_heads,))
 
     def __call__(self, x, mask, offset, cache=None):
         B, L, _ = x.shape
-        q = self.q_proj(x).reshape(B, L, self.n_heads, -1)
-        k = self.k_proj(x).reshape(B, L, self.n_kv_heads, -1)
-        v = self.v_proj(x).reshape(B, L, self.n_kv_heads, -1)
-        if self.has_qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+        if self.fused_qkv:
+            nq, nk = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+            q, k, v = mx.split(self.qkv_proj(x), [nq, nq + nk], axis=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.has_qk_norm and self.qk_norm_full:
+            q, k = self._qk_norm(q, k)
+        q = q.reshape(B, L, self.n_heads, -1)
+        k = k.reshape(B, L, self.n_kv_heads, -1)
+        v = v.reshape(B, L, self.n_kv_heads, -1)
+        if self.has_qk_norm and not (self.qk_norm_full or self.qk_norm_after_rope):
+            q, k = self._qk_norm(q, k)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
         if self.rope is not None:
             q, k = self.rope(q, offset), self.rope(k, offset)
+        if self.has_qk_norm and self.qk_norm_after_rope:
+            q, k = self._qk_norm(q, k)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
-        out = scaled_dot_product_attention(q, k, v, self.scale, mask, self.softcap)
+        sinks = self.sinks.astype(q.dtype) if "sinks" in self else None
+        out = scaled_dot_product_attention(q, k, v, self.scale, mask, self.softcap, sinks)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+    def _qk_norm(self, q, k):
+        q_name, k_name = self.qk_norm_names
+        return getattr(self, q_name)(q), getattr(self, k_name)(k)
 
 
 class MLP(nn.Module):
     """Gated MLP: ``down(act(gate(x)) * up(x))``."""
 
-    def __init__(self, hidden_size, intermediate_size, act="silu", bias=False):
+    def __init__(self, hidden_size, intermediate_size, act="silu", bias=False, fused_gate_up=False):
+        """``fused_gate_up``: one ``gate_up_proj`` holding gate then up (GLM 4, Phi 3)."""
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        if fused_gate_up:
+            self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        else:
+            self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+            self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.act = activation(act) if isinstance(act, str) else act
+        self.fused_gate_up = fused_gate_up
+
+    def __call__(self, x):
+        if self.fused_gate_up:
+            gate, up = mx.split(self.gate_up_proj(x), 2, axis=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(self.act(gate) * up)
+
+
+class DenseMLP(nn.Module):
+    """Ungated MLP ``down(act(up(x)))``; ``names``: the checkpoint's (up, down) names."""
+
+    def __init__(self, hidden_size, intermediate_size, act="gelu", bias=True,
+                 names=("up_proj", "down_proj")):
+        super().__init__()
+        self.names = tuple(names)
+        setattr(self, names[0], nn.Linear(hidden_size, intermediate_size, bias=bias))
+        setattr(self, names[1], nn.Linear(intermediate_size, hidden_size, bias=bias))
         self.act = activation(act) if isinstance(act, str) else act
 
     def __call__(self, x):
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        up, down = (getattr(self, n) for n in self.names)
+        return down(self.act(up(x)))
 
 
 class PreNormBlock(nn.Module):
-    """``h = x + attn(norm1(x)); out = h + mlp(norm2(h))`` (llama family)."""
+    """``h = x + attn(norm1(x)); out = h + mlp(norm2(h))`` (llama family).
 
-    def __init__(self, attn, mlp, norm):
+    ``norm_names``: the checkpoint's names for the two norms. ``residual_scale``
+    multiplies each branch before it is added (Granite's ``residual_multiplier``).
+    """
+
+    def __init__(self, attn, mlp, norm, norm_names=("input_layernorm", "post_attention_layernorm"),
+                 residual_scale=None, mlp_name="mlp"):
+        """``mlp_name``: the checkpoint's name for the MLP (Mixtral: ``block_sparse_moe``)."""
+        super().__init__()
+        self.self_attn = attn
+        self.mlp_name = mlp_name
+        setattr(self, mlp_name, mlp)
+        self.norm_names = tuple(norm_names)
+        for name in self.norm_names:
+            setattr(self, name, norm())
+        self.residual_scale = residual_scale
+
+    def __call__(self, x, mask, offset, cache=None):
+        attn_norm, mlp_norm = (getattr(self, n) for n in self.norm_names)
+        r = self.self_attn(attn_norm(x), mask, offset, cache)
+        h = x + (r if self.residual_scale is None else r * self.residual_scale)
+        r = getattr(self, self.mlp_name)(mlp_norm(h))
+        return h + (r if self.residual_scale is None else r * self.residual_scale)
+
+
+class ParallelBlock(nn.Module):
+    """``out = x + attn(norm1(x)) + mlp(norm2(x))``: attention and MLP read the same
+    input (GPT-NeoX, Phi, Cohere). ``norm_names`` with one name: both branches share
+    that norm (Phi, Cohere, StableLM)."""
+
+    def __init__(self, attn, mlp, norm, norm_names=("input_layernorm", "post_attention_layernorm")):
         super().__init__()
         self.self_attn = attn
         self.mlp = mlp
-        self.input_layernorm = norm()
-        self.post_attention_layernorm = norm()
+        self.norm_names = tuple(norm_names)
+        for name in self.norm_names:
+            setattr(self, name, norm())
 
     def __call__(self, x, mask, offset, cache=None):
-        h = x + self.self_attn(self.input_layernorm(x), mask, offset, cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h = getattr(self, self.norm_names[0])(x)
+        m = h if len(self.norm_names) == 1 else getattr(self, self.norm_names[1])(x)
+        return x + self.self_attn(h, mask, offset, cache) + self.mlp(m)
 
 
 class SandwichBlock(nn.Module):
-    """Norms before and after both attention and MLP (Gemma 2/3)."""
+    """Norms before and after both attention and MLP (Gemma 2/3).
 
-    def __init__(self, attn, mlp, norm):
+    ``norm_names``: the checkpoint's names for the (pre-attention, post-attention,
+    pre-MLP, post-MLP) norms; a None name means no norm there (OLMo 2 and EXAONE 4
+    have post-norms only; GLM 4 names them differently).
+    """
+
+    NORM_NAMES = ("input_layernorm", "post_attention_layernorm",
+                  "pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+    def __init__(self, attn, mlp, norm, norm_names=NORM_NAMES):
         super().__init__()
         self.self_attn = attn
         self.mlp = mlp
-        self.input_layernorm = norm()
-        self.post_attention_layernorm = norm()
-        self.pre_feedforward_layernorm = norm()
-        self.post_feedforward_layernorm = norm()
+        self.norm_names = tuple(norm_names)
+        for name in self.norm_names:
+            if name is not None:
+                setattr(self, name, norm())
+
+    def _norm(self, i, x):
+        name = self.norm_names[i]
+        return x if name is None else getattr(self, name)(x)
 
     def __call__(self, x, mask, offset, cache=None):
-        h = x + self.post_attention_layernorm(
-            self.self_attn(self.input_layernorm(x), mask, offset, cache)
-        )
-        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        h = x + self._norm(1, self.self_attn(self._norm(0, x), mask, offset, cache))
+        return h + self._norm(3, self.mlp(self._norm(2, h)))
 
 
 class DecoderStack(nn.Module):
     """Embedding, blocks and final norm: HF's ``model.*`` submodule."""
 
-    def __init__(self, vocab_size, hidden_size, layers, norm, embed_scale=None):
+    def __init__(self, vocab_size, hidden_size, layers, norm, embed_scale=None, max_positions=None):
+        """``max_positions``: learned absolute position embeddings ``embed_positions``
+        (GPT-2), indexed by each row's positions (padding columns clipped to 0)."""
         super().__init__()
         self.embed_tokens = nn.Embedding(vocab_size, hidden_size)
+        if max_positions:
+            self.embed_positions = nn.Embedding(max_positions, hidden_size)
         self.layers = layers
         self.norm = norm
         self.embed_scale = embed_scale
@@ -170,6 +314,9 @@ class DecoderStack(nn.Module):
         if self.embed_scale is not None:
             # Python float: stays in the compute dtype instead of being rounded first.
             h = h * self.embed_scale
+        if "embed_positions" in self:
+            positions = mx.maximum(offset[:, None] + mx.arange(h.shape[1]), 0)
+            h = h + self.embed_positions(positions)
         cache = cache if cache is not None else [None] * len(self.layers)
         for layer, m, c in zip(self.layers, masks, cache):
             h = layer(h, m, offset, c)
@@ -206,6 +353,15 @@ class CausalLM(nn.Module):
     @property
     def layers(self):
         return self.model.layers
+
+    def make_cache(self, max_kv_size=None):
+        """A full cache per global layer, a rotating one per windowed layer; with
+        ``max_kv_size`` every layer keeps at most that many slots."""
+        caches = []
+        for w in self.layer_windows:
+            size = w if max_kv_size is None else min(w or max_kv_size, max_kv_size)
+            caches.append(KVCache() if size is None else RotatingKVCache(size))
+        return caches
 
     def sanitize(self, weights):
         """Drop buffers HF checkpoints carry that are not parameters here."""

@@ -1,7 +1,13 @@
 """Rotary position embeddings that take per-row offsets.
 
-Every variant calls ``mx.fast.rope`` with an ``(B,)`` offset array, so each row of a
-batch rotates by its own positions. Variants differ only in their frequencies.
+Fixed-frequency variants call ``mx.fast.rope`` with an ``(B,)`` offset array, so each
+row of a batch rotates by its own positions; they differ only in their frequencies.
+Length-dependent variants (``dynamic``, ``longrope``) choose frequencies per row
+from that row's own sequence length, so a padded row matches the prompt run alone.
+Like transformers, they depend on how a sequence is split into forward calls:
+``BatchEngine`` feeds a prompt as ``prompt[:-1]`` then its last token, which equals
+transformers fed the same way, but not its one-call ``generate`` prefill when the
+prompt is longer than the scaling threshold.
 """
 
 import math
@@ -28,7 +34,11 @@ class RoPE(nn.Module):
 
     def __call__(self, x, offset):
         if self.mscale != 1.0:
-            x = x * self.mscale
+            # The attention factor scales the rotated features only (partial rotary).
+            if self.dims < x.shape[-1]:
+                x = mx.concatenate([x[..., : self.dims] * self.mscale, x[..., self.dims :]], -1)
+            else:
+                x = x * self.mscale
         return mx.fast.rope(
             x,
             self.dims,
@@ -57,16 +67,20 @@ def _llama3_freqs(dims, base, cfg):
 
 
 def _yarn(dims, base, cfg, max_pos):
-    factor = cfg["factor"]
-    old_ctx = cfg.get("original_max_position_embeddings", max_pos)
-    beta_fast = cfg.get("beta_fast", 32)
-    beta_slow = cfg.get("beta_slow", 1)
+    old_ctx = cfg.get("original_max_position_embeddings") or max_pos
+    # DeepSeek-style configs may omit factor: the context extension ratio.
+    factor = cfg.get("factor") or max_pos / old_ctx
+    beta_fast = cfg.get("beta_fast") or 32
+    beta_slow = cfg.get("beta_slow") or 1
+    truncate = cfg.get("truncate", True)  # False: fractional correction range
 
     def correction_dim(rotations):
         return dims * math.log(old_ctx / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
-    low = max(math.floor(correction_dim(beta_fast)), 0)
-    high = min(math.ceil(correction_dim(beta_slow)), dims - 1)
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dims - 1)
     if low == high:
         high += 0.001
     ramp = mx.clip((mx.arange(dims // 2, dtype=mx.float32) - low) / (high - low), 0, 1)
@@ -86,11 +100,92 @@ def _yarn(dims, base, cfg, max_pos):
     return 1 / inv, mscale
 
 
+def _row_lengths(offset, query_len):
+    """Each row's sequence length as transformers counts it for one sequence: the last
+    position in this call plus one (``max(position_ids) + 1``)."""
+    return offset.astype(mx.int32) + query_len
+
+
+class LongRoPE(nn.Module):
+    """Phi-3 LongRoPE (``longrope``, legacy ``su``): per-frequency rescaling factors.
+
+    transformers uses the short factors while a sequence fits the pretraining length
+    (``original_max_position_embeddings``) and the long ones beyond it, deciding once
+    per forward call from ``max(position_ids) + 1``: a prompt longer than that
+    rotates all its tokens with the long factors; while decoding, each new token
+    switches to them once its position reaches the limit (cached keys keep theirs).
+    Here the same rule holds per row, using the row's own length. ``mscale`` (the
+    attention factor) applies in both regimes, as in transformers.
+    """
+
+    def __init__(self, dims, base, traditional, short_factor, long_factor, original_max, mscale):
+        super().__init__()
+        wavelengths = base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
+        short = mx.array(short_factor, dtype=mx.float32) * wavelengths
+        long = mx.array(long_factor, dtype=mx.float32) * wavelengths
+        self.short = RoPE(dims, traditional=traditional, freqs=short, mscale=mscale)
+        self.long = RoPE(dims, traditional=traditional, freqs=long, mscale=mscale)
+        self.original_max = original_max
+
+    def __call__(self, x, offset):
+        use_long = _row_lengths(offset, x.shape[2]) > self.original_max
+        return mx.where(use_long[:, None, None, None], self.long(x, offset), self.short(x, offset))
+
+
+class DynamicNTKRoPE(nn.Module):
+    """Dynamic NTK scaling (``dynamic``): the base grows with the sequence length.
+
+    For a sequence of length ``n > max_position_embeddings`` transformers rotates with
+    ``base * (factor * n / max_pos - (factor - 1)) ** (dims / (dims - 2))`` and the
+    plain base otherwise, where ``n = max(position_ids) + 1`` of the current forward
+    call (the whole prompt in a prefill, the new token's position + 1 in a decode
+    step; cached keys keep the rotation they were stored with). Batched, ``n`` is
+    each row's own length (offset + query length), so every row gets its own base:
+    a padded row matches that prompt run alone. As in transformers, results depend
+    on how a sequence is split into forward calls (chunked prefill).
+    ``mx.fast.rope`` takes one set of frequencies, so this rotates explicitly.
+    """
+
+    def __init__(self, dims, base, traditional, factor, max_position_embeddings):
+        super().__init__()
+        self.dims, self.base, self.traditional = dims, base, traditional
+        self.factor = factor
+        self.max_pos = max_position_embeddings
+
+    def __call__(self, x, offset):
+        L, d = x.shape[2], self.dims
+        n = mx.maximum(_row_lengths(offset, L), self.max_pos).astype(mx.float32)
+        base = self.base * (self.factor * n / self.max_pos - (self.factor - 1)) ** (d / (d - 2))
+        inv_freq = 1.0 / (base[:, None] ** (mx.arange(0, d, 2, dtype=mx.float32) / d))  # (B, d/2)
+        positions = (offset[:, None] + mx.arange(L)).astype(mx.float32)  # (B, L)
+        angles = positions[:, None, :, None] * inv_freq[:, None, None, :]  # (B, 1, L, d/2)
+        cos, sin = mx.cos(angles), mx.sin(angles)
+        rot = x[..., :d]
+        if self.traditional:  # pairs of adjacent features
+            x1, x2 = rot[..., 0::2], rot[..., 1::2]
+            out = mx.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).reshape(rot.shape)
+        else:  # first half with second half
+            x1, x2 = rot[..., : d // 2], rot[..., d // 2 :]
+            out = mx.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+        out = out.astype(x.dtype)
+        return out if d == x.shape[-1] else mx.concatenate([out, x[..., d:]], -1)
+
+
+def _longrope(dims, base, traditional, cfg, max_pos):
+    original = cfg.get("original_max_position_embeddings") or max_pos
+    factor = cfg.get("factor") or max_pos / original
+    mscale = cfg.get("attention_factor")
+    if mscale is None:
+        mscale = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return LongRoPE(dims, base, traditional, cfg["short_factor"], cfg["long_factor"],
+                    original, mscale)
+
+
 def make_rope(dims, base=10000.0, traditional=False, scaling=None, max_position_embeddings=None):
     """Build the rotary embedding a Hugging Face ``rope_scaling`` dict asks for.
 
-    Supported ``rope_type``s: default, linear, llama3, yarn. Unknown types raise
-    ``ValueError`` naming the type.
+    Supported ``rope_type``s: default, linear, llama3, yarn, dynamic, longrope (and
+    its legacy name su). Unknown types raise ``ValueError`` naming the type.
     """
     rope_type = "default"
     if scaling:
@@ -104,4 +199,9 @@ def make_rope(dims, base=10000.0, traditional=False, scaling=None, max_position_
     if rope_type == "yarn":
         freqs, mscale = _yarn(dims, base, scaling, max_position_embeddings)
         return RoPE(dims, traditional=traditional, freqs=freqs, mscale=mscale)
-    raise ValueError(f"unsupported rope_type '{rope_type}' (known: default, linear, llama3, yarn)")
+    if rope_type == "dynamic":
+        return DynamicNTKRoPE(dims, base, traditional, scaling["factor"], max_position_embeddings)
+    if rope_type in ("longrope", "su"):
+        return _longrope(dims, base, traditional, scaling, max_position_embeddings)
+    raise ValueError(f"unsupported rope_type '{rope_type}' "
+                     "(known: default, linear, llama3, yarn, dynamic, longrope, su)")

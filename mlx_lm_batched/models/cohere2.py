@@ -1,0 +1,30 @@
+"""Cohere 2 (Command R7B, Command A): Cohere blocks where sliding-window layers use
+RoPE and every ``sliding_window_pattern``-th layer is global with no position
+encoding."""
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+from . import cohere
+
+
+@dataclass
+class ModelArgs(cohere.ModelArgs):
+    sliding_window: int = 4096
+    sliding_window_pattern: int = 4
+    layer_types: Optional[List[str]] = None
+
+    def __post_init__(self):
+        if self.layer_types is None:
+            p = self.sliding_window_pattern
+            self.layer_types = [
+                "full_attention" if (i + 1) % p == 0 else "sliding_attention"
+                for i in range(self.num_hidden_layers)
+            ]
+
+
+class Model(cohere.Model):
+    def __init__(self, args: ModelArgs):
+        windows = [args.sliding_window if t == "sliding_attention" else None
+                   for t in args.layer_types]
+        super().__init__(args, windows=windows)

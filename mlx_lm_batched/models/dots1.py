@@ -1,0 +1,37 @@
+"""dots.llm1 (``dots1``): GLM-4.5's MoE model with per-head QK-norm, full-width RoPE,
+one bias flag for all four attention projections, and optional sliding-window layers
+(``layer_types``, or every layer from ``max_window_layers`` on)."""
+
+from dataclasses import dataclass
+from typing import Optional
+
+from . import glm4_moe
+
+
+@dataclass
+class ModelArgs(glm4_moe.ModelArgs):
+    partial_rotary_factor: float = 1.0
+    first_k_dense_replace: int = 0
+    norm_topk_prob: bool = False
+    rms_norm_eps: float = 1e-6
+    max_window_layers: Optional[int] = None
+
+    def layer_windows(self):
+        if self.layer_types is None and self.sliding_window is not None:
+            start = self.num_hidden_layers if self.max_window_layers is None else self.max_window_layers
+            self.layer_types = ["sliding_attention" if i >= start else "full_attention"
+                                for i in range(self.num_hidden_layers)]
+        return super().layer_windows()
+
+
+class Model(glm4_moe.Model):
+    def __init__(self, args: ModelArgs):
+        super().__init__(args, qk_norm=True, o_bias=args.attention_bias)
+
+    def sanitize(self, weights):
+        # mlx-lm's conversions name the stacked experts mlp.experts.{gate,up,down}_proj.
+        for k in [k for k in weights if ".mlp.experts." in k]:
+            name = k.split(".mlp.experts.")[1]
+            if name.split(".")[0] in ("gate_proj", "up_proj", "down_proj"):
+                weights[k.replace(".mlp.experts.", ".mlp.switch_mlp.")] = weights.pop(k)
+        return super().sanitize(weights)

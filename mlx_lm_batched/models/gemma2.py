@@ -1,0 +1,75 @@
+"""Gemma 2: Gemma with sandwich norms, soft-capped attention and output logits,
+queries scaled by ``query_pre_attn_scalar ** -0.5``, and sliding-window layers
+alternating with global ones (even layers slide unless ``layer_types`` says)."""
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import mlx.nn as nn
+
+from .base import BaseModelArgs
+from .gemma import gemma_activation
+from .layers import MLP, Attention, CausalLM, DecoderStack, RMSNorm, SandwichBlock
+from .rope import make_rope
+
+
+@dataclass
+class ModelArgs(BaseModelArgs):
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    vocab_size: int = 256000
+    head_dim: int = 256
+    num_key_value_heads: Optional[int] = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None
+    max_position_embeddings: int = 8192
+    hidden_act: Optional[str] = None
+    hidden_activation: Optional[str] = None
+    attention_bias: bool = False
+    query_pre_attn_scalar: float = 256
+    sliding_window: Optional[int] = 4096
+    layer_types: Optional[List[str]] = None
+    attn_logit_softcapping: Optional[float] = 50.0
+    final_logit_softcapping: Optional[float] = 30.0
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self):
+        if self.layer_types is None:
+            self.layer_types = [
+                "sliding_attention" if (i + 1) % 2 else "full_attention"
+                for i in range(self.num_hidden_layers)
+            ]
+
+
+class Model(CausalLM):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model_type = args.model_type
+        n_kv = args.num_key_value_heads or args.num_attention_heads
+        rope = make_rope(args.head_dim, args.rope_theta, False, args.rope_scaling,
+                         args.max_position_embeddings)
+        norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps, zero_centered=True)
+        act = gemma_activation(args.hidden_activation, args.hidden_act)
+        layers = [
+            SandwichBlock(
+                Attention(args.hidden_size, args.num_attention_heads, n_kv, args.head_dim, rope,
+                          bias=args.attention_bias, scale=args.query_pre_attn_scalar**-0.5,
+                          softcap=args.attn_logit_softcapping),
+                MLP(args.hidden_size, args.intermediate_size, act),
+                norm,
+            )
+            for _ in range(args.num_hidden_layers)
+        ]
+        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm(),
+                                  embed_scale=args.hidden_size**0.5)
+        if not args.tie_word_embeddings:
+            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.final_logit_softcap = args.final_logit_softcapping
+        self.layer_windows = [
+            args.sliding_window if t == "sliding_attention" else None for t in args.layer_types
+        ]

@@ -1,0 +1,100 @@
+"""GLM-4.5 / 4.6 (``glm4_moe``): GQA attention (biased q/k/v, optional QK-norm, RoPE on
+the first ``partial_rotary_factor`` of each head), dense MLPs for the first
+``first_k_dense_replace`` layers, then DeepSeek-V3 MoE blocks: a sigmoid router whose
+choice is biased by ``e_score_correction_bias`` and limited to the best expert
+groups, plus shared experts. The checkpoint's multi-token-prediction layers (after
+the last decoder layer) are dropped."""
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import mlx.nn as nn
+
+from .base import BaseModelArgs
+from .deepseek_v2 import DeepseekMoE
+from .deepseek_v3 import SigmoidGate
+from .layers import MLP, Attention, CausalLM, DecoderStack, PreNormBlock, RMSNorm
+from .moe import stack_experts
+from .rope import make_rope
+
+
+@dataclass
+class ModelArgs(BaseModelArgs):
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    vocab_size: int
+    moe_intermediate_size: int = 1408
+    n_routed_experts: int = 128
+    n_shared_experts: int = 1
+    num_experts_per_tok: int = 8
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = True
+    first_k_dense_replace: int = 1
+    rms_norm_eps: float = 1e-5
+    num_key_value_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    partial_rotary_factor: float = 0.5
+    max_position_embeddings: Optional[int] = None
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None
+    attention_bias: bool = False
+    use_qk_norm: bool = False
+    tie_word_embeddings: bool = False
+    hidden_act: str = "silu"
+    mlp_bias: bool = False
+    sliding_window: Optional[int] = None  # dots1
+    layer_types: Optional[List[str]] = None  # dots1
+
+    def __post_init__(self):
+        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
+        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
+
+    def is_moe_layer(self, i):
+        return bool(self.n_routed_experts) and i >= self.first_k_dense_replace
+
+    def layer_windows(self):
+        types = self.layer_types or ["full_attention"] * self.num_hidden_layers
+        return [self.sliding_window if t == "sliding_attention" else None for t in types]
+
+
+class Model(CausalLM):
+    def __init__(self, args: ModelArgs, qk_norm=None, o_bias=False):
+        """``qk_norm``/``o_bias``: what dots1 changes (QK-norm always, unbiased o_proj)."""
+        super().__init__()
+        self.args = args
+        self.model_type = args.model_type
+        rope = make_rope(int(args.head_dim * args.partial_rotary_factor), args.rope_theta, False,
+                         args.rope_scaling, args.max_position_embeddings)
+        norm = lambda dims=args.hidden_size: RMSNorm(dims, args.rms_norm_eps)
+        if qk_norm is None:
+            qk_norm = args.use_qk_norm
+        layers = [
+            PreNormBlock(
+                Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
+                          args.head_dim, rope, bias=args.attention_bias, o_bias=o_bias,
+                          qk_norm=norm if qk_norm else None),
+                DeepseekMoE(args, SigmoidGate(args)) if args.is_moe_layer(i) else
+                MLP(args.hidden_size, args.intermediate_size, args.hidden_act),
+                norm,
+            )
+            for i in range(args.num_hidden_layers)
+        ]
+        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
+        if not args.tie_word_embeddings:
+            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.layer_windows = args.layer_windows()
+
+    def sanitize(self, weights):
+        weights = super().sanitize(weights)
+        n = self.args.num_hidden_layers
+        weights = {k: v for k, v in weights.items()
+                   if not (k.startswith("model.layers.") and int(k.split(".")[2]) >= n)}
+        for i in range(n):
+            if self.args.is_moe_layer(i):
+                stack_experts(weights, f"model.layers.{i}.mlp", self.args.n_routed_experts)
+        return weights

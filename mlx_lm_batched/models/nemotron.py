@@ -1,0 +1,58 @@
+"""Nemotron (3, 4, Minitron): llama blocks with LayerNorm1P (biased LayerNorm scaled
+by ``1 + w``), an ungated squared-ReLU MLP and partial rotary."""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import mlx.nn as nn
+
+from .base import BaseModelArgs
+from .layers import Attention, CausalLM, DecoderStack, DenseMLP, LayerNorm, PreNormBlock
+from .rope import make_rope
+
+
+@dataclass
+class ModelArgs(BaseModelArgs):
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    vocab_size: int
+    num_key_value_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    hidden_act: str = "relu2"
+    norm_eps: float = 1e-5
+    max_position_embeddings: int = 4096
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None
+    partial_rotary_factor: float = 0.5
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+
+
+class Model(CausalLM):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model_type = args.model_type
+        n_kv = args.num_key_value_heads or args.num_attention_heads
+        head_dim = args.head_dim or args.hidden_size // args.num_attention_heads
+        rope = make_rope(int(head_dim * args.partial_rotary_factor), args.rope_theta, False,
+                         args.rope_scaling, args.max_position_embeddings)
+        norm = lambda: LayerNorm(args.hidden_size, args.norm_eps, zero_centered=True)
+        layers = [
+            PreNormBlock(
+                Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
+                          bias=args.attention_bias),
+                DenseMLP(args.hidden_size, args.intermediate_size, args.hidden_act,
+                         bias=args.mlp_bias),
+                norm,
+            )
+            for _ in range(args.num_hidden_layers)
+        ]
+        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
+        if not args.tie_word_embeddings:
+            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.layer_windows = [None] * args.num_hidden_layers

@@ -1,0 +1,68 @@
+"""Phi (1, 1.5, 2): parallel attention + MLP off one biased LayerNorm, biased q/k/v
+and dense projections, partial rotary, an ungated MLP and a biased output head."""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import mlx.nn as nn
+
+from .base import BaseModelArgs
+from .layers import Attention, CausalLM, DecoderStack, DenseMLP, LayerNorm, ParallelBlock
+from .rope import make_rope
+
+
+@dataclass
+class ModelArgs(BaseModelArgs):
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    vocab_size: int
+    num_key_value_heads: Optional[int] = None
+    hidden_act: str = "gelu_new"
+    layer_norm_eps: float = 1e-5
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None
+    partial_rotary_factor: float = 0.5
+    qk_layernorm: bool = False
+    tie_word_embeddings: bool = False
+
+
+class Model(CausalLM):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model_type = args.model_type
+        n_kv = args.num_key_value_heads or args.num_attention_heads
+        head_dim = args.hidden_size // args.num_attention_heads
+        rope = make_rope(int(head_dim * args.partial_rotary_factor), args.rope_theta, False,
+                         args.rope_scaling, args.max_position_embeddings)
+        norm = lambda dims=args.hidden_size: LayerNorm(dims, args.layer_norm_eps)
+        layers = [
+            ParallelBlock(
+                Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
+                          bias=True, qk_norm=norm if args.qk_layernorm else None,
+                          qk_norm_names=("q_layernorm", "k_layernorm")),
+                DenseMLP(args.hidden_size, args.intermediate_size, args.hidden_act,
+                         names=("fc1", "fc2")),
+                norm, norm_names=("input_layernorm",),
+            )
+            for _ in range(args.num_hidden_layers)
+        ]
+        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=True)
+        self.layer_windows = [None] * args.num_hidden_layers
+
+    def sanitize(self, weights):
+        weights = {
+            k.replace(".self_attn.dense.", ".self_attn.o_proj.")
+             .replace("model.final_layernorm.", "model.norm."): v
+            for k, v in weights.items()
+        }
+        if "lm_head.weight" not in weights:  # tied: the head keeps its own bias
+            for part in ("weight", "scales", "biases"):
+                if f"model.embed_tokens.{part}" in weights:
+                    weights[f"lm_head.{part}"] = weights[f"model.embed_tokens.{part}"]
+        return super().sanitize(weights)

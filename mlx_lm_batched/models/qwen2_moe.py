@@ -1,0 +1,106 @@
+"""Qwen 2 MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen 2 attention (biased q/k/v), and a
+softmax top-k MoE plus a shared expert scaled by a sigmoid gate. Layers listed in
+``mlp_only_layers`` or off the ``decoder_sparse_step`` grid keep a dense MLP."""
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import mlx.nn as nn
+
+from .base import BaseModelArgs
+from .layers import MLP, Attention, CausalLM, DecoderStack, PreNormBlock, RMSNorm, activation
+from .moe import SparseMoE, stack_experts
+from .rope import make_rope
+
+
+@dataclass
+class ModelArgs(BaseModelArgs):
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    vocab_size: int
+    num_experts: Optional[int] = None
+    num_local_experts: Optional[int] = None  # transformers 5's name for num_experts
+    num_experts_per_tok: int = 4
+    moe_intermediate_size: int = 1408
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: List[int] = field(default_factory=list)
+    rms_norm_eps: float = 1e-6
+    num_key_value_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    max_position_embeddings: Optional[int] = None
+    rope_theta: float = 1e6
+    rope_scaling: Optional[dict] = None
+    tie_word_embeddings: bool = False
+    hidden_act: str = "silu"
+    attention_bias: bool = False  # Qwen 3 MoE's bias flag (all four projections)
+    use_sliding_window: bool = False
+    sliding_window: Optional[int] = None
+    max_window_layers: int = 0
+    layer_types: Optional[List[str]] = None
+
+    def __post_init__(self):
+        self.num_experts = self.num_experts or self.num_local_experts
+        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
+        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
+
+    def is_moe_layer(self, i):
+        return (i not in (self.mlp_only_layers or []) and self.num_experts
+                and (i + 1) % self.decoder_sparse_step == 0)
+
+    def layer_windows(self):
+        if not (self.use_sliding_window and self.sliding_window):
+            return [None] * self.num_hidden_layers
+        types = self.layer_types or [
+            "sliding_attention" if (i + 1) % 2 and i < self.max_window_layers else "full_attention"
+            for i in range(self.num_hidden_layers)
+        ]
+        return [self.sliding_window if t == "sliding_attention" else None for t in types]
+
+
+class Model(CausalLM):
+    def __init__(self, args: ModelArgs, attention_kwargs=None, shared_expert=True):
+        """``attention_kwargs``/``shared_expert``: what Qwen 3 MoE changes."""
+        super().__init__()
+        self.args = args
+        self.model_type = args.model_type
+        rope = make_rope(args.head_dim, args.rope_theta, False, args.rope_scaling,
+                         args.max_position_embeddings)
+        norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps)
+        attention_kwargs = attention_kwargs or dict(bias=True, o_bias=False)
+        act = activation(args.hidden_act)
+
+        def mlp(i):
+            if not args.is_moe_layer(i):
+                return MLP(args.hidden_size, args.intermediate_size, act)
+            shared = None
+            if shared_expert and args.shared_expert_intermediate_size:
+                shared = MLP(args.hidden_size, args.shared_expert_intermediate_size, act)
+            return SparseMoE(args.hidden_size, args.moe_intermediate_size, args.num_experts,
+                             args.num_experts_per_tok, act, normalize=args.norm_topk_prob,
+                             shared=shared, shared_gate=shared is not None)
+
+        layers = [
+            PreNormBlock(
+                Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
+                          args.head_dim, rope, **attention_kwargs),
+                mlp(i),
+                norm,
+            )
+            for i in range(args.num_hidden_layers)
+        ]
+        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
+        if not args.tie_word_embeddings:
+            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.layer_windows = args.layer_windows()
+
+    def sanitize(self, weights):
+        weights = super().sanitize(weights)
+        for i in range(self.args.num_hidden_layers):
+            if self.args.is_moe_layer(i):
+                stack_experts(weights, f"model.layers.{i}.mlp", self.args.num_experts)
+        return weights

@@ -1,0 +1,80 @@
+"""StableLM (2, Zephyr, 3B-4E1T): llama attention and gated MLP with biased
+LayerNorms, partial rotary, optional q/k/v bias, optional per-head QK LayerNorm and
+an optional parallel residual (one norm feeding attention and MLP)."""
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .base import BaseModelArgs
+from .layers import (MLP, Attention, CausalLM, DecoderStack, HeadwiseLayerNorm, LayerNorm,
+                     ParallelBlock, PreNormBlock)
+from .rope import make_rope
+
+
+@dataclass
+class ModelArgs(BaseModelArgs):
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    vocab_size: int
+    num_key_value_heads: Optional[int] = None
+    hidden_act: str = "silu"
+    layer_norm_eps: float = 1e-5
+    max_position_embeddings: int = 4096
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None
+    partial_rotary_factor: float = 0.25
+    use_qkv_bias: bool = False
+    qk_layernorm: bool = False
+    use_parallel_residual: bool = False
+    tie_word_embeddings: bool = False
+
+
+class Model(CausalLM):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model_type = args.model_type
+        n_kv = args.num_key_value_heads or args.num_attention_heads
+        head_dim = args.hidden_size // args.num_attention_heads
+        rope = make_rope(int(head_dim * args.partial_rotary_factor), args.rope_theta, False,
+                         args.rope_scaling, args.max_position_embeddings)
+        norm = lambda: LayerNorm(args.hidden_size, args.layer_norm_eps)
+        qk_norm = None
+        if args.qk_layernorm:  # one bias-free LayerNorm per head, fed the whole projection
+            eps = args.layer_norm_eps
+            qk_norm = lambda dims: HeadwiseLayerNorm(dims // head_dim, head_dim, eps)
+        layers = []
+        for _ in range(args.num_hidden_layers):
+            attn = Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
+                             bias=args.use_qkv_bias, o_bias=False, qk_norm=qk_norm,
+                             qk_norm_full=True, qk_norm_names=("q_layernorm", "k_layernorm"))
+            mlp = MLP(args.hidden_size, args.intermediate_size, args.hidden_act)
+            if args.use_parallel_residual:
+                layers.append(ParallelBlock(attn, mlp, norm, norm_names=("input_layernorm",)))
+            else:
+                layers.append(PreNormBlock(attn, mlp, norm))
+        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
+        if not args.tie_word_embeddings:
+            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.layer_windows = [None] * args.num_hidden_layers
+
+    def sanitize(self, weights):
+        # Per-head QK norms ``*_layernorm.norms.{h}.weight`` -> one (heads, head_dim) weight.
+        heads = {}
+        out = {}
+        for k, v in weights.items():
+            m = re.match(r"(.*_layernorm)\.norms\.(\d+)\.weight$", k)
+            if m:
+                heads.setdefault(m.group(1), {})[int(m.group(2))] = v
+            else:
+                out[k] = v
+        for prefix, per_head in heads.items():
+            out[f"{prefix}.weight"] = mx.stack([per_head[i] for i in range(len(per_head))])
+        return super().sanitize(out)
