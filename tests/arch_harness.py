@@ -51,7 +51,7 @@ def to_transformers4_layout(config):
     return config
 
 
-def build_hf_model(model_type, config_kwargs, seed=0, std=0.1):
+def build_hf_model(model_type, config_kwargs, seed=0, std=0.3):
     torch.manual_seed(seed)
     config = AutoConfig.for_model(model_type, **config_kwargs)
     model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32).eval()
@@ -108,7 +108,7 @@ def greedy_tokens(model, prompts, n_tokens, **engine_kwargs):
 
 
 def check_architecture(model_type, config_kwargs, layout="transformers5", lengths=(7, 1, 12, 4),
-                       gen_lengths=None, new_tokens=16, max_kv_size=None, std=0.1):
+                       gen_lengths=None, new_tokens=16, max_kv_size=None, std=0.3):
     """Run the three parity checks; returns the loaded MLX model for extra checks.
 
     ``std``: weight scale; larger values sharpen attention so that position
