@@ -25,6 +25,9 @@ from mlx_lm_batched.utils import load_model
 
 ATOL = 1e-4
 VOCAB = 128
+# A tiny llama-shaped config most families start from.
+BASE_SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
 
 
 def to_transformers4_layout(config):
