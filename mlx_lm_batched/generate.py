@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import mlx.core as mx
 
-from .batching import BatchEngine, left_pad
+from .batching import BatchEngine
 from .tokenizer_utils import TokenizerWrapper, encode_prompt
 
 

@@ -5,7 +5,6 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from .base import BaseModelArgs
-from .cache import KVCache, RotatingKVCache
 from .layers import MLP, Attention, CausalLM, DecoderStack, RMSNorm, SandwichBlock
 from .rope import make_rope
 
@@ -69,10 +68,3 @@ class Model(CausalLM):
         self.layer_windows = [
             None if kind == "full_attention" else args.sliding_window for kind in args.layer_types
         ]
-
-    def make_cache(self, max_kv_size=None):
-        caches = []
-        for w in self.layer_windows:
-            size = w if max_kv_size is None else min(w or max_kv_size, max_kv_size)
-            caches.append(KVCache() if size is None else RotatingKVCache(size))
-        return caches

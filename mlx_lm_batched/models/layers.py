@@ -371,7 +371,3 @@ class CausalLM(nn.Module):
             weights.pop("lm_head.scales", None)
             weights.pop("lm_head.biases", None)
         return weights
-
-
-def default_head_dim(hidden_size, n_heads, head_dim=None):
-    return head_dim if head_dim else hidden_size // n_heads

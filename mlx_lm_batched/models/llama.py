@@ -6,7 +6,6 @@ from typing import Optional
 import mlx.nn as nn
 
 from .base import BaseModelArgs
-from .cache import KVCache, RotatingKVCache
 from .layers import MLP, Attention, CausalLM, DecoderStack, PreNormBlock, RMSNorm
 from .rope import make_rope
 
@@ -59,8 +58,3 @@ class Model(CausalLM):
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         # Mistral-style configs carry one window for every layer.
         self.layer_windows = [args.sliding_window] * args.num_hidden_layers
-
-    def make_cache(self, max_kv_size=None):
-        sizes = [w if max_kv_size is None else min(w or max_kv_size, max_kv_size)
-                 for w in self.layer_windows]
-        return [KVCache() if s is None else RotatingKVCache(s) for s in sizes]

@@ -1,0 +1,45 @@
+"""Checkpoints in bf16/fp16 and MLX 8-bit load and batch exactly."""
+
+import tempfile
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from arch_harness import BASE_SMALL, build_hf_model, greedy_tokens, make_prompts, save_hf_model
+from mlx_lm_batched.convert import convert
+from mlx_lm_batched.utils import load_model
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny_llama")
+    save_hf_model(build_hf_model("llama", dict(BASE_SMALL, tie_word_embeddings=False)), d,
+                  "transformers5")
+    return d
+
+
+@pytest.mark.parametrize("options, dtype", [
+    ({"dtype": "bfloat16"}, mx.bfloat16),
+    ({"dtype": "float16"}, mx.float16),
+    ({"quantize": True, "q_bits": 8, "q_group_size": 32}, None),
+])
+def test_converted_checkpoint_loads_and_batches_exactly(tiny_llama_dir, options, dtype):
+    reference, _ = load_model(tiny_llama_dir)
+    with tempfile.TemporaryDirectory() as out:
+        convert(str(tiny_llama_dir), f"{out}/m", **options)
+        model, config = load_model(f"{out}/m")
+    if dtype is not None:
+        assert model.model.embed_tokens.weight.dtype == dtype
+    else:
+        assert config["quantization"]["bits"] == 8
+        assert model.layers[0].self_attn.q_proj.bits == 8
+    prompt = mx.array([make_prompts((9,))[0]])
+    ours = np.array(model(prompt)[0].astype(mx.float32))
+    ref = np.array(reference(prompt)[0])
+    # Close to the float32 model within the precision of the stored weights.
+    assert np.abs(ours - ref).max() < 0.05 * np.abs(ref).max()
+    prompts = make_prompts((7, 1, 12))
+    batch = greedy_tokens(model, prompts, 8)
+    for i, p in enumerate(prompts):
+        np.testing.assert_array_equal(batch[i], greedy_tokens(model, [p], 8)[0])
