@@ -47,6 +47,7 @@ def stream_batch_generate(
     prefill_step_size=2048,
     max_kv_size=None,
     stats=None,
+    logprobs=True,
     **unused,
 ):
     """Yield a :class:`BatchStreamResponse` per row per generated token.
@@ -54,7 +55,8 @@ def stream_batch_generate(
     ``prompts``: strings or token lists; ``max_tokens``: int or one per prompt.
     ``index`` says which prompt a response belongs to; each row's ``text`` pieces
     come from its own streaming detokenizer, so they never split a character.
-    Pass a :class:`BatchStats` as ``stats`` to collect timings.
+    Pass a :class:`BatchStats` as ``stats`` to collect timings. ``logprobs=False``
+    leaves ``logprob`` None, which spares greedy decoding a log-softmax per step.
     """
     tokenizer = _as_wrapper(tokenizer)
     encoded = encode_prompts(tokenizer, prompts)
@@ -66,18 +68,27 @@ def stream_batch_generate(
         rows = order[start : start + size]
         yield from _run_batch(
             model, tokenizer, [encoded[i] for i in rows], rows, [limits[i] for i in rows],
-            sampler, logits_processors, prefill_step_size, max_kv_size, stats,
+            sampler, logits_processors, prefill_step_size, max_kv_size, stats, logprobs,
         )
 
 
+def _chosen(logprobs, tokens):
+    """Log-probability of each row's token, or None when not computed."""
+    if logprobs is None:
+        return None
+    return mx.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+
+
 def _run_batch(model, tokenizer, prompts, indices, limits, sampler, processors,
-               prefill_step_size, max_kv_size, stats):
+               prefill_step_size, max_kv_size, stats, want_logprobs=True):
     eos = tokenizer.eos_token_ids
     tic = time.perf_counter()
     tokens, padding = left_pad(prompts)
     engine = BatchEngine(model, sampler, processors, None, max_kv_size, prefill_step_size)
+    engine.want_logprobs = want_logprobs
+    engine.reserve(max(limits))
     y, logprobs = engine.prefill(tokens, padding)
-    chosen = mx.take_along_axis(logprobs, y[:, None], axis=-1)[:, 0]
+    chosen = _chosen(logprobs, y)
     mx.eval(y, chosen)
     stats.prompt_time += time.perf_counter() - tic
     stats.prompt_tokens += sum(len(p) for p in prompts)
@@ -89,10 +100,15 @@ def _run_batch(model, tokenizer, prompts, indices, limits, sampler, processors,
     counts = [0] * len(prompts)
     detokenizers = [tokenizer.make_detokenizer() for _ in prompts]
     while live:
-        next_y, next_logprobs = engine.step(y)
-        next_chosen = mx.take_along_axis(next_logprobs, next_y[:, None], axis=-1)[:, 0]
-        mx.async_eval(next_y, next_chosen)
-        for row, (token, lp) in enumerate(zip(y.tolist(), chosen.tolist())):
+        # Queue the next step before reading this one (the device works while the
+        # rows are detokenized), unless every row ends with this token anyway.
+        next_y = next_chosen = None
+        if any(counts[j] + 1 < limits[j] for j in live if not done[j]):
+            next_y, next_logprobs = engine.step(y)
+            next_chosen = _chosen(next_logprobs, next_y)
+            mx.async_eval(next_y, next_chosen)
+        lps = chosen.tolist() if chosen is not None else [None] * len(live)
+        for row, (token, lp) in enumerate(zip(y.tolist(), lps)):
             j = live[row]
             if done[j]:
                 continue
@@ -116,7 +132,8 @@ def _run_batch(model, tokenizer, prompts, indices, limits, sampler, processors,
             keep = [r for r, j in enumerate(live) if not done[j]]
             engine.filter(keep)
             idx = mx.array(keep, dtype=mx.int32)
-            next_y, next_chosen = next_y[idx], next_chosen[idx]
+            next_y = next_y[idx]
+            next_chosen = None if next_chosen is None else next_chosen[idx]
             live = [live[r] for r in keep]
         y, chosen = next_y, next_chosen
     stats.generation_time += time.perf_counter() - tic
@@ -151,7 +168,8 @@ def batch_generate(
     reasons = [None] * n
     stats = BatchStats()
     finished = 0
-    for r in stream_batch_generate(model, tokenizer, prompts, max_tokens, stats=stats, **kwargs):
+    for r in stream_batch_generate(model, tokenizer, prompts, max_tokens, stats=stats,
+                                   logprobs=return_logprobs, **kwargs):
         if r.finish_reason != "stop":
             ids[r.index].append(r.token)
             logprobs[r.index].append(r.logprob)

@@ -9,9 +9,15 @@ Rows can be dropped (``filter``) so finished rows stop costing compute.
 
 import mlx.core as mx
 
-from .models.cache import make_prompt_cache
+from .models.cache import KVCache, make_prompt_cache
 
 PAD_ID = -1  # marks padding in token histories given to logits processors
+
+# Prefill groups (see ``plan_prefill_groups``). Each forward call reads every weight
+# once, so a call costs about as much as this many extra tokens; a group never
+# exceeds the token budget (bounds activation memory) unless it is a single row.
+GROUP_OVERHEAD_TOKENS = 64
+GROUP_TOKEN_BUDGET = 4096
 
 
 def left_pad(prompts, pad_id=0):
@@ -24,6 +30,35 @@ def left_pad(prompts, pad_id=0):
 
 def greedy(logprobs):
     return mx.argmax(logprobs, axis=-1)
+
+
+def plan_prefill_groups(lengths, overhead=GROUP_OVERHEAD_TOKENS, budget=GROUP_TOKEN_BUDGET):
+    """Split rows into contiguous ``(start, stop)`` groups for prefill.
+
+    ``lengths[b]`` is the number of real tokens row ``b`` prefills. A group runs
+    left-padded to its longest row, so it costs ``rows * longest`` tokens plus a
+    fixed ``overhead`` per call; this picks the split of least total cost (dynamic
+    programming over the row order, which ``batch_generate`` sorts by length).
+    Groups of rows with nothing to prefill cost nothing and are still returned.
+    """
+    n = len(lengths)
+    best = [0.0] + [float("inf")] * n
+    cut = [0] * (n + 1)
+    for stop in range(1, n + 1):
+        longest = 0
+        for start in range(stop - 1, -1, -1):
+            longest = max(longest, lengths[start])
+            rows = stop - start
+            if rows > 1 and rows * longest > budget:
+                break  # adding rows only grows the group
+            cost = best[start] + rows * longest + (overhead if longest else 0)
+            if cost < best[stop]:
+                best[stop], cut[stop] = cost, start
+    groups, stop = [], n
+    while stop > 0:
+        groups.append((cut[stop], stop))
+        stop = cut[stop]
+    return groups[::-1]
 
 
 class BatchEngine:
@@ -45,6 +80,19 @@ class BatchEngine:
         self.prefill_step_size = max(1, int(prefill_step_size))
         self.offset = None  # mx (B,) real tokens per row in the cache
         self.history = None  # (B, T) tokens so far, PAD_ID for padding (processors only)
+        self.decode_reserve = 0  # expected decode steps (sizes the caches once)
+        # False: the default greedy sampler skips the log-softmax over the vocabulary
+        # and ``step`` returns None logprobs (batch_generate without logprobs).
+        self.want_logprobs = True
+
+    def reserve(self, new_tokens):
+        """Expect about ``new_tokens`` decode steps: caches are allocated once for
+        prompt and generation instead of growing (and copying) while decoding."""
+        self.decode_reserve = max(0, int(new_tokens))
+
+    def _size_caches(self, slots):
+        for c in self.cache:
+            c.capacity_hint = max(c.capacity_hint, slots + self.decode_reserve)
 
     @property
     def slots(self):
@@ -77,7 +125,11 @@ class BatchEngine:
             self.history = hist if self.history is None else mx.concatenate([self.history, hist], 1)
         # Position of column c in row b: cached real tokens + c - padding of row b.
         base = self.offset - pad
+        self._size_caches(start + L)
         done = 0
+        if L > 1 and start == 0 and all(type(c) is KVCache for c in self.cache):
+            self._prefill_groups(tokens, left_padding or [0] * B, base, progress, input_embeddings)
+            done = L - 1
         while L - done > 1:
             n = min(self.prefill_step_size, L - done - 1)
             emb = None if input_embeddings is None else input_embeddings[:, done : done + n]
@@ -93,6 +145,44 @@ class BatchEngine:
         self.offset = base + L
         return self._sample(logits[:, -1, :])
 
+    def _prefill_groups(self, tokens, padding, base, progress, input_embeddings):
+        """Prefill ``tokens[:, :-1]`` group by group (``plan_prefill_groups``) so rows
+        skip the leading columns that are padding for their whole group.
+
+        Each group writes into its rows of the shared caches through ``RowsView``s
+        that start at the group's first real column; slots before it stay zero and
+        are padding of those rows (masked). Every row sees exactly what a one-group
+        prefill gives it: its own tokens, preceded by masked padding.
+        """
+        B, L = tokens.shape
+        width = L - 1
+        lengths = [width - min(int(p), width) for p in padding]
+        groups = plan_prefill_groups(lengths)
+        total = sum((stop - start) * max(lengths[start:stop]) for start, stop in groups)
+        processed = 0
+        for start, stop in groups:
+            longest = max(lengths[start:stop])
+            if longest == 0:
+                continue  # one-token prompts: nothing before their last token
+            first = width - longest
+            views = [c.rows_view(start, stop, first, B) for c in self.cache]
+            offset = base[start:stop] + first
+            done = 0
+            while done < longest:
+                n = min(self.prefill_step_size, longest - done)
+                cols = slice(first + done, first + done + n)
+                kwargs = {}
+                if input_embeddings is not None:
+                    kwargs["input_embeddings"] = input_embeddings[start:stop, cols]
+                self.model(tokens[start:stop, cols], offset=offset + done, cache=views, **kwargs)
+                mx.eval([v.state for v in views])
+                done += n
+                processed += (stop - start) * n
+                if progress is not None:
+                    progress(max(1, round(width * processed / total)), L)
+        for c in self.cache:
+            c.size = width
+
     def step(self, tokens):
         """Feed one token per row ``(B,)``; return the queued next ``(tokens, logprobs)``."""
         if self.logits_processors:
@@ -104,6 +194,13 @@ class BatchEngine:
     def _sample(self, logits):
         for processor in self.logits_processors:
             logits = processor(self.history, logits)
+        if self.sampler is greedy:
+            # The argmax of the logits is that of the log-probabilities, whose
+            # log-softmax (an exp over the vocabulary per row) is skipped when unused.
+            tokens = mx.argmax(logits, axis=-1)
+            if not self.want_logprobs:
+                return tokens, None
+            return tokens, logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         return self.sampler(logprobs), logprobs
 

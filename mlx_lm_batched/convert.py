@@ -15,7 +15,14 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from .utils import ModelLoadError, get_model_path, load_config, load_weights, model_from_weights
+from .utils import (
+    ModelLoadError,
+    dequantize_model,
+    get_model_path,
+    load_config,
+    load_weights,
+    model_from_weights,
+)
 
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 TOKENIZER_FILES = [
@@ -110,7 +117,7 @@ def convert(
     model = model_from_weights(config, weights)
     del weights
     if dequantize:
-        model = _dequantize(model)
+        model = dequantize_model(model)
         config.pop("quantization", None)
         config.pop("quantization_config", None)
     if float_dtype is not None:
@@ -136,32 +143,6 @@ def convert(
         json.dump(dict(sorted(config.items())), f, indent=2)
     write_tokenizer(out)
     return out
-
-
-def _dequantize(model):
-    layers = []
-    for name, module in model.named_modules():
-        if isinstance(module, nn.QuantizedLinear):
-            w = mx.dequantize(module.weight, module.scales, module.biases,
-                              module.group_size, module.bits)
-            lin = nn.Linear(w.shape[1], w.shape[0], bias="bias" in module)
-            lin.weight = w
-            if "bias" in module:
-                lin.bias = module.bias
-            layers.append((name, lin))
-        elif hasattr(module, "dequantized"):  # quantized MoE switch layers
-            layers.append((name, module.dequantized()))
-        elif isinstance(module, nn.QuantizedEmbedding):
-            w = mx.dequantize(module.weight, module.scales, module.biases,
-                              module.group_size, module.bits)
-            emb = nn.Embedding(*w.shape)
-            emb.weight = w
-            layers.append((name, emb))
-    if layers:
-        from mlx.utils import tree_unflatten
-
-        model.update_modules(tree_unflatten(layers))
-    return model
 
 
 def main(argv=None):

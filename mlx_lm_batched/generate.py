@@ -70,6 +70,8 @@ def generate_step(
         # mlx-lm processors take a 1-D history and (1, V) logits.
         processors = [lambda h, l, p=p: p(h[0], l) for p in processors]
     engine = BatchEngine(model, sampler, processors, prompt_cache, max_kv_size, prefill_step_size)
+    if max_tokens > 0:
+        engine.reserve(max_tokens)
     if single and input_embeddings is not None and input_embeddings.ndim == 2:
         input_embeddings = input_embeddings[None]
     progress = None

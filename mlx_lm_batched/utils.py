@@ -185,6 +185,7 @@ def load(
     revision=None,
     trust_remote_code=False,
     dtype=None,
+    dequantize=False,
 ):
     """Load a model and its tokenizer (mlx-lm's ``load``).
 
@@ -193,6 +194,12 @@ def load(
     set). ``dtype`` (e.g. ``mx.float32``) casts float weights after loading and,
     for GGUF files, dequantizes everything. Returns ``(model, tokenizer)``, plus
     the config when ``return_config`` is True.
+
+    ``dequantize=True`` turns a quantized model's layers into float ones after
+    loading (see :func:`dequantize_model`): on CPUs, where MLX's quantized matmul
+    is far slower than float GEMM, this trades memory (about 6x the 4-bit size
+    in float32, 3x in float16) for speed, with the same outputs up to float
+    rounding. Combine with ``dtype=mx.float32`` when the scales are half floats.
     """
     if adapter_path is not None:
         raise NotImplementedError("adapters (LoRA) are not supported yet")
@@ -200,11 +207,15 @@ def load(
         if not os.path.isfile(path_or_hf_repo):
             raise ModelLoadError(f"GGUF file '{path_or_hf_repo}' does not exist")
         model, tokenizer, config = load_gguf(path_or_hf_repo, dtype, tokenizer_config, model_config)
+        if dequantize:
+            dequantize_model(model)
     else:
         model_path = get_model_path(str(path_or_hf_repo), revision)
         if model_path.is_file():
             raise ModelLoadError(f"'{model_path}' is a file: pass a model directory or a .gguf file")
         model, config = load_model(model_path, lazy, model_config=model_config)
+        if dequantize:
+            dequantize_model(model)
         if dtype is not None:
             cast_floats(model, dtype)
         from .tokenizer_utils import load_tokenizer
@@ -223,3 +234,37 @@ def cast_floats(model, dtype):
                  model.parameters())
     )
     mx.eval(model.parameters())
+
+
+def dequantize_model(model):
+    """Replace quantized layers (Linear, Embedding, MoE switch layers) by float ones.
+
+    The float weights are exactly what the quantized ones encode, in the dtype of
+    the quantization scales. Works in place and returns the model.
+    """
+    from mlx.utils import tree_unflatten
+
+    def weight(module):
+        return mx.dequantize(module.weight, module.scales, module.get("biases"),
+                             module.group_size, module.bits, mode=module.mode)
+
+    layers = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.QuantizedLinear):
+            w = weight(module)
+            lin = nn.Linear(w.shape[1], w.shape[0], bias="bias" in module)
+            lin.weight = w
+            if "bias" in module:
+                lin.bias = module.bias
+            layers.append((name, lin))
+        elif hasattr(module, "dequantized"):  # quantized MoE switch layers
+            layers.append((name, module.dequantized()))
+        elif isinstance(module, nn.QuantizedEmbedding):
+            w = weight(module)
+            emb = nn.Embedding(*w.shape)
+            emb.weight = w
+            layers.append((name, emb))
+    if layers:
+        model.update_modules(tree_unflatten(layers))
+        mx.eval(model.parameters())
+    return model

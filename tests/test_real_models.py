@@ -76,7 +76,9 @@ def test_max_kv_size_rows_equal_solo(name, float_models):
     logits = first_step_logits(model, prompts, max_kv_size=100)
     for i, prompt in enumerate(prompts):
         solo = first_step_logits(model, [prompt], max_kv_size=100)[0]
-        np.testing.assert_allclose(logits[i], solo, atol=ATOL, rtol=0)
+        # Rotating chunks attend over differently shaped key blocks in the batch and
+        # alone; float32 summation order then moves logits of ~16 by up to ~1e-5 relative.
+        np.testing.assert_allclose(logits[i], solo, atol=ATOL, rtol=1e-5)
     assert_rows_equal_solo(model, tokenizer, prompts, 16, max_kv_size=100)
 
 

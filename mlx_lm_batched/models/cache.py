@@ -31,6 +31,10 @@ class KVCache:
     """Cache of every slot, for global attention layers."""
 
     step = 256
+    # Slots the batch driver expects this cache to hold (prompt + new tokens): the
+    # first allocation that fits takes exactly that, so decoding neither copies the
+    # cache to grow it nor holds up to ``step - 1`` unused slots per row.
+    capacity_hint = 0
 
     def __init__(self):
         self.keys = None
@@ -42,9 +46,13 @@ class KVCache:
         """Slots held (mlx-lm compatibility; models never read it)."""
         return self.size
 
-    def _grow(self, keys, values, needed):
-        capacity = ((needed + self.step - 1) // self.step) * self.step
+    def _grow(self, keys, values, needed, batch=None):
+        if self.capacity_hint >= needed:
+            capacity = self.capacity_hint
+        else:
+            capacity = ((needed + self.step - 1) // self.step) * self.step
         B, H, _, Dk = keys.shape
+        B = B if batch is None else batch
         new_k = mx.zeros((B, H, capacity, Dk), keys.dtype)
         new_v = mx.zeros((B, H, capacity, values.shape[3]), values.dtype)
         if self.keys is not None and self.size > 0:
@@ -152,6 +160,54 @@ class KVCache:
         if self.keys is None:
             return 0
         return self.keys.nbytes + self.values.nbytes
+
+    def rows_view(self, start, stop, first_slot, batch_size):
+        """A :class:`RowsView` of rows ``[start, stop)`` from slot ``first_slot`` on."""
+        return RowsView(self, start, stop, first_slot, batch_size)
+
+
+class RowsView:
+    """Rows ``[start, stop)`` of an empty ``KVCache`` of ``batch_size`` rows, seen from
+    slot ``first_slot`` on: the cache of a sub-batch prefilled on its own.
+
+    ``BatchEngine`` prefills rows of similar length together so that short rows skip
+    the leading columns that are padding for all of them; each group writes its keys
+    straight into the shared buffers at its rows and slots. To the model and the mask
+    the view is an ordinary cache whose slot 0 is the parent's ``first_slot``; the
+    parent's slots before it stay zero and are padding of those rows.
+    """
+
+    def __init__(self, parent, start, stop, first_slot, batch_size):
+        self.parent, self.start, self.stop = parent, start, stop
+        self.first, self.batch_size = first_slot, batch_size
+        self.size = 0
+
+    def update_and_fetch(self, keys, values):
+        p = self.parent
+        begin, end = self.first + self.size, self.first + self.size + keys.shape[2]
+        if p.keys is None or end > p.keys.shape[2]:
+            if p.keys is not None:
+                raise ValueError("a RowsView cannot grow its parent: size the hint first")
+            p._grow(keys, values, end, batch=self.batch_size)
+        rows = slice(self.start, self.stop)
+        p.keys[rows, :, begin:end, :] = keys
+        p.values[rows, :, begin:end, :] = values
+        self.size += keys.shape[2]
+        return p.keys[rows, :, self.first : end, :], p.values[rows, :, self.first : end, :]
+
+    def key_slots(self, query_len):
+        return mx.arange(self.size + query_len)
+
+    def effective_window(self, window):
+        return window
+
+    def layout_key(self):
+        return ("full", self.size)
+
+    @property
+    def state(self):
+        # The whole buffers: evaluating them runs this group's writes.
+        return [self.parent.keys, self.parent.values]
 
 
 class RotatingKVCache(KVCache):
