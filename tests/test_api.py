@@ -125,6 +125,26 @@ def test_uncached_repo_offline_is_a_clear_error(tmp_path):
     assert "HF_HUB_OFFLINE" in proc.stdout and "not in the Hugging Face cache" in proc.stdout
 
 
+def test_cached_repo_loads_offline(tmp_path, float_dirs):
+    # A repo id resolves through the Hugging Face cache when HF_HUB_OFFLINE is set.
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--local-org--smollm2"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    for f in float_dirs["smollm2"].iterdir():
+        (snapshot / f.name).symlink_to(f)
+    code = ("from mlx_lm_batched import load, generate\n"
+            "model, tok = load('local-org/smollm2')\n"
+            "print(repr(generate(model, tok, 'The lighthouse', max_tokens=5)))\n")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(proc.stdout.strip()) > 4
+
+
 def test_bad_requests_raise_clear_errors(float_models):
     from mlx_lm_batched.sample_utils import make_sampler
 
