@@ -4,14 +4,12 @@ RoPE, and an ungated ``up_proj``/``down_proj`` MLP with the learned xIELU activa
 
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .base import BaseModelArgs
-from .layers import Attention, CausalLM, DecoderStack, PreNormBlock, RMSNorm, activation
-from .rope import make_rope
+from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
+from .layers import Attention, CausalLM, PreNormBlock, RMSNorm, activation
 
 XIELU_DEFAULTS = {"beta": 0.5, "eps": -1e-6}
 
@@ -51,33 +49,18 @@ class ApertusMLP(nn.Module):
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    vocab_size: int
-    num_key_value_heads: Optional[int] = None
-    head_dim: Optional[int] = None
+class ModelArgs(DecoderArgs):
     rms_norm_eps: float = 1e-5
-    max_position_embeddings: Optional[int] = None
     rope_theta: float = 12_000_000.0
-    rope_scaling: Optional[dict] = None
     hidden_act: str = "xielu"
     attention_bias: bool = False
-    tie_word_embeddings: bool = False
 
 
 class Model(CausalLM):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        n_kv = args.num_key_value_heads or args.num_attention_heads
-        head_dim = args.head_dim or args.hidden_size // args.num_attention_heads
-        rope = make_rope(head_dim, args.rope_theta, False, args.rope_scaling,
-                         args.max_position_embeddings)
+        n_kv, head_dim = attention_dims(args)
+        rope = config_rope(args, head_dim)
         norm = lambda dims=args.hidden_size: RMSNorm(dims, args.rms_norm_eps)
         layers = [
             PreNormBlock(
@@ -89,10 +72,7 @@ class Model(CausalLM):
             )
             for _ in range(args.num_hidden_layers)
         ]
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.layer_windows = [None] * args.num_hidden_layers
+        init_causal_lm(self, args, layers, norm())
 
     def sanitize(self, weights):
         weights = super().sanitize(weights)

@@ -5,12 +5,9 @@ interleaved RoPE, optional per-head QK LayerNorm, tied output scaled by
 from dataclasses import dataclass
 from typing import Optional
 
-import mlx.nn as nn
-
 from .base import BaseModelArgs
-from .layers import (MLP, Attention, CausalLM, DecoderStack, HeadwiseLayerNorm, LayerNorm,
-                     ParallelBlock)
-from .rope import make_rope
+from .common import attention_dims, config_rope, init_causal_lm
+from .layers import MLP, Attention, CausalLM, HeadwiseLayerNorm, LayerNorm, ParallelBlock
 
 
 @dataclass
@@ -39,18 +36,14 @@ class Model(CausalLM):
         with windows given only windowed layers are rotated (Cohere 2's global
         layers use no position encoding)."""
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        n_kv = args.num_key_value_heads or args.num_attention_heads
-        head_dim = args.hidden_size // args.num_attention_heads
-        rope = make_rope(head_dim, args.rope_theta, True, args.rope_scaling,
-                         args.max_position_embeddings)
+        n_kv, head_dim = attention_dims(args)
+        rope = config_rope(args, head_dim, traditional=True)
         norm = lambda: LayerNorm(args.hidden_size, args.layer_norm_eps, bias=False)
         qk_norm = None
         if args.use_qk_norm:  # a (heads, head_dim) weight, fed the whole projection
             eps = args.layer_norm_eps
             qk_norm = lambda dims: HeadwiseLayerNorm(dims // head_dim, head_dim, eps)
-        self.layer_windows = windows or [None] * args.num_hidden_layers
+        layer_windows = windows or [None] * args.num_hidden_layers
         layers = [
             ParallelBlock(
                 Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim,
@@ -59,11 +52,9 @@ class Model(CausalLM):
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act),
                 norm, norm_names=("input_layernorm",),
             )
-            for w in self.layer_windows
+            for w in layer_windows
         ]
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        init_causal_lm(self, args, layers, norm(), layer_windows)
 
     def __call__(self, *args, **kwargs):
         return super().__call__(*args, **kwargs) * self.args.logit_scale

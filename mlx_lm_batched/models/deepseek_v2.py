@@ -9,7 +9,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .base import BaseModelArgs
-from .layers import MLP, CausalLM, DecoderStack, PreNormBlock, RMSNorm, activation
+from .common import init_causal_lm
+from .layers import MLP, CausalLM, PreNormBlock, RMSNorm, activation
 from .mla import (MultiHeadLatentAttention, make_mla_rope, merge_absorbed_kv_b,
                   mla_softmax_scale)
 from .moe import SwitchGLU, stack_experts, topk_indices
@@ -141,8 +142,6 @@ class Model(CausalLM):
     def __init__(self, args: ModelArgs, gate=SoftmaxGate):
         """``gate(args)`` builds each MoE layer's router (V3 passes its own)."""
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
         interleaved = args.rope_interleave or args.model_type == "deepseek_v2"
         rope = make_mla_rope(args.qk_rope_head_dim, args.rope_theta, args.rope_scaling,
                              args.max_position_embeddings, interleaved)
@@ -160,10 +159,7 @@ class Model(CausalLM):
             else:
                 mlp = MLP(args.hidden_size, args.intermediate_size, args.hidden_act, args.mlp_bias)
             layers.append(PreNormBlock(attn, mlp, norm))
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.layer_windows = [None] * args.num_hidden_layers
+        init_causal_lm(self, args, layers, norm())
 
     def sanitize(self, weights):
         weights = super().sanitize(weights)

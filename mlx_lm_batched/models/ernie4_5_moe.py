@@ -10,9 +10,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .base import BaseModelArgs
-from .layers import MLP, Attention, CausalLM, DecoderStack, PreNormBlock, RMSNorm, activation
+from .common import config_rope, init_causal_lm
+from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm, activation
 from .moe import SparseMoE, softmax_topk, stack_experts
-from .rope import make_rope
 
 
 @dataclass
@@ -74,10 +74,7 @@ class ErnieMoE(SparseMoE):
 class Model(CausalLM):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        rope = make_rope(args.head_dim, args.rope_theta, True, args.rope_scaling,
-                         args.max_position_embeddings)
+        rope = config_rope(args, args.head_dim, traditional=True)
         norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps)
         layers = [
             PreNormBlock(
@@ -89,11 +86,7 @@ class Model(CausalLM):
             )
             for i in range(args.num_hidden_layers)
         ]
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
-        # A biased head keeps its own bias even when its weight is tied.
-        if not args.tie_word_embeddings or args.use_bias:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=args.use_bias)
-        self.layer_windows = [None] * args.num_hidden_layers
+        init_causal_lm(self, args, layers, norm(), head_bias=args.use_bias)
 
     def sanitize(self, weights):
         weights = super().sanitize(weights)

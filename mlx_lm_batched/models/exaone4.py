@@ -5,33 +5,17 @@ layers that use no positional encoding."""
 from dataclasses import dataclass
 from typing import List, Optional, Union
 
-import mlx.nn as nn
-
-from .base import BaseModelArgs
-from .layers import MLP, Attention, CausalLM, DecoderStack, RMSNorm, SandwichBlock
+from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
+from .layers import MLP, Attention, CausalLM, RMSNorm, SandwichBlock
 from .olmo2 import POST_NORMS
-from .rope import make_rope
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    vocab_size: int
-    num_key_value_heads: Optional[int] = None
-    head_dim: Optional[int] = None
+class ModelArgs(DecoderArgs):
     rms_norm_eps: float = 1e-5
-    max_position_embeddings: Optional[int] = None
-    rope_theta: float = 10000.0
-    rope_scaling: Optional[dict] = None
-    hidden_act: str = "silu"
     sliding_window: Optional[int] = 4096
     sliding_window_pattern: Optional[Union[int, str]] = 4
     layer_types: Optional[List[str]] = None
-    tie_word_embeddings: bool = False
 
     def __post_init__(self):
         if self.layer_types is not None:
@@ -53,12 +37,8 @@ class ModelArgs(BaseModelArgs):
 class Model(CausalLM):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        n_kv = args.num_key_value_heads or args.num_attention_heads
-        head_dim = args.head_dim or args.hidden_size // args.num_attention_heads
-        rope = make_rope(head_dim, args.rope_theta, False, args.rope_scaling,
-                         args.max_position_embeddings)
+        n_kv, head_dim = attention_dims(args)
+        rope = config_rope(args, head_dim)
         norm = lambda dims=args.hidden_size: RMSNorm(dims, args.rms_norm_eps)
         sliding = [t == "sliding_attention" for t in args.layer_types]
         layers = [
@@ -71,7 +51,5 @@ class Model(CausalLM):
             )
             for s in sliding
         ]
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.layer_windows = [args.sliding_window if s else None for s in sliding]
+        init_causal_lm(self, args, layers, norm(),
+                       [args.sliding_window if s else None for s in sliding])

@@ -4,11 +4,9 @@
 from dataclasses import dataclass
 from typing import Optional
 
-import mlx.nn as nn
-
 from .base import BaseModelArgs
-from .layers import MLP, Attention, CausalLM, DecoderStack, PreNormBlock, RMSNorm
-from .rope import make_rope
+from .common import attention_dims, config_rope, init_causal_lm
+from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
 
 
 def gemma_activation(hidden_activation, hidden_act):
@@ -41,24 +39,17 @@ class ModelArgs(BaseModelArgs):
 class Model(CausalLM):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        n_kv = args.num_key_value_heads or args.num_attention_heads
-        rope = make_rope(args.head_dim, args.rope_theta, False, args.rope_scaling,
-                         args.max_position_embeddings)
+        n_kv, head_dim = attention_dims(args)
+        rope = config_rope(args, head_dim)
         norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps, zero_centered=True)
         act = gemma_activation(args.hidden_activation, args.hidden_act)
         layers = [
             PreNormBlock(
-                Attention(args.hidden_size, args.num_attention_heads, n_kv, args.head_dim, rope,
+                Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
                           bias=args.attention_bias),
                 MLP(args.hidden_size, args.intermediate_size, act),
                 norm,
             )
             for _ in range(args.num_hidden_layers)
         ]
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm(),
-                                  embed_scale=args.hidden_size**0.5)
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.layer_windows = [None] * args.num_hidden_layers
+        init_causal_lm(self, args, layers, norm(), embed_scale=args.hidden_size**0.5)

@@ -5,12 +5,10 @@ alternating with global ones (even layers slide unless ``layer_types`` says)."""
 from dataclasses import dataclass
 from typing import List, Optional
 
-import mlx.nn as nn
-
 from .base import BaseModelArgs
 from .gemma import gemma_activation
-from .layers import MLP, Attention, CausalLM, DecoderStack, RMSNorm, SandwichBlock
-from .rope import make_rope
+from .common import attention_dims, config_rope, init_causal_lm
+from .layers import MLP, Attention, CausalLM, RMSNorm, SandwichBlock
 
 
 @dataclass
@@ -48,16 +46,13 @@ class ModelArgs(BaseModelArgs):
 class Model(CausalLM):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        n_kv = args.num_key_value_heads or args.num_attention_heads
-        rope = make_rope(args.head_dim, args.rope_theta, False, args.rope_scaling,
-                         args.max_position_embeddings)
+        n_kv, head_dim = attention_dims(args)
+        rope = config_rope(args, head_dim)
         norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps, zero_centered=True)
         act = gemma_activation(args.hidden_activation, args.hidden_act)
         layers = [
             SandwichBlock(
-                Attention(args.hidden_size, args.num_attention_heads, n_kv, args.head_dim, rope,
+                Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
                           bias=args.attention_bias, scale=args.query_pre_attn_scalar**-0.5,
                           softcap=args.attn_logit_softcapping),
                 MLP(args.hidden_size, args.intermediate_size, act),
@@ -65,11 +60,7 @@ class Model(CausalLM):
             )
             for _ in range(args.num_hidden_layers)
         ]
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm(),
-                                  embed_scale=args.hidden_size**0.5)
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        windows = [args.sliding_window if t == "sliding_attention" else None
+                   for t in args.layer_types]
+        init_causal_lm(self, args, layers, norm(), windows, embed_scale=args.hidden_size**0.5)
         self.final_logit_softcap = args.final_logit_softcapping
-        self.layer_windows = [
-            args.sliding_window if t == "sliding_attention" else None for t in args.layer_types
-        ]

@@ -3,60 +3,35 @@
 interleaved RoPE over only the first ``partial_rotary_factor`` of each head."""
 
 from dataclasses import dataclass
-from typing import Optional
 
-import mlx.nn as nn
-
-from .base import BaseModelArgs
-from .layers import MLP, Attention, CausalLM, DecoderStack, RMSNorm, SandwichBlock
-from .rope import make_rope
+from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
+from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm, SandwichBlock
 
 NORM_NAMES = ("input_layernorm", "post_self_attn_layernorm",
               "post_attention_layernorm", "post_mlp_layernorm")
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    vocab_size: int
-    num_key_value_heads: Optional[int] = None
-    head_dim: Optional[int] = None
+class ModelArgs(DecoderArgs):
     rms_norm_eps: float = 1.5625e-07
-    max_position_embeddings: Optional[int] = None
-    rope_theta: float = 10000.0
-    rope_scaling: Optional[dict] = None
     partial_rotary_factor: float = 0.5
-    hidden_act: str = "silu"
     attention_bias: bool = True
-    tie_word_embeddings: bool = False
 
 
 class Model(CausalLM):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, sandwich=True):
+        """``sandwich=False``: plain pre-norm blocks (the original GLM, ``glm.py``)."""
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        n_kv = args.num_key_value_heads or args.num_attention_heads
-        head_dim = args.head_dim or args.hidden_size // args.num_attention_heads
-        rope = make_rope(int(head_dim * args.partial_rotary_factor), args.rope_theta, True,
-                         args.rope_scaling, args.max_position_embeddings)
+        n_kv, head_dim = attention_dims(args)
+        rope = config_rope(args, int(head_dim * args.partial_rotary_factor), traditional=True)
         norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps)
+        block = (lambda a, m: SandwichBlock(a, m, norm, norm_names=NORM_NAMES)) if sandwich \
+            else (lambda a, m: PreNormBlock(a, m, norm))
         layers = [
-            SandwichBlock(
-                Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                          bias=args.attention_bias, o_bias=False),
-                MLP(args.hidden_size, args.intermediate_size, args.hidden_act,
-                    fused_gate_up=True),
-                norm,
-                norm_names=NORM_NAMES,
-            )
+            block(Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
+                            bias=args.attention_bias, o_bias=False),
+                  MLP(args.hidden_size, args.intermediate_size, args.hidden_act,
+                      fused_gate_up=True))
             for _ in range(args.num_hidden_layers)
         ]
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.layer_windows = [None] * args.num_hidden_layers
+        init_causal_lm(self, args, layers, norm())

@@ -8,14 +8,12 @@ the last decoder layer) are dropped."""
 from dataclasses import dataclass
 from typing import List, Optional
 
-import mlx.nn as nn
-
 from .base import BaseModelArgs
+from .common import config_rope, init_causal_lm
 from .deepseek_v2 import DeepseekMoE
 from .deepseek_v3 import SigmoidGate
-from .layers import MLP, Attention, CausalLM, DecoderStack, PreNormBlock, RMSNorm
+from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
 from .moe import stack_experts
-from .rope import make_rope
 
 
 @dataclass
@@ -66,10 +64,7 @@ class Model(CausalLM):
     def __init__(self, args: ModelArgs, qk_norm=None, o_bias=False):
         """``qk_norm``/``o_bias``: what dots1 changes (QK-norm always, unbiased o_proj)."""
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        rope = make_rope(int(args.head_dim * args.partial_rotary_factor), args.rope_theta, False,
-                         args.rope_scaling, args.max_position_embeddings)
+        rope = config_rope(args, int(args.head_dim * args.partial_rotary_factor))
         norm = lambda dims=args.hidden_size: RMSNorm(dims, args.rms_norm_eps)
         if qk_norm is None:
             qk_norm = args.use_qk_norm
@@ -84,10 +79,7 @@ class Model(CausalLM):
             )
             for i in range(args.num_hidden_layers)
         ]
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.layer_windows = args.layer_windows()
+        init_causal_lm(self, args, layers, norm(), args.layer_windows())
 
     def sanitize(self, weights):
         weights = super().sanitize(weights)

@@ -6,12 +6,9 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-import mlx.nn as nn
-
 from .base import BaseModelArgs
-from .layers import (Attention, CausalLM, DecoderStack, DenseMLP, LayerNorm, ParallelBlock,
-                     PreNormBlock)
-from .rope import make_rope
+from .common import config_rope, init_causal_lm
+from .layers import Attention, CausalLM, DenseMLP, LayerNorm, ParallelBlock, PreNormBlock
 
 _RENAMES = [
     (r"^embed_in\.", "model.embed_tokens."),
@@ -59,12 +56,9 @@ class ModelArgs(BaseModelArgs):
 class Model(CausalLM):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
         d, h = args.hidden_size, args.num_attention_heads
         head_dim = d // h
-        rope = make_rope(int(head_dim * args.partial_rotary_factor), args.rope_theta, False,
-                         args.rope_scaling, args.max_position_embeddings)
+        rope = config_rope(args, int(head_dim * args.partial_rotary_factor))
         norm = lambda: LayerNorm(d, args.layer_norm_eps)
         block = ParallelBlock if args.use_parallel_residual else PreNormBlock
         layers = [
@@ -76,10 +70,7 @@ class Model(CausalLM):
             )
             for _ in range(args.num_hidden_layers)
         ]
-        self.model = DecoderStack(args.vocab_size, d, layers, norm())
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(d, args.vocab_size, bias=False)
-        self.layer_windows = [None] * args.num_hidden_layers
+        init_causal_lm(self, args, layers, norm())
 
     def sanitize(self, weights):
         out = {}

@@ -16,9 +16,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .base import BaseModelArgs
-from .layers import Attention, CausalLM, DecoderStack, PreNormBlock, RMSNorm
+from .common import config_rope, init_causal_lm
+from .layers import Attention, CausalLM, PreNormBlock, RMSNorm
 from .moe import SwitchGLU, combine_experts, softmax_topk
-from .rope import make_rope
 
 
 @dataclass
@@ -78,10 +78,7 @@ class GptOssMoE(nn.Module):
 class Model(CausalLM):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        rope = make_rope(args.head_dim, args.rope_theta, False, args.rope_scaling,
-                         args.max_position_embeddings)
+        rope = config_rope(args, args.head_dim)
         norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps)
         layers = [
             PreNormBlock(
@@ -92,11 +89,9 @@ class Model(CausalLM):
             )
             for _ in range(args.num_hidden_layers)
         ]
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.layer_windows = [args.sliding_window if t == "sliding_attention" else None
-                              for t in args.layer_types]
+        init_causal_lm(self, args, layers, norm(),
+                       [args.sliding_window if t == "sliding_attention" else None
+                        for t in args.layer_types])
 
     def sanitize(self, weights):
         weights = super().sanitize(weights)

@@ -6,11 +6,9 @@ by ``logits_scaling``."""
 from dataclasses import dataclass
 from typing import Optional
 
-import mlx.nn as nn
-
 from .base import BaseModelArgs
-from .layers import MLP, Attention, CausalLM, DecoderStack, PreNormBlock, RMSNorm
-from .rope import make_rope
+from .common import attention_dims, config_rope, init_causal_lm
+from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
 
 
 @dataclass
@@ -37,30 +35,26 @@ class ModelArgs(BaseModelArgs):
 
 
 class Model(CausalLM):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, make_mlp=None, mlp_name="mlp"):
+        """``make_mlp``: builds each layer's MLP (Granite MoE: the sparse experts)."""
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        n_kv = args.num_key_value_heads or args.num_attention_heads
-        head_dim = args.hidden_size // args.num_attention_heads
-        rope = make_rope(head_dim, args.rope_theta, False, args.rope_scaling,
-                         args.max_position_embeddings)
+        n_kv, head_dim = attention_dims(args)
+        rope = config_rope(args, head_dim)
         norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps)
+        make_mlp = make_mlp or (lambda: MLP(args.hidden_size, args.intermediate_size,
+                                            args.hidden_act, args.mlp_bias))
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
                           bias=args.attention_bias, scale=args.attention_multiplier),
-                MLP(args.hidden_size, args.intermediate_size, args.hidden_act, args.mlp_bias),
+                make_mlp(),
                 norm,
                 residual_scale=args.residual_multiplier,
+                mlp_name=mlp_name,
             )
             for _ in range(args.num_hidden_layers)
         ]
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm(),
-                                  embed_scale=args.embedding_multiplier)
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.layer_windows = [None] * args.num_hidden_layers
+        init_causal_lm(self, args, layers, norm(), embed_scale=args.embedding_multiplier)
 
     def __call__(self, *args, **kwargs):
         return super().__call__(*args, **kwargs) / self.args.logits_scaling

@@ -1,60 +1,41 @@
-"""Llama (and Mistral, SmolLM2, ...): pre-norm blocks, GQA, SwiGLU, RoPE."""
+"""Llama (and Mistral, SmolLM2, ...): pre-norm blocks, GQA, SwiGLU, RoPE.
+
+Variants that differ only in config defaults (Helium, Seed-OSS, ERNIE 4.5)
+subclass ``ModelArgs`` and reuse ``Model``."""
 
 from dataclasses import dataclass
 from typing import Optional
 
-import mlx.nn as nn
-
-from .base import BaseModelArgs
-from .layers import MLP, Attention, CausalLM, DecoderStack, PreNormBlock, RMSNorm
-from .rope import make_rope
+from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
+from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    vocab_size: int
+class ModelArgs(DecoderArgs):
     rms_norm_eps: float = 1e-6
-    num_key_value_heads: Optional[int] = None
-    head_dim: Optional[int] = None
-    max_position_embeddings: Optional[int] = None
     attention_bias: bool = False
+    attention_out_bias: Optional[bool] = None  # o_proj's bias; None: attention_bias
     mlp_bias: bool = False
-    rope_theta: float = 10000.0
-    rope_traditional: bool = False
-    rope_scaling: Optional[dict] = None
+    rope_traditional: bool = False  # interleaved rotary pairs
     tie_word_embeddings: bool = True
-    hidden_act: str = "silu"
     sliding_window: Optional[int] = None
 
 
 class Model(CausalLM):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        n_kv = args.num_key_value_heads or args.num_attention_heads
-        head_dim = args.head_dim or args.hidden_size // args.num_attention_heads
-        rope = make_rope(
-            head_dim, args.rope_theta, args.rope_traditional, args.rope_scaling,
-            args.max_position_embeddings,
-        )
+        n_kv, head_dim = attention_dims(args)
+        rope = config_rope(args, head_dim, args.rope_traditional)
         norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps)
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                          bias=args.attention_bias),
+                          bias=args.attention_bias, o_bias=args.attention_out_bias),
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act, args.mlp_bias),
                 norm,
             )
             for _ in range(args.num_hidden_layers)
         ]
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         # Mistral-style configs carry one window for every layer.
-        self.layer_windows = [args.sliding_window] * args.num_hidden_layers
+        init_causal_lm(self, args, layers, norm(),
+                       [args.sliding_window] * args.num_hidden_layers)

@@ -2,45 +2,26 @@
 by ``1 + w``), an ungated squared-ReLU MLP and partial rotary."""
 
 from dataclasses import dataclass
-from typing import Optional
 
-import mlx.nn as nn
-
-from .base import BaseModelArgs
-from .layers import Attention, CausalLM, DecoderStack, DenseMLP, LayerNorm, PreNormBlock
-from .rope import make_rope
+from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
+from .layers import Attention, CausalLM, DenseMLP, LayerNorm, PreNormBlock
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    vocab_size: int
-    num_key_value_heads: Optional[int] = None
-    head_dim: Optional[int] = None
+class ModelArgs(DecoderArgs):
     hidden_act: str = "relu2"
     norm_eps: float = 1e-5
     max_position_embeddings: int = 4096
-    rope_theta: float = 10000.0
-    rope_scaling: Optional[dict] = None
     partial_rotary_factor: float = 0.5
     attention_bias: bool = False
     mlp_bias: bool = False
-    tie_word_embeddings: bool = False
 
 
 class Model(CausalLM):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        n_kv = args.num_key_value_heads or args.num_attention_heads
-        head_dim = args.head_dim or args.hidden_size // args.num_attention_heads
-        rope = make_rope(int(head_dim * args.partial_rotary_factor), args.rope_theta, False,
-                         args.rope_scaling, args.max_position_embeddings)
+        n_kv, head_dim = attention_dims(args)
+        rope = config_rope(args, int(head_dim * args.partial_rotary_factor))
         norm = lambda: LayerNorm(args.hidden_size, args.norm_eps, zero_centered=True)
         layers = [
             PreNormBlock(
@@ -52,7 +33,4 @@ class Model(CausalLM):
             )
             for _ in range(args.num_hidden_layers)
         ]
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.layer_windows = [None] * args.num_hidden_layers
+        init_causal_lm(self, args, layers, norm())

@@ -4,11 +4,9 @@ and dense projections, partial rotary, an ungated MLP and a biased output head."
 from dataclasses import dataclass
 from typing import Optional
 
-import mlx.nn as nn
-
 from .base import BaseModelArgs
-from .layers import Attention, CausalLM, DecoderStack, DenseMLP, LayerNorm, ParallelBlock
-from .rope import make_rope
+from .common import attention_dims, config_rope, init_causal_lm
+from .layers import Attention, CausalLM, DenseMLP, LayerNorm, ParallelBlock
 
 
 @dataclass
@@ -33,12 +31,8 @@ class ModelArgs(BaseModelArgs):
 class Model(CausalLM):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        n_kv = args.num_key_value_heads or args.num_attention_heads
-        head_dim = args.hidden_size // args.num_attention_heads
-        rope = make_rope(int(head_dim * args.partial_rotary_factor), args.rope_theta, False,
-                         args.rope_scaling, args.max_position_embeddings)
+        n_kv, head_dim = attention_dims(args)
+        rope = config_rope(args, int(head_dim * args.partial_rotary_factor))
         norm = lambda dims=args.hidden_size: LayerNorm(dims, args.layer_norm_eps)
         layers = [
             ParallelBlock(
@@ -51,9 +45,7 @@ class Model(CausalLM):
             )
             for _ in range(args.num_hidden_layers)
         ]
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=True)
-        self.layer_windows = [None] * args.num_hidden_layers
+        init_causal_lm(self, args, layers, norm(), head_bias=True)
 
     def sanitize(self, weights):
         weights = {

@@ -5,11 +5,9 @@ partial rotary and an optional sliding window on every layer."""
 from dataclasses import dataclass
 from typing import Optional
 
-import mlx.nn as nn
-
 from .base import BaseModelArgs
-from .layers import MLP, Attention, CausalLM, DecoderStack, PreNormBlock, RMSNorm
-from .rope import make_rope
+from .common import attention_dims, config_rope, init_causal_lm
+from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
 
 
 @dataclass
@@ -45,12 +43,8 @@ class ModelArgs(BaseModelArgs):
 class Model(CausalLM):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        n_kv = args.num_key_value_heads or args.num_attention_heads
-        head_dim = args.hidden_size // args.num_attention_heads
-        rope = make_rope(int(head_dim * args.partial_rotary_factor), args.rope_theta, False,
-                         args.rope_scaling, args.max_position_embeddings)
+        n_kv, head_dim = attention_dims(args)
+        rope = config_rope(args, int(head_dim * args.partial_rotary_factor))
         norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps)
         layers = [
             PreNormBlock(
@@ -61,7 +55,5 @@ class Model(CausalLM):
             )
             for _ in range(args.num_hidden_layers)
         ]
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.layer_windows = [args.sliding_window] * args.num_hidden_layers
+        init_causal_lm(self, args, layers, norm(),
+                       [args.sliding_window] * args.num_hidden_layers)

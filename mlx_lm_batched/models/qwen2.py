@@ -7,29 +7,13 @@ The optional sliding window applies only to layers from ``max_window_layers`` on
 from dataclasses import dataclass
 from typing import List, Optional
 
-import mlx.nn as nn
-
-from .base import BaseModelArgs
-from .layers import MLP, Attention, CausalLM, DecoderStack, PreNormBlock, RMSNorm
-from .rope import make_rope
+from .common import DecoderArgs, config_rope, init_causal_lm
+from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    vocab_size: int
+class ModelArgs(DecoderArgs):
     rms_norm_eps: float = 1e-6
-    num_key_value_heads: Optional[int] = None
-    head_dim: Optional[int] = None
-    max_position_embeddings: Optional[int] = None
-    rope_theta: float = 10000.0
-    rope_scaling: Optional[dict] = None
-    tie_word_embeddings: bool = False
-    hidden_act: str = "silu"
     attention_bias: bool = False  # Qwen 3's bias flag (all four projections)
     use_sliding_window: bool = False
     sliding_window: Optional[int] = None
@@ -53,10 +37,7 @@ class ModelArgs(BaseModelArgs):
 class Model(CausalLM):
     def __init__(self, args: ModelArgs, attention_kwargs=None):
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        rope = make_rope(args.head_dim, args.rope_theta, False, args.rope_scaling,
-                         args.max_position_embeddings)
+        rope = config_rope(args, args.head_dim)
         norm = lambda dims=args.hidden_size: RMSNorm(dims, args.rms_norm_eps)
         attention_kwargs = attention_kwargs or dict(bias=True, o_bias=False)
         layers = [
@@ -68,7 +49,5 @@ class Model(CausalLM):
             )
             for _ in range(args.num_hidden_layers)
         ]
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.layer_windows = args.layer_windows()
+        init_causal_lm(self, args, layers, norm(),
+                       args.layer_windows())

@@ -5,12 +5,10 @@ softmax top-k MoE plus a shared expert scaled by a sigmoid gate. Layers listed i
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-import mlx.nn as nn
-
 from .base import BaseModelArgs
-from .layers import MLP, Attention, CausalLM, DecoderStack, PreNormBlock, RMSNorm, activation
+from .common import config_rope, init_causal_lm
+from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm, activation
 from .moe import SparseMoE, stack_experts
-from .rope import make_rope
 
 
 @dataclass
@@ -66,10 +64,7 @@ class Model(CausalLM):
     def __init__(self, args: ModelArgs, attention_kwargs=None, shared_expert=True):
         """``attention_kwargs``/``shared_expert``: what Qwen 3 MoE changes."""
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        rope = make_rope(args.head_dim, args.rope_theta, False, args.rope_scaling,
-                         args.max_position_embeddings)
+        rope = config_rope(args, args.head_dim)
         norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps)
         attention_kwargs = attention_kwargs or dict(bias=True, o_bias=False)
         act = activation(args.hidden_act)
@@ -93,10 +88,7 @@ class Model(CausalLM):
             )
             for i in range(args.num_hidden_layers)
         ]
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.layer_windows = args.layer_windows()
+        init_causal_lm(self, args, layers, norm(), args.layer_windows())
 
     def sanitize(self, weights):
         weights = super().sanitize(weights)

@@ -5,28 +5,14 @@ windows on the layers ``layer_types`` marks when ``use_sliding_window``."""
 from dataclasses import dataclass
 from typing import List, Optional
 
-import mlx.nn as nn
-
-from .base import BaseModelArgs
-from .layers import MLP, Attention, CausalLM, DecoderStack, PreNormBlock, RMSNorm
-from .rope import make_rope
+from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
+from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    vocab_size: int
-    num_key_value_heads: Optional[int] = None
-    head_dim: Optional[int] = None
+class ModelArgs(DecoderArgs):
     rms_norm_eps: float = 1e-6
-    max_position_embeddings: Optional[int] = None
     rope_theta: float = 2_000_000.0
-    rope_scaling: Optional[dict] = None
-    hidden_act: str = "silu"
     attention_bias: bool = False
     mlp_bias: bool = False
     no_rope_layers: Optional[List[int]] = None
@@ -47,12 +33,8 @@ class ModelArgs(BaseModelArgs):
 class Model(CausalLM):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        n_kv = args.num_key_value_heads or args.num_attention_heads
-        head_dim = args.head_dim or args.hidden_size // args.num_attention_heads
-        rope = make_rope(head_dim, args.rope_theta, False, args.rope_scaling,
-                         args.max_position_embeddings)
+        n_kv, head_dim = attention_dims(args)
+        rope = config_rope(args, head_dim)
         norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps)
         layers = [
             PreNormBlock(
@@ -63,11 +45,8 @@ class Model(CausalLM):
             )
             for use_rope in args.no_rope_layers
         ]
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         windowed = args.use_sliding_window and args.sliding_window and args.layer_types
-        self.layer_windows = [
+        init_causal_lm(self, args, layers, norm(), [
             args.sliding_window if windowed and t == "sliding_attention" else None
             for t in (args.layer_types or [None] * args.num_hidden_layers)
-        ]
+        ])

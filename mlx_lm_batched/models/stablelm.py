@@ -7,12 +7,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 import mlx.core as mx
-import mlx.nn as nn
 
 from .base import BaseModelArgs
-from .layers import (MLP, Attention, CausalLM, DecoderStack, HeadwiseLayerNorm, LayerNorm,
-                     ParallelBlock, PreNormBlock)
-from .rope import make_rope
+from .common import attention_dims, config_rope, init_causal_lm
+from .layers import (MLP, Attention, CausalLM, HeadwiseLayerNorm, LayerNorm, ParallelBlock,
+                     PreNormBlock)
 
 
 @dataclass
@@ -39,12 +38,8 @@ class ModelArgs(BaseModelArgs):
 class Model(CausalLM):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        n_kv = args.num_key_value_heads or args.num_attention_heads
-        head_dim = args.hidden_size // args.num_attention_heads
-        rope = make_rope(int(head_dim * args.partial_rotary_factor), args.rope_theta, False,
-                         args.rope_scaling, args.max_position_embeddings)
+        n_kv, head_dim = attention_dims(args)
+        rope = config_rope(args, int(head_dim * args.partial_rotary_factor))
         norm = lambda: LayerNorm(args.hidden_size, args.layer_norm_eps)
         qk_norm = None
         if args.qk_layernorm:  # one bias-free LayerNorm per head, fed the whole projection
@@ -60,10 +55,7 @@ class Model(CausalLM):
                 layers.append(ParallelBlock(attn, mlp, norm, norm_names=("input_layernorm",)))
             else:
                 layers.append(PreNormBlock(attn, mlp, norm))
-        self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm())
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.layer_windows = [None] * args.num_hidden_layers
+        init_causal_lm(self, args, layers, norm())
 
     def sanitize(self, weights):
         # Per-head QK norms ``*_layernorm.norms.{h}.weight`` -> one (heads, head_dim) weight.

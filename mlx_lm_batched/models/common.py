@@ -1,0 +1,62 @@
+"""Constructor pieces shared by the llama-like architecture files: config-derived
+attention sizes, the config's RoPE, and the ``CausalLM`` attributes every family
+sets (decoder stack, untied head, per-layer windows)."""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import mlx.nn as nn
+
+from .base import BaseModelArgs
+from .layers import DecoderStack
+from .rope import make_rope
+
+
+@dataclass
+class DecoderArgs(BaseModelArgs):
+    """Config fields (Hugging Face names and defaults) that llama-like families share;
+    a family's ``ModelArgs`` adds its own and redeclares a field to change its default."""
+
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    vocab_size: int
+    num_key_value_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    max_position_embeddings: Optional[int] = None
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None
+    hidden_act: str = "silu"
+    tie_word_embeddings: bool = False
+
+
+def attention_dims(args):
+    """``(n_kv_heads, head_dim)`` with Hugging Face's defaults for absent fields."""
+    n_kv = args.num_key_value_heads or args.num_attention_heads
+    head_dim = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
+    return n_kv, head_dim
+
+
+def config_rope(args, dims, traditional=False):
+    """RoPE over ``dims`` per head from the config's theta, scaling and context."""
+    return make_rope(dims, args.rope_theta, traditional, args.rope_scaling,
+                     args.max_position_embeddings)
+
+
+def init_causal_lm(model, args, layers, final_norm, layer_windows=None, head_bias=False,
+                   **stack_kwargs):
+    """Set what ``CausalLM`` reads: ``args``, ``model`` (a ``DecoderStack``), an
+    ``lm_head`` unless tied, and ``layer_windows`` (default: all global).
+
+    ``head_bias``: the head has a bias, and then exists even when its weight is tied
+    (the bias has nowhere else to live; Phi, ERNIE 4.5 MoE)."""
+    model.args = args
+    model.model_type = args.model_type
+    model.model = DecoderStack(args.vocab_size, args.hidden_size, layers, final_norm,
+                               **stack_kwargs)
+    if head_bias or not args.tie_word_embeddings:
+        model.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=bool(head_bias))
+    model.layer_windows = (list(layer_windows) if layer_windows is not None
+                           else [None] * len(layers))
