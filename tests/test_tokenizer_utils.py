@@ -18,6 +18,7 @@ import mlx_lm_batched  # noqa: F401  (must precede any mlx import)
 import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from mlx_lm_batched import detokenizers
 from mlx_lm_batched import tokenizer_utils as tu
 from mlx_lm_batched.demo_models import gemma3_gguf_path, smollm2_gguf_path
 
@@ -196,7 +197,7 @@ def test_detection(smol, gemma, tiny_llama, smol_dir):
     assert tiny_llama.make_detokenizer().trim_space is True
     assert tu.detect_detokenizer(smol._tokenizer, decoder={"type": "WordPiece"}) is tu.NaiveStreamingDetokenizer
     with open(os.path.join(smol_dir, "tokenizer.json"), encoding="utf-8") as f:
-        assert tu._match_decoder(json.load(f)["decoder"]) is tu.BPEStreamingDetokenizer
+        assert detokenizers._match_decoder(json.load(f)["decoder"]) is tu.BPEStreamingDetokenizer
 
 
 def test_cleanup_spaces_falls_back_to_naive(tiny_llama):
