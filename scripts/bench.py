@@ -1,0 +1,415 @@
+#!/usr/bin/env python
+"""Side-by-side generation benchmark: sequential vs batched vs mlx-lm.
+
+    python scripts/bench.py --model /tmp/smollm2-f32 [--prompts 32] [--max-tokens 64]
+        [--batch-sizes 1,2,4,8,16,32,64] [--repeats 2] [--json out.json] [--plot out.png]
+        [--no-mlx-lm] [--dequantize] [--compare-blas] [--max-prompt-len 512]
+
+One run measures, interleaved round-robin over repeats (so machine noise hits every
+configuration alike):
+
+- ``seq``: this package's ``stream_generate``, one prompt at a time;
+- ``ours``: this package's ``batch_generate`` at each ``completion_batch_size``;
+- ``mlx-lm``: mlx-lm's batch generator (what its ``batch_generate`` runs) on the
+  same token prompts, when ``mlx_lm`` is importable;
+- with ``--dequantize`` (for a quantized model): also ``ours+dq``, our
+  ``batch_generate`` on the model loaded with ``load(..., dequantize=True)``.
+
+Every row generates exactly ``--max-tokens`` tokens greedily: EOS is ignored on all
+sides (our tokenizer copy has no EOS ids; mlx-lm's generator gets no stop tokens),
+so all configurations do the same work. Prompts are cut from ``tests/data/corpus.txt``
+at seeded places with log-uniform lengths in [16, 512] (many short, a few long).
+
+``--compare-blas`` runs the whole bench twice as subprocesses, with and without
+``MLX_LM_BATCHED_NO_OPENBLAS=1``: BLAS is process-wide, so in each run both our
+package and mlx-lm use the same BLAS.
+"""
+
+import argparse
+import copy
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlx_lm_batched  # noqa: F401  (BLAS preload before anything imports mlx.core)
+import mlx.core as mx  # noqa: E402
+
+from mlx_lm_batched import batch_generate, load, stream_generate  # noqa: E402
+from mlx_lm_batched import _blas  # noqa: E402
+
+CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "corpus.txt"
+
+
+def build_prompts(tokenizer, n, seed=0, min_len=16, max_len=512):
+    """``n`` distinct token prompts cut from the corpus (wrapping around), seeded."""
+    ids = tokenizer.encode(CORPUS.read_text(encoding="utf-8"), add_special_tokens=False)
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(n):
+        length = int(round(min_len * (max_len / min_len) ** rng.random()))
+        start = rng.randrange(len(ids))
+        prompts.append([ids[(start + j) % len(ids)] for j in range(length)])
+    return prompts
+
+
+def no_eos(tokenizer):
+    """A copy of our tokenizer wrapper that never stops on EOS (fixed-length rows)."""
+    t = copy.copy(tokenizer)
+    t.eos_token_ids = set()
+    return t
+
+
+def padding_share(lengths, groups):
+    """Share of prefill token-columns that are padding when ``groups`` (lists of
+    prompt lengths) are each padded to their longest prompt."""
+    real = sum(lengths)
+    total = sum(max(g) * len(g) for g in groups)
+    return 1 - real / total if total else 0.0
+
+
+def our_prefill_groups(lengths, bs):
+    """The groups our engine prefills: length-sorted batches of ``bs``, each split by
+    ``plan_prefill_groups`` over the tokens before the last (fed to all rows at once)."""
+    from mlx_lm_batched.batching import plan_prefill_groups
+
+    ordered, groups = sorted(lengths), []
+    for i in range(0, len(ordered), bs):
+        batch = ordered[i:i + bs]
+        for a, b in plan_prefill_groups([n - 1 for n in batch]):
+            groups.append([n - 1 for n in batch[a:b]])
+        groups.append([1] * len(batch))  # the last column
+    return [g for g in groups if max(g) > 0]
+
+
+class Timeline:
+    """Per-row first-token times of one configuration, from the run's start."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.first = {}
+
+    def token(self, row):
+        if row not in self.first:
+            self.first[row] = time.perf_counter() - self.start
+
+    @property
+    def ttft_mean(self):
+        return sum(self.first.values()) / max(len(self.first), 1)
+
+
+def run_sequential(model, tokenizer, prompts, max_tokens):
+    t = Timeline()
+    prompt_time, out = 0.0, []
+    for i, p in enumerate(prompts):
+        tic = time.perf_counter()
+        toks = []
+        for r in stream_generate(model, tokenizer, p, max_tokens=max_tokens):
+            if not toks:
+                prompt_time += time.perf_counter() - tic
+                t.token(i)
+            toks.append(r.token)
+        out.append(toks)
+    return out, t, prompt_time, sum(len(p) for p in prompts)
+
+
+def run_ours(model, tokenizer, prompts, max_tokens, bs):
+    from mlx_lm_batched.generate import BatchStats
+
+    t, stats = Timeline(), BatchStats()
+    out = [[] for _ in prompts]
+    from mlx_lm_batched import stream_batch_generate
+
+    for r in stream_batch_generate(model, tokenizer, prompts, max_tokens,
+                                   completion_batch_size=bs, stats=stats):
+        t.token(r.index)
+        out[r.index].append(r.token)
+    return out, t, stats.prompt_time, stats.prompt_tokens
+
+
+def run_mlx_lm(model, prompts, max_tokens, bs):
+    """mlx-lm's ``batch_generate`` loop, timed per token (same generator, no EOS stop)."""
+    from mlx_lm.generate import BatchGenerator
+
+    t = Timeline()
+    # prefill_batch_size defaults to 8 and also raises the completion batch to 8;
+    # capping it at bs keeps the requested concurrency (defaults otherwise).
+    gen = BatchGenerator(model, stop_tokens=None, completion_batch_size=bs,
+                         prefill_batch_size=min(8, bs))
+    uids = gen.insert(prompts, [max_tokens] * len(prompts))
+    row = {u: i for i, u in enumerate(uids)}
+    out = [[] for _ in prompts]
+    with gen.stats() as stats:
+        while responses := gen.next_generated():
+            for r in responses:
+                t.token(row[r.uid])
+                out[row[r.uid]].append(r.token)
+    gen.close()
+    return out, t, stats.prompt_time, stats.prompt_tokens
+
+
+def measure(fn, weights_bytes):
+    """Run ``fn`` once; returns its outputs and wall time, peak memory and timeline."""
+    mx.synchronize()
+    mx.clear_cache()
+    base = mx.get_active_memory()
+    mx.reset_peak_memory()
+    tic = time.perf_counter()
+    out, timeline, prompt_time, prompt_tokens = fn()
+    wall = time.perf_counter() - tic
+    # Peak above what was resident before (both models' weights), plus our own weights.
+    peak = weights_bytes + mx.get_peak_memory() - base
+    generated = sum(len(o) for o in out)
+    return out, {
+        "wall_s": wall,
+        "prompt_tokens": prompt_tokens,
+        "prompt_s": prompt_time,
+        "prompt_tps": prompt_tokens / prompt_time if prompt_time else 0.0,
+        "generated": generated,
+        # As both libraries define it: tokens over the time not spent on prompts.
+        "gen_tps": generated / max(wall - prompt_time, 1e-9),
+        "e2e_tps": generated / wall,
+        "ttft_first_s": min(timeline.first.values()),
+        "ttft_mean_s": timeline.ttft_mean,
+        "peak_gb": peak / 1e9,
+    }
+
+
+def kv_bytes_per_token(model):
+    a = model.args
+    heads = getattr(a, "num_key_value_heads", None) or a.num_attention_heads
+    head_dim = getattr(a, "head_dim", None) or a.hidden_size // a.num_attention_heads
+    dtype = model.layers[0].input_layernorm.weight.dtype
+    return 2 * len(model.layers) * heads * head_dim * dtype.size
+
+
+def tree_bytes(model):
+    from mlx.utils import tree_flatten
+
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+
+def load_mlx_lm(path):
+    try:
+        import mlx_lm
+    except ImportError:
+        return None
+    model, _ = mlx_lm.load(str(path))  # as mlx-lm loads it (quantized stays quantized)
+    return model
+
+
+def resolve_model_dir(model):
+    """A directory both libraries can load: GGUF files are converted once (to /tmp)."""
+    if not str(model).endswith(".gguf"):
+        return model
+    out = Path("/tmp") / ("bench-" + Path(model).stem)
+    if not (out / "config.json").exists():
+        mlx_lm_batched.convert(model, str(out), dtype="float32")
+    return str(out)
+
+
+def run_bench(args):
+    path = resolve_model_dir(args.model)
+    model, tokenizer = load(path)
+    tokenizer = no_eos(tokenizer)
+    dq = load(path, dequantize=True)[0] if args.dequantize else None
+    ref = None if args.no_mlx_lm else load_mlx_lm(path)
+    prompts = build_prompts(tokenizer, args.prompts, args.seed, args.min_prompt_len,
+                            args.max_prompt_len)
+    lengths = [len(p) for p in prompts]
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    if any(b > len(prompts) for b in sizes):
+        print(f"note: batch sizes over {len(prompts)} prompts would repeat the largest one; "
+              "skipped (raise --prompts)", file=sys.stderr)
+        sizes = [b for b in sizes if b <= len(prompts)] or [len(prompts)]
+    weights = {"ours": tree_bytes(model)}
+    weights["ours+dq"] = tree_bytes(dq) if dq is not None else 0
+    weights["seq"] = weights["ours"]
+    weights["mlx-lm"] = tree_bytes(ref) if ref is not None else 0
+    ideal_kv = kv_bytes_per_token(dq or model) * sum(n + args.max_tokens for n in lengths)
+    configs = [("seq", 1, lambda: run_sequential(model, tokenizer, prompts, args.max_tokens))]
+    for bs in sizes:
+        configs.append(("ours", bs, lambda bs=bs: run_ours(model, tokenizer, prompts,
+                                                              args.max_tokens, bs)))
+        if dq is not None:
+            configs.append(("ours+dq", bs, lambda bs=bs: run_ours(dq, tokenizer, prompts,
+                                                                   args.max_tokens, bs)))
+        if ref is not None:
+            configs.append(("mlx-lm", bs, lambda bs=bs: run_mlx_lm(ref, prompts,
+                                                                    args.max_tokens, bs)))
+    # Warm up both libraries (first-call allocations and kernel setup).
+    run_ours(model, tokenizer, prompts[:2], 2, 2)
+    if ref is not None:
+        run_mlx_lm(ref, prompts[:2], 2, 2)
+    runs = {f"{name}@{bs}": [] for name, bs, _ in configs}
+    tokens = {}
+    for rep in range(args.repeats):
+        # Rotate the starting point so no configuration always runs first.
+        order = configs[rep % len(configs):] + configs[: rep % len(configs)]
+        for name, bs, fn in order:
+            out, m = measure(fn, weights[name])
+            runs[f"{name}@{bs}"].append(m)
+            tokens[f"{name}@{bs}"] = out
+            print(f"  rep {rep + 1} {name:7s} bs={bs:<3d} gen {m['gen_tps']:7.1f} tok/s  "
+                  f"wall {m['wall_s']:6.1f}s", file=sys.stderr, flush=True)
+    best = {k: max(v, key=lambda m: m["gen_tps"]) for k, v in runs.items()}
+    seq_tokens = tokens["seq@1"]
+    rows = []
+    for name, bs, _ in configs:
+        key = f"{name}@{bs}"
+        m = dict(best[key], config=name, batch_size=bs)
+        if name.startswith("ours"):
+            groups = our_prefill_groups(lengths, bs)
+        elif name == "mlx-lm":  # prompts in arrival order, prefilled 8 at a time
+            step = min(8, bs)
+            groups = [lengths[i:i + step] for i in range(0, len(lengths), step)]
+        else:
+            groups = [[n] for n in lengths]
+        m["padding_share_max"] = padding_share(lengths, groups)
+        m["same_tokens_as_seq"] = sum(a == b for a, b in zip(tokens[key], seq_tokens)) / len(lengths)
+        m["peak_vs_weights_plus_ideal_kv"] = m["peak_gb"] * 1e9 / (weights[name] + ideal_kv)
+        rows.append(m)
+    seq = best["seq@1"]
+    for m in rows:
+        m["gen_vs_seq"] = m["gen_tps"] / seq["gen_tps"]
+        m["e2e_vs_seq"] = m["e2e_tps"] / seq["e2e_tps"]
+        other = best.get(f"mlx-lm@{m['batch_size']}")
+        if m["config"].startswith("ours") and other:
+            m["gen_vs_mlx_lm"] = m["gen_tps"] / other["gen_tps"]
+            m["e2e_vs_mlx_lm"] = m["e2e_tps"] / other["e2e_tps"]
+    return {
+        "model": str(args.model), "dequantize": args.dequantize, "prompts": args.prompts,
+        "prompt_lengths": lengths, "max_tokens": args.max_tokens, "repeats": args.repeats,
+        "openblas": _blas.loaded_path, "weights_gb": weights["ours"] / 1e9,
+        "ideal_kv_gb": ideal_kv / 1e9,
+        "machine": machine(), "rows": rows, "all_runs": runs,
+    }
+
+
+def machine():
+    name = "unknown"
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                name = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} cores, mlx {mx.__version__}, device {mx.default_device()}"
+
+
+def print_table(result, file=sys.stdout):
+    print(f"model {result['model']}  ({result['machine']}; OpenBLAS: "
+          f"{'yes' if result['openblas'] else 'no'}; dequantize: {result['dequantize']})", file=file)
+    print(f"{result['prompts']} prompts ({min(result['prompt_lengths'])}-"
+          f"{max(result['prompt_lengths'])} tokens, {sum(result['prompt_lengths'])} total), "
+          f"{result['max_tokens']} new tokens each; best of {result['repeats']} interleaved runs; "
+          f"weights {result['weights_gb']:.2f} GB, ideal KV {result['ideal_kv_gb']:.2f} GB", file=file)
+    head = (f"{'config':8s} {'bs':>3s} {'prompt t/s':>10s} {'gen t/s':>8s} {'e2e t/s':>8s} "
+            f"{'TTFT 1st':>8s} {'TTFT avg':>8s} {'peak GB':>7s} {'pad %':>6s} "
+            f"{'gen/seq':>7s} {'gen/mlx':>7s} {'e2e/mlx':>7s} {'=seq':>5s}")
+    print(head, file=file)
+    for m in result["rows"]:
+        mlx_gen = f"{m['gen_vs_mlx_lm']:7.2f}" if "gen_vs_mlx_lm" in m else f"{'':7s}"
+        mlx_e2e = f"{m['e2e_vs_mlx_lm']:7.2f}" if "e2e_vs_mlx_lm" in m else f"{'':7s}"
+        print(f"{m['config']:8s} {m['batch_size']:3d} {m['prompt_tps']:10.1f} {m['gen_tps']:8.1f} "
+              f"{m['e2e_tps']:8.1f} {m['ttft_first_s']:8.2f} {m['ttft_mean_s']:8.2f} "
+              f"{m['peak_gb']:7.2f} {100 * m['padding_share_max']:6.1f} {m['gen_vs_seq']:7.2f} "
+              f"{mlx_gen} {mlx_e2e} {100 * m['same_tokens_as_seq']:4.0f}%", file=file)
+
+
+def plot(results, out):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=80)
+    for label, result in results.items():
+        rows = result["rows"]
+        seq = next(m for m in rows if m["config"] == "seq")
+        for name, style in (("ours", "-o"), ("mlx-lm", "--s")):
+            pts = [(m["batch_size"], m["gen_tps"]) for m in rows if m["config"] == name]
+            if pts:
+                ax.plot(*zip(*pts), style, label=f"{name} {label}".strip())
+        ax.axhline(seq["gen_tps"], color="gray", lw=0.8, ls=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("completion batch size")
+    ax.set_ylabel("generation tokens/s")
+    ax.set_title("Batched generation throughput (dotted: sequential)", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out)
+
+
+def compare_blas(args, argv):
+    """Run the bench with and without the OpenBLAS preload, each in its own process."""
+    results = {}
+    base = [a for a in argv if a != "--compare-blas"]
+    for label, disable in (("OpenBLAS", "0"), ("bundled BLAS", "1")):
+        out = f"/tmp/bench-{os.getpid()}-{disable}.json"
+        env = dict(os.environ, MLX_LM_BATCHED_NO_OPENBLAS=disable)
+        cmd = [sys.executable, os.path.abspath(__file__), *strip_outputs(base), "--json", out]
+        subprocess.run(cmd, env=env, check=True)
+        with open(out) as f:
+            results[label] = json.load(f)
+    print("\nBLAS comparison (ratio OpenBLAS / bundled, same configuration):")
+    a, b = results["OpenBLAS"]["rows"], results["bundled BLAS"]["rows"]
+    print(f"{'config':8s} {'bs':>3s} {'prompt x':>9s} {'gen x':>7s}")
+    for x, y in zip(a, b):
+        print(f"{x['config']:8s} {x['batch_size']:3d} {x['prompt_tps'] / y['prompt_tps']:9.2f} "
+              f"{x['gen_tps'] / y['gen_tps']:7.2f}")
+    return results
+
+
+def strip_outputs(argv):
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--json", "--plot"):
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="model directory, .gguf file or repo id")
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None)
+    p.add_argument("--no-mlx-lm", action="store_true")
+    p.add_argument("--dequantize", action="store_true",
+                   help="also run ours on the model loaded with dequantize=True")
+    p.add_argument("--min-prompt-len", type=int, default=16)
+    p.add_argument("--max-prompt-len", type=int, default=512)
+    p.add_argument("--compare-blas", action="store_true")
+    args = p.parse_args(argv)
+    if args.compare_blas:
+        results = compare_blas(args, argv)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+    else:
+        result = run_bench(args)
+        print_table(result)
+        results = {"": result}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+    if args.plot:
+        plot(results, args.plot)
+
+
+if __name__ == "__main__":
+    main()

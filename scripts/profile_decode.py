@@ -1,0 +1,208 @@
+#!/usr/bin/env python
+"""Where the time of one batched decode step goes.
+
+    python scripts/profile_decode.py --model /tmp/smollm2-f32 [--batch 32] [--steps 8]
+
+Prefills a batch of corpus prompts (the ones ``bench.py`` uses), then times:
+
+- the whole step as ``batch_generate`` runs it (pipelined with ``mx.async_eval``)
+  and the same step synchronised every time (host sync cost);
+- building the graph alone (Python and MLX graph construction, no compute);
+- each kind of work of the step, run in isolation at the step's exact shapes:
+  projections (matmuls), attention, norms/RoPE/activations (elementwise), cache
+  writes, mask building, logits and sampling, and the per-row Python of the driver.
+
+The isolated parts don't add up exactly to the step (MLX overlaps and fuses some
+of them); the difference is reported as "unattributed".
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import mlx_lm_batched  # noqa: E402,F401  (BLAS preload before mlx.core)
+import mlx.core as mx  # noqa: E402
+
+from bench import build_prompts, no_eos  # noqa: E402
+from mlx_lm_batched import load  # noqa: E402
+from mlx_lm_batched.batching import BatchEngine, left_pad  # noqa: E402
+from mlx_lm_batched.models import layers as layers_lib  # noqa: E402
+from mlx_lm_batched.models import masks as masks_lib  # noqa: E402
+
+
+def timed(fn, repeats):
+    """Median seconds of ``fn()`` (which must evaluate its own work)."""
+    fn()  # warm up
+    times = []
+    for _ in range(repeats):
+        tic = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - tic)
+    return sorted(times)[len(times) // 2]
+
+
+def linear_weights(model):
+    """``(name, weight)`` of every projection one decode step multiplies by."""
+    out = []
+    for i, layer in enumerate(model.layers):
+        for part in ("self_attn", "mlp"):
+            module = getattr(layer, part, None)
+            for name, child in (module.children().items() if module is not None else []):
+                if hasattr(child, "weight") and child.weight.ndim == 2:
+                    out.append((f"{i}.{part}.{name}", child))
+    return out
+
+
+def profile(model, tokenizer, batch, steps, repeats):
+    prompts = build_prompts(tokenizer, batch, seed=0)
+    tokens, padding = left_pad(prompts)
+    engine = BatchEngine(model)
+    engine.want_logprobs = False  # as batch_generate without return_logprobs
+    engine.reserve(64)
+    y, _ = engine.prefill(tokens, padding)
+    mx.eval(y)
+    for _ in range(4):  # a few steps so the cache is in its decode layout
+        y, _ = engine.step(y)
+        mx.eval(y)
+    B = y.shape[0]
+    args = model.args
+    H, D = args.num_attention_heads, args.hidden_size // args.num_attention_heads
+    n_kv = getattr(args, "num_key_value_heads", None) or H
+    S = engine.slots + 1
+    results, extra = {}, {}
+
+    def pipelined():
+        nonlocal y
+        cur = y
+        for _ in range(steps):
+            nxt, lp = engine.step(cur)
+            mx.async_eval(nxt)
+            cur.tolist()  # the driver reads the previous step's tokens meanwhile
+            cur = nxt
+        mx.eval(cur)
+        y = cur
+
+    def synced():
+        nonlocal y
+        for _ in range(steps):
+            y, lp = engine.step(y)
+            mx.eval(y)
+            y.tolist()
+
+    results["step, pipelined (as batch_generate)"] = timed(pipelined, repeats) / steps
+    results["step, synced every step"] = timed(synced, repeats) / steps
+
+    def build_only():
+        # Graph construction only; the cache is rolled back so it doesn't grow.
+        sizes = [c.size for c in engine.cache]
+        offset = engine.offset
+        engine.step(y)
+        for c, s in zip(engine.cache, sizes):
+            c.size = s
+        engine.offset = offset
+
+    results["graph building (Python, no compute)"] = timed(build_only, repeats * 3)
+
+    x = mx.random.normal((B, 1, args.hidden_size))
+    lins = linear_weights(model)
+    inputs = {}
+    for name, lin in lins:
+        inputs.setdefault(lin.weight.shape[1], mx.random.normal((B, 1, lin.weight.shape[1])))
+    mx.eval(x, list(inputs.values()))
+    results["projections (all layers' matmuls)"] = timed(
+        lambda: mx.eval([lin(inputs[lin.weight.shape[1]]) for _, lin in lins]), repeats)
+    results["lm head (vocab matmul)"] = timed(
+        lambda: mx.eval(model.model.embed_tokens.as_linear(x) if not hasattr(model, "lm_head")
+                        else model.lm_head(x)), repeats)
+    logits = mx.random.normal((B, args.vocab_size))
+    mx.eval(logits)
+    results["argmax (greedy sampling)"] = timed(lambda: mx.eval(mx.argmax(logits, -1)), repeats)
+    extra["log-softmax over the vocabulary (skipped)"] = timed(
+        lambda: mx.eval(logits - mx.logsumexp(logits, -1, keepdims=True)), repeats)
+
+    q = mx.random.normal((B, H, 1, D))
+    k = mx.random.normal((B, n_kv, S, D))
+    v = mx.random.normal((B, n_kv, S, D))
+    offset = engine.offset
+    mask = masks_lib.attention_mask(mx.arange(S), S - 1, 1, offset)
+    mx.eval(q, k, v, mask)
+    n_layers = len(model.layers)
+    results["attention (all layers)"] = timed(
+        lambda: mx.eval([layers_lib.scaled_dot_product_attention(q, k, v, D**-0.5, mask)
+                         for _ in range(n_layers)]), repeats)
+    extra["attention with mx.fast's CPU fallback"] = timed(
+        lambda: mx.eval([mx.fast.scaled_dot_product_attention(q, k, v, scale=D**-0.5, mask=mask)
+                         for _ in range(n_layers)]), repeats)
+    results["mask building (once per step)"] = timed(
+        lambda: mx.eval(masks_lib.masks_for_layers(engine.cache, model.layer_windows, 1, offset)),
+        repeats)
+
+    layer = model.layers[0]
+    rope = layer.self_attn.rope
+    qk = mx.random.normal((B, H + n_kv, 1, D))
+    h = mx.random.normal((B, 1, args.intermediate_size))
+    mx.eval(qk, h)
+
+    def elementwise():
+        outs = []
+        for lyr in model.layers:
+            outs += [lyr.input_layernorm(x), lyr.post_attention_layernorm(x), rope(qk, offset),
+                     lyr.mlp.act(h) * h, x + x, x + x]
+        mx.eval(outs)
+
+    results["norms, RoPE, activations, residuals"] = timed(elementwise, repeats)
+
+    cache = [mx.zeros((B, n_kv, S + 256, D)) for _ in range(2 * n_layers)]
+    new = mx.random.normal((B, n_kv, 1, D))
+    mx.eval(cache, new)
+
+    def cache_writes():
+        for i, c in enumerate(cache):
+            c[..., S : S + 1, :] = new
+            cache[i] = c
+        mx.eval(cache)
+
+    results["cache writes (slice updates)"] = timed(cache_writes, repeats)
+
+    detoks = [tokenizer.make_detokenizer() for _ in range(B)]
+    ids = y.tolist()
+
+    def per_row_python():
+        for d, t in zip(detoks, ids):
+            d.add_token(t)
+            _ = d.last_segment
+
+    results["driver per-row Python (detokenize)"] = timed(per_row_python, repeats)
+    return results, extra, B, S
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--dequantize", action="store_true")
+    args = p.parse_args(argv)
+    kwargs = {"dequantize": True} if args.dequantize else {}
+    model, tokenizer = load(args.model, **kwargs)
+    results, extra, B, S = profile(model, no_eos(tokenizer), args.batch, args.steps, args.repeats)
+    step = results["step, pipelined (as batch_generate)"]
+    print(f"decode step, batch {B}, {S} cache slots")
+    parts = 0.0
+    for name, t in results.items():
+        share = f"{100 * t / step:5.1f}%"
+        print(f"  {name:40s} {1e3 * t:8.2f} ms  {share}")
+        if not name.startswith(("step", "graph")):
+            parts += t
+    print(f"  {'unattributed (step - isolated parts)':40s} {1e3 * (step - parts):8.2f} ms")
+    print("not in the step, for reference:")
+    for name, t in extra.items():
+        print(f"  {name:40s} {1e3 * t:8.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
