@@ -2,8 +2,8 @@
 
 Prompts are sorted by length and cut into batches of ``completion_batch_size`` so
 rows of similar length share a batch (less padding). Each row stops on its own EOS
-or ``max_tokens``; once a quarter of a batch has finished, finished rows are
-dropped from the batch so they stop costing compute.
+or ``max_tokens``; finished rows are dropped from the batch (so they stop costing
+compute) once the steps they would still cost outweigh the copy of the caches.
 """
 
 import time
@@ -128,7 +128,10 @@ def _run_batch(model, tokenizer, prompts, indices, limits, sampler, processors,
         finished_rows = [r for r, j in enumerate(live) if done[j]]
         if len(finished_rows) == len(live):
             break
-        if finished_rows and len(finished_rows) * 4 >= len(live):
+        # Dropping rows copies the caches (about one step's work); it pays once the
+        # row-steps it saves reach a step of the whole batch.
+        remaining = max(limits[j] - counts[j] for j in live if not done[j])
+        if finished_rows and len(finished_rows) * remaining >= len(live):
             keep = [r for r, j in enumerate(live) if not done[j]]
             engine.filter(keep)
             idx = mx.array(keep, dtype=mx.int32)

@@ -17,8 +17,11 @@ PAD_ID = -1  # marks padding in token histories given to logits processors
 # Prefill groups (see ``plan_prefill_groups``). Each forward call reads every weight
 # once, so a call costs about as much as this many extra tokens; a group never
 # exceeds the token budget (bounds activation memory) unless it is a single row.
+# On the CPU small groups are also faster (activations stay in cache) and keep the
+# prefill's transient memory to a few tens of MB; accelerators prefer big calls.
 GROUP_OVERHEAD_TOKENS = 64
 GROUP_TOKEN_BUDGET = 4096
+GROUP_TOKEN_BUDGET_CPU = 512
 
 
 def left_pad(prompts, pad_id=0):
@@ -33,7 +36,7 @@ def greedy(logprobs):
     return mx.argmax(logprobs, axis=-1)
 
 
-def plan_prefill_groups(lengths, overhead=GROUP_OVERHEAD_TOKENS, budget=GROUP_TOKEN_BUDGET):
+def plan_prefill_groups(lengths, overhead=None, budget=None):
     """Split rows into contiguous ``(start, stop)`` groups for prefill.
 
     ``lengths[b]`` is the number of real tokens row ``b`` prefills. A group runs
@@ -42,6 +45,10 @@ def plan_prefill_groups(lengths, overhead=GROUP_OVERHEAD_TOKENS, budget=GROUP_TO
     programming over the row order, which ``batch_generate`` sorts by length).
     Groups of rows with nothing to prefill cost nothing and are still returned.
     """
+    overhead = GROUP_OVERHEAD_TOKENS if overhead is None else overhead
+    if budget is None:
+        cpu = mx.default_device() == mx.cpu
+        budget = GROUP_TOKEN_BUDGET_CPU if cpu else GROUP_TOKEN_BUDGET
     n = len(lengths)
     best = [0.0] + [float("inf")] * n
     cut = [0] * (n + 1)
@@ -108,8 +115,9 @@ class BatchEngine:
         """Feed the ``(B, L)`` prompt; return the queued ``(tokens, logprobs)`` of step one.
 
         All columns but the last go through the model in chunks whose logits are
-        never computed (only the caches are evaluated); the last column gives the
-        first sampled token.
+        never computed (only the caches are evaluated); into fresh full caches
+        they go group by group (``_prefill_groups``). The last column, for all rows
+        at once, gives the first sampled token.
         """
         B, L = tokens.shape
         if L == 0:
@@ -129,7 +137,7 @@ class BatchEngine:
         self._size_caches(start + L)
         done = 0
         if L > 1 and start == 0 and all(type(c) is KVCache for c in self.cache):
-            self._prefill_groups(tokens, left_padding or [0] * B, base, progress, input_embeddings)
+            self._prefill_groups(tokens, pad.tolist(), base, progress, input_embeddings)
             done = L - 1
         while L - done > 1:
             n = min(self.prefill_step_size, L - done - 1)
@@ -157,6 +165,8 @@ class BatchEngine:
         """
         B, L = tokens.shape
         width = L - 1
+        for c in self.cache:  # empty (no slots yet): let the first group allocate them
+            c.keys = c.values = None
         lengths = [width - min(int(p), width) for p in padding]
         groups = plan_prefill_groups(lengths)
         total = sum((stop - start) * max(lengths[start:stop]) for start, stop in groups)

@@ -21,7 +21,8 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # bench.py, and the working tree's package
 
 import mlx_lm_batched  # noqa: E402,F401  (BLAS preload before mlx.core)
 import mlx.core as mx  # noqa: E402

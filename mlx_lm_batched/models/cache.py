@@ -185,10 +185,10 @@ class RowsView:
     def update_and_fetch(self, keys, values):
         p = self.parent
         begin, end = self.first + self.size, self.first + self.size + keys.shape[2]
-        if p.keys is None or end > p.keys.shape[2]:
-            if p.keys is not None:
-                raise ValueError("a RowsView cannot grow its parent: size the hint first")
-            p._grow(keys, values, end, batch=self.batch_size)
+        if p.keys is None:
+            p._grow(keys, values, end, batch=self.batch_size)  # sized by capacity_hint
+        elif end > p.keys.shape[2]:
+            raise ValueError("a RowsView cannot grow its parent: set capacity_hint first")
         rows = slice(self.start, self.stop)
         p.keys[rows, :, begin:end, :] = keys
         p.values[rows, :, begin:end, :] = values

@@ -7,7 +7,7 @@ Parameter names follow Hugging Face checkpoints (``self_attn.q_proj``,
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import fast_math
+from . import cpu_ops
 from .base import resolve_masks, resolve_offset
 from .cache import KVCache, RotatingKVCache
 
@@ -64,8 +64,8 @@ class HeadwiseLayerNorm(nn.Module):
 
 
 ACTIVATIONS = {
-    "silu": fast_math.silu,
-    "swish": fast_math.silu,
+    "silu": cpu_ops.silu,
+    "swish": cpu_ops.silu,
     "gelu": nn.gelu,
     "gelu_pytorch_tanh": nn.gelu_approx,
     "gelu_new": nn.gelu_approx,
@@ -91,27 +91,9 @@ def scaled_dot_product_attention(q, k, v, scale, mask, softcap=None, sinks=None)
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
     if sinks is not None:
         raise NotImplementedError("attention sinks with soft-capping")
-    # Explicit path: soft-capping, and the CPU backend, where mx.fast falls back to
-    # unfused ops that repeat the keys per query head. Here each KV head's query
-    # heads are stacked into one matmul and the softmax is vectorised (fast_math).
-    B, H, L, D = q.shape
-    n_kv = k.shape[1]
-    rep = H // n_kv
-    scores = (q * scale).reshape(B, n_kv, rep * L, D) @ k.swapaxes(-1, -2)
-    if softcap is not None:
-        scores = mx.tanh(scores / softcap) * softcap
-    if mask is not None:
-        scores = scores.reshape(B, n_kv, rep, L, -1)
-        if mask.ndim == 4:  # (B, 1 or H, L, K) -> broadcastable over (B, n_kv, rep, L, K)
-            b, h, lq, kk = mask.shape
-            mask = mask.reshape(b, -1, rep if h == H else 1, lq, kk)
-        if mask.dtype == mx.bool_:
-            scores = mx.where(mask, scores, mx.finfo(scores.dtype).min)
-        else:
-            scores = scores + mask
-        scores = scores.reshape(B, n_kv, rep * L, -1)
-    weights = fast_math.softmax(scores, axis=-1)
-    return (weights @ v).reshape(B, H, L, v.shape[-1])
+    # Soft-capping, and the CPU backend (where mx.fast falls back to unfused ops that
+    # repeat the keys per query head): the explicit attention of cpu_ops.
+    return cpu_ops.attention(q, k, v, scale, mask, softcap)
 
 
 class Attention(nn.Module):

@@ -1,4 +1,4 @@
-"""exp, softmax and SiLU that are fast on MLX's CPU backend.
+"""Attention, softmax and SiLU formulated for MLX's CPU backend.
 
 MLX's CPU backend evaluates ``exp`` (and ``sigmoid``, ``softmax``) one element at a
 time, at 20-40 ns per element on x86-64, while multiplies and adds run vectorised
@@ -10,6 +10,11 @@ as accurate as ``mx.exp`` (both are limited by the rounding of ``x log2 e``).
 
 Other devices, and arrays too small for the ~25 extra op dispatches to pay, use
 MLX's own kernels.
+
+``attention`` is the explicit attention used on the CPU (and for soft-capping):
+each KV head's query heads share one matmul (``mx.fast``'s CPU fallback repeats the
+keys per query head), and queries go in chunks so the score tensor, and the
+softmax's temporaries, stay small whatever the prompt length.
 """
 
 import math
@@ -20,6 +25,9 @@ LOG2E = 1.4426950408889634
 # Taylor coefficients of 2^f = exp(f ln 2); |f| <= 1/2 keeps the error near 5e-9.
 _POLY = [math.log(2) ** k / math.factorial(k) for k in range(8)]
 MIN_SIZE = 1 << 15  # elements; below this MLX's exp is cheaper than the dispatches
+# Attention scores computed at once (elements, 512 KB): small chunks keep the softmax
+# temporaries in cache and bound the transient memory of long prompts.
+SCORE_CHUNK = 1 << 17
 
 
 def use_fast(x):
@@ -58,3 +66,42 @@ def silu(x):
     if not use_fast(x):
         return x * mx.sigmoid(x)
     return x / (1 + exp(-x))
+
+
+def attention(q, k, v, scale, mask=None, softcap=None):
+    """Attention over ``(B, H, L, D)`` queries and ``(B, n_kv, S, D)`` keys/values
+    (GQA when ``n_kv < H``). ``mask``: boolean (True = attend) or additive,
+    broadcastable to ``(B, 1 or H, L, S)``; ``softcap``: tanh soft-capping of logits."""
+    B, H, L, _ = q.shape
+    per_query = B * H * k.shape[2]
+    step = max(1, SCORE_CHUNK // per_query)
+    if L <= step:
+        return _attention(q, k, v, scale, mask, softcap)
+    outs = []
+    for start in range(0, L, step):
+        rows = slice(start, min(start + step, L))
+        m = mask
+        if m is not None and m.ndim >= 2 and m.shape[-2] == L:
+            m = m[..., rows, :]
+        outs.append(_attention(q[:, :, rows], k, v, scale, m, softcap))
+    return mx.concatenate(outs, axis=2)
+
+
+def _attention(q, k, v, scale, mask, softcap):
+    B, H, L, D = q.shape
+    n_kv = k.shape[1]
+    rep = H // n_kv
+    scores = (q * scale).reshape(B, n_kv, rep * L, D) @ k.swapaxes(-1, -2)
+    if softcap is not None:
+        scores = mx.tanh(scores / softcap) * softcap
+    if mask is not None:
+        scores = scores.reshape(B, n_kv, rep, L, -1)
+        if mask.ndim == 4:  # (B, 1 or H, L, S) -> broadcastable over (B, n_kv, rep, L, S)
+            b, h, lq, s = mask.shape
+            mask = mask.reshape(b, -1, rep if h == H else 1, lq, s)
+        if mask.dtype == mx.bool_:
+            scores = mx.where(mask, scores, mx.finfo(scores.dtype).min)
+        else:
+            scores = scores + mask
+        scores = scores.reshape(B, n_kv, rep * L, -1)
+    return (softmax(scores, axis=-1) @ v).reshape(B, H, L, v.shape[-1])
