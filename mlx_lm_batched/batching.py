@@ -22,6 +22,9 @@ PAD_ID = -1  # marks padding in token histories given to logits processors
 GROUP_OVERHEAD_TOKENS = 64
 GROUP_TOKEN_BUDGET = 4096
 GROUP_TOKEN_BUDGET_CPU = 512
+# Decode attention groups (see ``BatchEngine._plan_decode_groups``): on the CPU one
+# more group costs about as much as attending this many extra (row, key) pairs.
+DECODE_GROUP_OVERHEAD_KEYS = 256
 
 
 def left_pad(prompts, pad_id=0):
@@ -92,6 +95,8 @@ class BatchEngine:
         # False: the default greedy sampler skips the log-softmax over the vocabulary
         # and ``step`` returns None logprobs (batch_generate without logprobs).
         self.want_logprobs = True
+        # Host copy of each row's padding slots, when known (prefill from empty caches).
+        self._padding = None
 
     def reserve(self, new_tokens):
         """Expect about ``new_tokens`` decode steps: caches are allocated once for
@@ -136,8 +141,10 @@ class BatchEngine:
         base = self.offset - pad
         self._size_caches(start + L)
         done = 0
-        if L > 1 and start == 0 and all(type(c) is KVCache for c in self.cache):
-            self._prefill_groups(tokens, pad.tolist(), base, progress, input_embeddings)
+        plain = all(type(c) is KVCache for c in self.cache)
+        self._padding = pad.tolist() if start == 0 and plain else None
+        if L > 1 and start == 0 and plain:
+            self._prefill_groups(tokens, self._padding, base, progress, input_embeddings)
             done = L - 1
         while L - done > 1:
             n = min(self.prefill_step_size, L - done - 1)
@@ -198,9 +205,34 @@ class BatchEngine:
         """Feed one token per row ``(B,)``; return the queued next ``(tokens, logprobs)``."""
         if self.logits_processors:
             self.history = mx.concatenate([self.history, tokens[:, None]], axis=1)
-        logits = self.model(tokens[:, None], offset=self.offset, cache=self.cache)
+        groups = self._plan_decode_groups()
+        for c in self.cache:
+            c.row_groups = groups
+        try:
+            logits = self.model(tokens[:, None], offset=self.offset, cache=self.cache)
+        finally:
+            for c in self.cache:
+                c.row_groups = None
         self.offset = self.offset + 1
         return self._sample(logits[:, -1, :])
+
+    def _plan_decode_groups(self):
+        """Row groups ``(start, stop, first_slot)`` for this step's attention, or None.
+
+        Every row attends over all the batch's slots, most of them padding for the
+        short rows. On the CPU, where attention is a large share of a batched decode
+        step, the shared ``Attention`` layer splits the rows into contiguous groups
+        that each skip the slots padding for the whole group (same result: those keys
+        are masked). Devices with fused attention (``mx.fast``) keep one call.
+        """
+        if self._padding is None or mx.default_device() != mx.cpu or len(self._padding) < 2:
+            return None
+        keys = self.slots + 1
+        lengths = [keys - p for p in self._padding]
+        groups = plan_prefill_groups(lengths, DECODE_GROUP_OVERHEAD_KEYS, float("inf"))
+        if len(groups) < 2:
+            return None
+        return [(a, b, keys - max(lengths[a:b])) for a, b in groups]
 
     def _sample(self, logits):
         for processor in self.logits_processors:
@@ -224,7 +256,11 @@ class BatchEngine:
         if self.history is not None:
             self.history = self.history[idx]
         shared = int(mx.min(self.left_padding).item()) if len(keep) else 0
+        if self._padding is not None:
+            self._padding = [self._padding[i] for i in keep]
         # Once a ring has wrapped its leading slots are gone already; keep the frame.
         if shared > 0 and all(c.size <= getattr(c, "max_size", c.size) for c in self.cache):
             for c in self.cache:
                 c.drop_leading(shared)
+            if self._padding is not None:
+                self._padding = [p - shared for p in self._padding]

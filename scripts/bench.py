@@ -326,25 +326,29 @@ def print_table(result, file=sys.stdout):
 
 
 def plot(results, out):
+    """Throughput against batch size: generation tokens/s (decode only) and
+    end-to-end tokens/s (prefill included), one line per side and BLAS setting."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=80)
-    for label, result in results.items():
-        rows = result["rows"]
-        seq = next(m for m in rows if m["config"] == "seq")
-        for name, style in (("ours", "-o"), ("mlx-lm", "--s")):
-            pts = [(m["batch_size"], m["gen_tps"]) for m in rows if m["config"] == name]
-            if pts:
-                ax.plot(*zip(*pts), style, label=f"{name} {label}".strip())
-        ax.axhline(seq["gen_tps"], color="gray", lw=0.8, ls=":")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("completion batch size")
-    ax.set_ylabel("generation tokens/s")
-    ax.set_title("Batched generation throughput (dotted: sequential)", fontsize=10)
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=80)
+    metrics = (("gen_tps", "generation tokens/s (decode)"),
+               ("e2e_tps", "end-to-end tokens/s (with prefill)"))
+    for ax, (key, title) in zip(axes, metrics):
+        for label, result in results.items():
+            rows = result["rows"]
+            seq = next(m for m in rows if m["config"] == "seq")
+            for name, style in (("ours", "-o"), ("ours+dq", "-^"), ("mlx-lm", "--s")):
+                pts = [(m["batch_size"], m[key]) for m in rows if m["config"] == name]
+                if pts:
+                    ax.plot(*zip(*pts), style, label=f"{name} {label}".strip())
+            ax.axhline(seq[key], color="gray", lw=0.8, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("completion batch size")
+        ax.set_title(f"{title}; dotted: sequential", fontsize=9)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out)
 

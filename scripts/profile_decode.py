@@ -58,7 +58,7 @@ def linear_weights(model):
 
 
 def profile(model, tokenizer, batch, steps, repeats):
-    prompts = build_prompts(tokenizer, batch, seed=0)
+    prompts = sorted(build_prompts(tokenizer, batch, seed=0), key=len)  # as batch_generate
     tokens, padding = left_pad(prompts)
     engine = BatchEngine(model)
     engine.want_logprobs = False  # as batch_generate without return_logprobs
@@ -95,6 +95,10 @@ def profile(model, tokenizer, batch, steps, repeats):
 
     results["step, pipelined (as batch_generate)"] = timed(pipelined, repeats) / steps
     results["step, synced every step"] = timed(synced, repeats) / steps
+    # The same step with attention in one call over all slots (no row groups).
+    engine._plan_decode_groups = lambda: None
+    extra["step, attention not grouped by rows"] = timed(pipelined, repeats) / steps
+    del engine._plan_decode_groups
 
     def build_only():
         # Graph construction only; the cache is rolled back so it doesn't grow.
@@ -115,6 +119,9 @@ def profile(model, tokenizer, batch, steps, repeats):
     mx.eval(x, list(inputs.values()))
     results["projections (all layers' matmuls)"] = timed(
         lambda: mx.eval([lin(inputs[lin.weight.shape[1]]) for _, lin in lins]), repeats)
+    head = model.lm_head if hasattr(model, "lm_head") else model.model.embed_tokens
+    extra["weights read by the matmuls (MB)"] = (
+        sum(lin.weight.nbytes for _, lin in lins) + head.weight.nbytes) / 1e6
     results["lm head (vocab matmul)"] = timed(
         lambda: mx.eval(model.model.embed_tokens.as_linear(x) if not hasattr(model, "lm_head")
                         else model.lm_head(x)), repeats)
@@ -201,8 +208,14 @@ def main(argv=None):
             parts += t
     print(f"  {'unattributed (step - isolated parts)':40s} {1e3 * (step - parts):8.2f} ms")
     print("not in the step, for reference:")
+    weights_mb = extra.pop("weights read by the matmuls (MB)")
     for name, t in extra.items():
         print(f"  {name:40s} {1e3 * t:8.2f} ms")
+    # Decode at small batch sizes streams every weight once per step: this rate is
+    # the memory bandwidth the matmuls reach, and bounds tokens/s per row.
+    matmul_s = results["projections (all layers' matmuls)"] + results["lm head (vocab matmul)"]
+    print(f"  {'weights streamed by the matmuls':40s} {weights_mb:8.1f} MB "
+          f"({weights_mb / 1e3 / matmul_s:.1f} GB/s in the isolated matmuls)")
 
 
 if __name__ == "__main__":

@@ -95,3 +95,30 @@ def test_rows_finish_independently(float_models):
         assert len(batch.logprobs[i]) == len(solo)
         assert all(lp <= 0 for lp in batch.logprobs[i])
     assert batch.finish_reasons[0] == "length" and batch.finish_reasons[2] == "length"
+
+
+def test_grouped_decode_attention_matches_one_call(float_models):
+    # batch_generate's decode steps on the CPU split attention into row groups that
+    # skip their shared padding slots: same logits as one call over every slot.
+    from mlx_lm_batched.batching import BatchEngine
+
+    model, tokenizer = float_models["smollm2"]
+    prompts = sorted(corpus_prompts(tokenizer, [3, 9, 40, 60, 180, 200, 410, 430]), key=len)
+    engine = BatchEngine(model)
+    tokens, padding = left_pad(prompts)
+    y, _ = engine.prefill(tokens, padding)
+    for _ in range(3):
+        groups = engine._plan_decode_groups()
+        assert groups is not None and len(groups) >= 2 and groups[0][2] > 0
+        snapshot = [(c.keys, c.values, c.size) for c in engine.cache]
+        offset = engine.offset
+        grouped = engine.step(y)[1]
+        mx.eval(grouped)
+        for c, (k, v, size) in zip(engine.cache, snapshot):
+            c.keys, c.values, c.size = k, v, size
+        engine.offset = offset
+        engine._plan_decode_groups = lambda: None
+        single = engine.step(y)[1]
+        del engine._plan_decode_groups
+        np.testing.assert_allclose(np.array(grouped), np.array(single), atol=1e-5, rtol=1e-5)
+        y = mx.argmax(single, axis=-1)

@@ -35,6 +35,7 @@ class KVCache:
     # first allocation that fits takes exactly that, so decoding neither copies the
     # cache to grow it nor holds up to ``step - 1`` unused slots per row.
     capacity_hint = 0
+    row_groups = None  # set per decode step by BatchEngine (grouped attention)
 
     def __init__(self):
         self.keys = None

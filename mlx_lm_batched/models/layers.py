@@ -96,6 +96,18 @@ def scaled_dot_product_attention(q, k, v, scale, mask, softcap=None, sinks=None)
     return cpu_ops.attention(q, k, v, scale, mask, softcap)
 
 
+def grouped_attention(q, k, v, scale, mask, softcap, sinks, groups):
+    """Attention by contiguous row groups ``(start, stop, first_slot)``: each group
+    skips the key slots before ``first_slot``, padding (masked) for all its rows."""
+    outs = []
+    for start, stop, first in groups:
+        rows = slice(start, stop)
+        outs.append(scaled_dot_product_attention(
+            q[rows], k[rows, :, first:], v[rows, :, first:], scale, mask[rows, ..., first:],
+            softcap, sinks))
+    return mx.concatenate(outs, axis=0)
+
+
 class Attention(nn.Module):
     """Multi-head attention with GQA, optional QK-norm, RoPE and soft-capping."""
 
@@ -167,7 +179,11 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
         sinks = self.sinks.astype(q.dtype) if "sinks" in self else None
-        out = scaled_dot_product_attention(q, k, v, self.scale, mask, self.softcap, sinks)
+        groups = getattr(cache, "row_groups", None) if L == 1 else None
+        if groups and mask is not None and mask.ndim == 4 and mask.shape[0] == B:
+            out = grouped_attention(q, k, v, self.scale, mask, self.softcap, sinks, groups)
+        else:
+            out = scaled_dot_product_attention(q, k, v, self.scale, mask, self.softcap, sinks)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
     def _qk_norm(self, q, k):

@@ -1,0 +1,59 @@
+"""scripts/bench.py runs as the README says: table, JSON and plot, on the real model.
+
+Small settings keep it quick; the point is that every side runs, the ratios are
+computed, and our batched rows reproduce sequential generation token for token.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "scripts" / "bench.py"
+
+
+def run_bench(*args, env=None):
+    proc = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True,
+                          timeout=900, env=dict(os.environ, **(env or {})))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_bench_table_json_and_plot(float_dirs, tmp_path):
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    proc = run_bench("--model", str(float_dirs["smollm2"]), "--prompts", "4", "--max-tokens", "6",
+                     "--batch-sizes", "1,4", "--repeats", "1", "--max-prompt-len", "48",
+                     "--json", str(out), "--plot", str(png))
+    table = proc.stdout
+    assert "gen/seq" in table and "gen/mlx" in table
+    configs = [line.split()[:2] for line in table.splitlines()
+               if line.split()[:1] in (["seq"], ["ours"], ["mlx-lm"])]
+    assert configs == [["seq", "1"], ["ours", "1"], ["mlx-lm", "1"], ["ours", "4"], ["mlx-lm", "4"]]
+
+    result = json.loads(out.read_text())
+    assert len(result["prompt_lengths"]) == 4
+    assert all(16 <= n <= 48 for n in result["prompt_lengths"])
+    rows = {(m["config"], m["batch_size"]): m for m in result["rows"]}
+    for key in (("ours", 1), ("ours", 4)):
+        m = rows[key]
+        assert m["generated"] == 4 * 6  # EOS ignored: every row does the same work
+        assert m["same_tokens_as_seq"] == 1.0  # batched rows equal sequential generation
+        assert m["gen_vs_mlx_lm"] > 0 and m["gen_vs_seq"] > 0
+        assert m["peak_gb"] >= result["weights_gb"]
+        assert 0 <= m["padding_share"] < 1
+    assert rows[("mlx-lm", 4)]["generated"] == 4 * 6
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_compares_blas_in_separate_processes(float_dirs, tmp_path):
+    out = tmp_path / "blas.json"
+    proc = run_bench("--model", str(float_dirs["smollm2"]), "--prompts", "2", "--max-tokens", "3",
+                     "--batch-sizes", "2", "--repeats", "1", "--max-prompt-len", "24",
+                     "--no-mlx-lm", "--compare-blas", "--json", str(out))
+    assert "BLAS comparison" in proc.stdout
+    results = json.loads(out.read_text())
+    assert set(results) == {"OpenBLAS", "bundled BLAS"}
+    assert results["bundled BLAS"]["openblas"] is None
+    assert results["OpenBLAS"]["openblas"]  # .ci/run installs libopenblas0-pthread
