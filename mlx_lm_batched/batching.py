@@ -22,7 +22,7 @@ PAD_ID = -1  # marks padding in token histories given to logits processors
 GROUP_OVERHEAD_TOKENS = 64
 GROUP_TOKEN_BUDGET = 4096
 GROUP_TOKEN_BUDGET_CPU = 512
-# Decode attention groups (see ``BatchEngine._plan_decode_groups``): on the CPU one
+# Decode attention groups (see ``BatchEngine._set_padding``): on the CPU one
 # more group costs about as much as attending this many extra (row, key) pairs.
 DECODE_GROUP_OVERHEAD_KEYS = 256
 
@@ -95,8 +95,10 @@ class BatchEngine:
         # False: the default greedy sampler skips the log-softmax over the vocabulary
         # and ``step`` returns None logprobs (batch_generate without logprobs).
         self.want_logprobs = True
-        # Host copy of each row's padding slots, when known (prefill from empty caches).
+        # Host copy of each row's padding slots, when known (prefill from empty caches),
+        # and the decode attention row groups planned from it.
         self._padding = None
+        self._decode_groups = None
 
     def reserve(self, new_tokens):
         """Expect about ``new_tokens`` decode steps: caches are allocated once for
@@ -142,7 +144,7 @@ class BatchEngine:
         self._size_caches(start + L)
         done = 0
         plain = all(type(c) is KVCache for c in self.cache)
-        self._padding = pad.tolist() if start == 0 and plain else None
+        self._set_padding(pad.tolist() if start == 0 and plain else None)
         if L > 1 and start == 0 and plain:
             self._prefill_groups(tokens, self._padding, base, progress, input_embeddings)
             done = L - 1
@@ -205,9 +207,8 @@ class BatchEngine:
         """Feed one token per row ``(B,)``; return the queued next ``(tokens, logprobs)``."""
         if self.logits_processors:
             self.history = mx.concatenate([self.history, tokens[:, None]], axis=1)
-        groups = self._plan_decode_groups()
         for c in self.cache:
-            c.row_groups = groups
+            c.row_groups = self._decode_groups
         try:
             logits = self.model(tokens[:, None], offset=self.offset, cache=self.cache)
         finally:
@@ -216,23 +217,25 @@ class BatchEngine:
         self.offset = self.offset + 1
         return self._sample(logits[:, -1, :])
 
-    def _plan_decode_groups(self):
-        """Row groups ``(start, stop, first_slot)`` for this step's attention, or None.
+    def _set_padding(self, padding):
+        """Record the rows' padding (or None) and plan decode attention groups.
 
         Every row attends over all the batch's slots, most of them padding for the
         short rows. On the CPU, where attention is a large share of a batched decode
         step, the shared ``Attention`` layer splits the rows into contiguous groups
-        that each skip the slots padding for the whole group (same result: those keys
-        are masked). Devices with fused attention (``mx.fast``) keep one call.
+        ``(start, stop, first_slot)`` that each skip the slots padding for the whole
+        group (same result: those keys are masked). Devices with fused attention
+        (``mx.fast``) keep one call. Each step adds one key to every row, which adds
+        the same cost to every grouping, so the plan holds until rows are filtered.
         """
-        if self._padding is None or mx.default_device() != mx.cpu or len(self._padding) < 2:
-            return None
-        keys = self.slots + 1
-        lengths = [keys - p for p in self._padding]
+        self._padding, self._decode_groups = padding, None
+        if padding is None or mx.default_device() != mx.cpu or len(padding) < 2:
+            return
+        keys = max(padding) + 1  # any count above every row's padding plans the same
+        lengths = [keys - p for p in padding]
         groups = plan_prefill_groups(lengths, DECODE_GROUP_OVERHEAD_KEYS, float("inf"))
-        if len(groups) < 2:
-            return None
-        return [(a, b, keys - max(lengths[a:b])) for a, b in groups]
+        if len(groups) > 1:
+            self._decode_groups = [(a, b, min(padding[a:b])) for a, b in groups]
 
     def _sample(self, logits):
         for processor in self.logits_processors:
@@ -256,11 +259,10 @@ class BatchEngine:
         if self.history is not None:
             self.history = self.history[idx]
         shared = int(mx.min(self.left_padding).item()) if len(keep) else 0
-        if self._padding is not None:
-            self._padding = [self._padding[i] for i in keep]
         # Once a ring has wrapped its leading slots are gone already; keep the frame.
-        if shared > 0 and all(c.size <= getattr(c, "max_size", c.size) for c in self.cache):
+        dropped = shared > 0 and all(c.size <= getattr(c, "max_size", c.size) for c in self.cache)
+        if dropped:
             for c in self.cache:
                 c.drop_leading(shared)
-            if self._padding is not None:
-                self._padding = [p - shared for p in self._padding]
+        if self._padding is not None:
+            self._set_padding([self._padding[i] - (shared if dropped else 0) for i in keep])

@@ -108,7 +108,7 @@ def test_grouped_decode_attention_matches_one_call(float_models):
     tokens, padding = left_pad(prompts)
     y, _ = engine.prefill(tokens, padding)
     for _ in range(3):
-        groups = engine._plan_decode_groups()
+        groups = engine._decode_groups
         assert groups is not None and len(groups) >= 2 and groups[0][2] > 0
         snapshot = [(c.keys, c.values, c.size) for c in engine.cache]
         offset = engine.offset
@@ -117,8 +117,8 @@ def test_grouped_decode_attention_matches_one_call(float_models):
         for c, (k, v, size) in zip(engine.cache, snapshot):
             c.keys, c.values, c.size = k, v, size
         engine.offset = offset
-        engine._plan_decode_groups = lambda: None
+        engine._decode_groups = None
         single = engine.step(y)[1]
-        del engine._plan_decode_groups
+        engine._decode_groups = groups
         np.testing.assert_allclose(np.array(grouped), np.array(single), atol=1e-5, rtol=1e-5)
         y = mx.argmax(single, axis=-1)
