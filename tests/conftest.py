@@ -62,12 +62,6 @@ def float_models(float_dirs):
     return {name: load(str(d)) for name, d in float_dirs.items()}
 
 
-@pytest.fixture(scope="session")
-def q4_models():
-    return {name: load(str(model_dir(name, quantize=True, q_bits=4, q_group_size=64)))
-            for name in SOURCES}
-
-
 def corpus_prompts(tokenizer, lengths, stride=37):
     """Token prompts of exactly ``lengths`` cut from the corpus at different places.
 

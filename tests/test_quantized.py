@@ -30,7 +30,8 @@ def q4_models():
 @pytest.mark.parametrize("name", sorted(LENGTHS))
 def test_4bit_rows_equal_solo(name, q4_models):
     model, tokenizer = q4_models[name]
-    assert model.args.sliding_window == 24 if name == "gemma3" else True
+    # Gemma is loaded with its window lowered to 24; llama has no window at all.
+    assert model.args.sliding_window == (24 if name == "gemma3" else None)
     # The weights really are 4-bit.
     assert model.layers[0].mlp.down_proj.bits == 4
     prompts = corpus_prompts(tokenizer, LENGTHS[name])
@@ -43,7 +44,7 @@ def test_4bit_rows_equal_solo(name, q4_models):
 
 @pytest.mark.parametrize("name", sorted(LENGTHS))
 def test_4bit_conversion_loads_in_mlx_lm(name, q4_models):
-    mlx_lm = pytest.importorskip("mlx_lm", reason="mlx-lm is the oracle for this check")
+    import mlx_lm  # the oracle (test extra): a missing oracle fails, it never skips
     theirs, _ = mlx_lm.load(str(q4_dir(name)))
     ours, tokenizer = load(str(q4_dir(name)))
     prompt = mx.array([corpus_prompts(tokenizer, (40,))[0]])
