@@ -10,9 +10,13 @@ Two ``tokenizer.ggml.model`` kinds are supported:
 
 - ``gpt2``: byte-level BPE with the file's merges (SmolLM2, Llama 3). The split before
   BPE follows ``tokenizer.ggml.pre`` as llama.cpp does.
-- ``llama``: SentencePiece BPE with byte fallback (Gemma 3, Llama 2, Mistral). The file
-  has no merges; they are derived from the vocabulary, ranked by score (by file order
-  for Gemma, whose scores do not rank its user-defined pieces).
+- ``llama``: SentencePiece BPE with byte fallback (Gemma 3, Llama 2, Mistral). These
+  files usually list no merges; they are derived from the vocabulary, ranked by score
+  (by file order for Gemma, whose scores do not rank its user-defined pieces).
+
+Encodings are checked against transformers' own GGUF conversion, sentencepiece and the
+original tokenizers' rules in tests/test_gguf_tokenizer.py; where they disagree this
+follows llama.cpp (SmolLM2's digit split, Gemma's whitespace runs, Llama 2's prefix space).
 """
 
 import json
@@ -90,7 +94,8 @@ def _special_tokens(md, tokens):
 
 
 def _byte_level(md, tokens):
-    """(Tokenizer, vocab) for a ``gpt2`` GGUF: byte-level BPE with the file's merges."""
+    """Byte-level BPE for a ``gpt2`` GGUF, with the file's merges: ``(Tokenizer, vocab,
+    may_be_special)``, the last a test of which control tokens to add as special."""
     alphabet = _byte_alphabet()
     chars = set(alphabet.values())
     # Tokens are stored in the byte alphabet; a few files store some (added tokens with a
@@ -124,7 +129,8 @@ def _byte_level(md, tokens):
 
 
 def _sentencepiece(md, tokens, arch):
-    """(Tokenizer, vocab) for a ``llama`` GGUF: SentencePiece BPE with byte fallback."""
+    """SentencePiece BPE with byte fallback for a ``llama`` GGUF: ``(Tokenizer, vocab,
+    may_be_special)`` as for :func:`_byte_level`."""
     if arch == "gemma3":
         # Gemma stores its whitespace runs as real spaces ("  "), which the " " -> "▁"
         # normalizer never produces: spell them with "▁" as the model sees them.
