@@ -333,7 +333,7 @@ def test_cache_dir_changes_with_tokenizer_version(smol_path, monkeypatch, tmp_pa
     assert utils._gguf_tokenizer_dir(smol_path) != current
 
 
-def test_saved_config_loads_as_plain_fast_tokenizer(smol_dir, gemma_dir):
+def test_saved_tokenizer_config(smol_dir, gemma_dir):
     for out, bos in ((smol_dir, False), (gemma_dir, True)):
         config = json.loads((out / "tokenizer_config.json").read_text())
         # A class name transformers 4 knows too (5 writes "TokenizersBackend").
