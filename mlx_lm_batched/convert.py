@@ -44,7 +44,8 @@ def _dtype(name):
 def _read_source(hf_path, revision, float_dtype):
     """Weights (HF names), config and a tokenizer writer for a GGUF or an HF model."""
     if str(hf_path).endswith(".gguf"):
-        from .gguf import read_gguf, save_gguf_tokenizer
+        from .gguf import read_gguf
+        from .gguf_tokenizer import save_gguf_tokenizer
 
         if not Path(hf_path).is_file():
             raise ModelLoadError(f"GGUF file '{hf_path}' does not exist")

@@ -1,4 +1,6 @@
-"""Read llama.cpp GGUF files: weights under Hugging Face names, a HF config, a HF tokenizer.
+"""Read llama.cpp GGUF files: weights under Hugging Face names and a HF config.
+
+The tokenizer is built from the same file by ``gguf_tokenizer.py``.
 
 Supported architectures: ``llama`` (Mistral GGUFs also declare ``llama``) and ``gemma3``.
 
@@ -44,11 +46,6 @@ _LAYER_NAMES = {
                "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-
-# llama.cpp pre-tokenizers that split every digit on its own before the GPT-2 regex
-# (llama-vocab.cpp: regex "\p{N}" then the GPT-2 pattern); transformers' GGUF
-# conversion drops that step and keeps only ByteLevel.
-_DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}
 
 
 class _Reader:
@@ -332,43 +329,3 @@ def read_gguf(path, dtype=None):
         config["quantization_config"] = dict(quant)
     return weights, config, md
 
-
-def save_gguf_tokenizer(path, out_dir):
-    """Build the HF tokenizer described by a GGUF, fix llama.cpp-specific details, save it.
-
-    Uses transformers' GGUF tokenizer conversion (no torch needed) with the class
-    ``AutoTokenizer`` would pick (GemmaTokenizer / TokenizersBackend), called directly
-    because ``AutoTokenizer`` first parses the whole file with the slow GGUFReader to
-    build a config. Carries the GGUF chat template, bos/eos/pad/unk and add_bos_token.
-    Returns the tokenizer; ``AutoTokenizer.from_pretrained(out_dir)`` reloads it offline.
-    """
-    import transformers
-    from tokenizers import AddedToken, pre_tokenizers
-
-    md = _parse(path, with_tensors=False)[0]
-    arch = gguf_architecture(path, md)
-    path = os.path.abspath(path)
-    cls = transformers.GemmaTokenizer if arch == "gemma3" else transformers.PreTrainedTokenizerFast
-    tok = cls.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path), local_files_only=True)
-    if md.get("tokenizer.ggml.model") == "gpt2" and md.get("tokenizer.ggml.pre") in _DIGIT_SPLIT_PRE:
-        # The original SmolLM2 tokenizer.json: Sequence[Digits(individual), ByteLevel].
-        tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
-        ])
-    if md.get("tokenizer.ggml.model") == "llama":
-        # Gemma's whitespace runs of 2..31 spaces are USER_DEFINED pieces. SentencePiece and
-        # llama.cpp match user-defined pieces greedily (longest first) before BPE, so 40
-        # spaces -> [31 spaces, 9 spaces]; checked against a sentencepiece model rebuilt
-        # from the GGUF vocab. transformers respells them "▁▁..." but only reaches them via
-        # BPE merges, giving [16, 24]. Registering them as normalized added tokens (matched
-        # after " " -> "▁", longest first) restores sentencepiece's split; the ids are
-        # unchanged because the respelled pieces are already in the vocabulary.
-        vocab = tok.get_vocab()
-        runs = ["\u2581" * len(t) for t, kind in zip(md["tokenizer.ggml.tokens"], md["tokenizer.ggml.token_type"])
-                if kind == 4 and t and not t.strip(" ") and "\u2581" * len(t) in vocab]
-        if runs:
-            tok.add_tokens([AddedToken(t, normalized=True, special=False) for t in runs])
-    os.makedirs(out_dir, exist_ok=True)
-    tok.save_pretrained(out_dir)
-    return tok

@@ -4,6 +4,8 @@ import glob
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import mlx.core as mx
@@ -149,9 +151,12 @@ def load_model(model_path, lazy=False, strict=True, model_config=None):
 
 
 def _gguf_tokenizer_dir(gguf_path):
-    """A cache directory for the tokenizer files extracted from a GGUF."""
+    """A cache directory for the tokenizer files extracted from a GGUF (keyed by the file
+    and by the tokenizer builder's version, so files an older builder wrote are not reused)."""
+    from .gguf_tokenizer import TOKENIZER_VERSION
+
     st = os.stat(gguf_path)
-    key = hashlib.sha1(f"{os.path.abspath(gguf_path)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    key = hashlib.sha1(f"{os.path.abspath(gguf_path)}:{st.st_size}:{st.st_mtime_ns}:{TOKENIZER_VERSION}".encode())
     root = Path(os.environ.get("MLX_LM_BATCHED_CACHE", Path.home() / ".cache" / "mlx_lm_batched"))
     return root / "gguf_tokenizers" / key.hexdigest()[:16]
 
@@ -161,7 +166,8 @@ def load_gguf(path, dtype=None, tokenizer_config=None, model_config=None):
 
     Q4_0/Q4_1/Q8_0 tensors stay quantized unless ``dtype`` asks for floats.
     """
-    from .gguf import read_gguf, save_gguf_tokenizer
+    from .gguf import read_gguf
+    from .gguf_tokenizer import save_gguf_tokenizer
     from .tokenizer_utils import load_tokenizer
 
     weights, config, _ = read_gguf(path, dtype=dtype)
@@ -169,8 +175,18 @@ def load_gguf(path, dtype=None, tokenizer_config=None, model_config=None):
     model = model_from_weights(config, weights)
     tok_dir = _gguf_tokenizer_dir(path)
     if not (tok_dir / "tokenizer_config.json").exists():
-        tok_dir.mkdir(parents=True, exist_ok=True)
-        save_gguf_tokenizer(path, str(tok_dir))
+        # Built beside the cache entry and renamed into place, so an interrupted build never
+        # leaves a half-written directory that later loads would trust.
+        tok_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f"{tok_dir.name}.", dir=tok_dir.parent)
+        try:
+            save_gguf_tokenizer(path, tmp)
+            os.replace(tmp, tok_dir)
+        except OSError:
+            if not (tok_dir / "tokenizer_config.json").exists():
+                raise
+        finally:  # a concurrent load that renamed its copy first leaves ours behind
+            shutil.rmtree(tmp, ignore_errors=True)
     tokenizer = load_tokenizer(tok_dir, tokenizer_config, eos_token_ids=config.get("eos_token_id"))
     return model, tokenizer, config
 

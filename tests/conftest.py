@@ -31,7 +31,7 @@ SOURCES = {"smollm2": smollm2_gguf_path, "gemma3": gemma3_gguf_path}
 
 def _conversion_key(gguf, options):
     h = hashlib.sha1()
-    for name in ("gguf.py", "convert.py", "utils.py"):
+    for name in ("gguf.py", "gguf_tokenizer.py", "convert.py", "utils.py"):
         h.update((PACKAGE / name).read_bytes())
     st = os.stat(gguf)
     h.update(f"{st.st_size}:{sorted(options.items())}".encode())
