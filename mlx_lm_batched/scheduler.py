@@ -389,10 +389,12 @@ class BatchGenerator:
         if decoding >= self.completion_batch_size:
             return prompt_responses, generation_responses
         self._admit()
-        # One chunk while rows are decoding; with none decoding, prefill until a group joins.
+        # One chunk while rows are decoding; with none decoding, prefill until a group
+        # joins or a segment ends (the caller may extract the cache there).
         while self._groups:
-            prompt_responses.extend(self._prefill_step())
-            if self._decode is not None:
+            chunk = self._prefill_step()
+            prompt_responses.extend(chunk)
+            if self._decode is not None or any(r.end_of_segment for r in chunk):
                 break
         return prompt_responses, generation_responses
 
