@@ -271,3 +271,29 @@ def test_stop_sequences_and_argument_errors(float_models):
         gen.insert([[1, 2], [3]], samplers=[None])
     with pytest.raises(ValueError, match="prefill_step_size"):
         BatchGenerator(model, prefill_step_size=0)
+
+
+def test_max_kv_size_rotating_caches_match_solo(float_models):
+    """With ``max_kv_size`` every layer keeps a 64-slot ring: rows joining later and a
+    second turn from a wrapped, padded ring match ``generate_step(max_kv_size=64)``."""
+    model, tok = float_models["smollm2"]
+    n, m = 10, 64
+    prompts = corpus_prompts(tok, [100, 20, 70, 9], stride=29)
+    alone = lambda p: [t for t, _ in generate_step(mx.array(p), model, max_tokens=n, max_kv_size=m)]
+    gen = BatchGenerator(model, max_tokens=n, max_kv_size=m, prefill_step_size=32)
+    uids, out, finished, calls = gen.insert(prompts[:2]), {}, {}, 0
+    while len(finished) < 3:
+        if calls == 3:
+            uids += gen.insert([prompts[2]])
+        for r in gen.next()[1]:
+            out.setdefault(r.uid, []).append(r.token)
+            if r.finish_reason:
+                finished[r.uid] = (r.prompt_cache, r.all_tokens)
+        calls += 1
+    assert [out[u] for u in uids] == [alone(p) for p in prompts[:3]]
+    cache, held = finished[uids[1]]  # 30 tokens, left-padded (joined the 100-token row) in a wrapped ring
+    gen.insert([prompts[3]], caches=[cache], all_tokens=[held])
+    second = []
+    while len(second) < n:
+        second += [r.token for r in gen.next_generated()]
+    assert second == alone(held + prompts[3])
