@@ -118,6 +118,8 @@ class BatchGenerator:
             several = len(segs) > 1
             if not segs:
                 raise ValueError(f"prompt {uid} is empty: nothing to generate from")
+            if options["caches"][i] is not None:
+                row_caches.check_cache(options["caches"][i], f"caches[{i}]")
             m = options["max_tokens"][i]
             if m <= 0:
                 raise ValueError(f"max_tokens of prompt {uid} must be > 0, got {m}")

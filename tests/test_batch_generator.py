@@ -269,6 +269,8 @@ def test_stop_sequences_and_argument_errors(float_models):
         gen.insert([[1, 2]], max_tokens=[0])
     with pytest.raises(ValueError, match="samplers must have one entry per prompt"):
         gen.insert([[1, 2], [3]], samplers=[None])
+    with pytest.raises(TypeError, match=r"caches\[0\] must be a prompt cache"):
+        gen.insert([[1, 2]], caches=[["not a cache"]])
     with pytest.raises(ValueError, match="prefill_step_size"):
         BatchGenerator(model, prefill_step_size=0)
 
