@@ -266,3 +266,32 @@ class BatchEngine:
                 c.drop_leading(shared)
         if self._padding is not None:
             self._set_padding([self._padding[i] - (shared if dropped else 0) for i in keep])
+
+    def extend(self, other):
+        """Append the rows of ``other``, a ``BatchEngine`` on the same model prefilled
+        on its own caches, to this batch (continuous batching: rows join mid-decode).
+
+        Each layer cache's ``extend`` left-pads the side with fewer slots; a row's
+        padding is the batch's slots minus its ``offset``, so offsets are simply
+        concatenated. Token histories are left-padded with ``PAD_ID`` to one width.
+        ``other`` must not be used afterwards (its caches' arrays are shared).
+        """
+        if len(self.cache) != len(other.cache):
+            raise ValueError(
+                f"cannot extend a batch of {len(self.cache)} layer caches with {len(other.cache)}"
+            )
+        for mine, theirs in zip(self.cache, other.cache):
+            mine.extend(theirs)
+        self.offset = mx.concatenate([self.offset, other.offset])
+        if self.logits_processors:
+            if self.history is None or other.history is None:
+                raise ValueError("cannot extend: both batches need token histories for processors")
+            width = max(self.history.shape[1], other.history.shape[1])
+            pad = lambda h: mx.concatenate(
+                [mx.full((h.shape[0], width - h.shape[1]), PAD_ID, h.dtype), h], axis=1)
+            self.history = mx.concatenate([pad(self.history), pad(other.history.astype(self.history.dtype))])
+        else:
+            self.history = None
+        self.decode_reserve = max(self.decode_reserve, other.decode_reserve)
+        plain = all(type(c) is KVCache for c in self.cache)
+        self._set_padding(self.left_padding.tolist() if plain else None)

@@ -212,6 +212,7 @@ class BatchStreamResponse:
 
 
 from .batch import batch_generate, stream_batch_generate  # noqa: E402
+from .scheduler import BatchGenerator, StopSequences, make_stop_sequences  # noqa: E402,F401
 
 
 def main():

@@ -1,0 +1,122 @@
+"""One row's prompt cache in and out of a batch (for ``BatchGenerator``).
+
+A row's cache handed to or returned by the scheduler is a list of one-row layer
+caches holding exactly that row's tokens (no padding), like a cache made by
+``generate_step`` for the prompt alone, so it can be saved, reused as a prompt
+cache, or inserted again. Everything that knows the inside of a batch's caches
+(slot frame, padding, ring layout) is in the small functions here.
+"""
+
+import copy
+
+import mlx.core as mx
+
+from .models.cache import KVCache, RotatingKVCache, make_prompt_cache
+
+
+def new_cache(model, max_kv_size=None):
+    """An empty prompt cache for one row."""
+    return make_prompt_cache(model, max_kv_size)
+
+
+def cache_length(cache):
+    """Tokens held by a one-row prompt cache (0 when empty or None)."""
+    if not cache:
+        return 0
+    c = cache[0]
+    return 0 if getattr(c, "keys", None) is None else int(c.size)
+
+
+def cache_nbytes(cache):
+    """Bytes of the arrays of a list of layer caches."""
+    return sum(getattr(c, "nbytes", 0) for c in cache or ())
+
+
+def copy_cache(cache):
+    """A copy of ``cache`` whose updates never reach the caller's arrays.
+
+    A batch writes into its caches in place (slice assignment); the caller may keep
+    using the cache it passed (a prompt-cache store), so the scheduler works on copies.
+    """
+    out = []
+    for c in cache:
+        new = copy.copy(c)
+        state = c.state
+        new.state = [mx.array(x) for x in state] if state else []
+        new.size = c.size if state else 0
+        out.append(new)
+    return out
+
+
+def _empty_like(c):
+    if isinstance(c, RotatingKVCache):
+        return RotatingKVCache(c.max_size)
+    return KVCache()
+
+
+def _row_of_full(c, row, pad):
+    k, v = c.state
+    new = KVCache()
+    new.state = [mx.contiguous(k[row : row + 1, :, pad:]), mx.contiguous(v[row : row + 1, :, pad:])]
+    return new
+
+
+def _time_order(x, size, max_size):
+    """Ring buffer ``x`` of a rotating cache of ``size`` slots, in slot order."""
+    if size <= max_size:
+        return x[..., :size, :]
+    start = size % max_size
+    return mx.concatenate([x[..., start:, :], x[..., :start, :]], axis=2)
+
+
+def _ring_layout(x, n, max_size):
+    """Slot-ordered last ``min(n, max_size)`` slots of a row of ``n`` slots, stored so
+    that slot ``p`` lives at index ``p % max_size`` (the layout of a cache of that row)."""
+    if n <= max_size:
+        return x
+    c = n % max_size
+    return mx.concatenate([x[..., max_size - c :, :], x[..., : max_size - c, :]], axis=2) if c else x
+
+
+def _row_of_rotating(c, row, pad):
+    M, S = c.max_size, c.size
+    n, held = S - pad, min(S, M)
+    keep = min(n, held)  # the ring's slots that are this row's tokens
+    parts = []
+    for x in c.state:
+        x = _time_order(x[row : row + 1], S, M)[..., held - keep :, :]
+        parts.append(mx.contiguous(_ring_layout(x, n, M)))
+    new = RotatingKVCache(M)
+    new.state = parts
+    new.meta_state = ("0", str(M), str(n))
+    return new
+
+
+def extract_row(caches, row, pad):
+    """Row ``row`` of a batch's layer caches as a one-row cache without padding.
+
+    ``pad`` is the row's left padding in the batch's slot frame (slots minus the
+    row's real tokens).
+    """
+    out = []
+    for c in caches:
+        if c.keys is None or c.size - pad <= 0:
+            out.append(_empty_like(c))
+        elif isinstance(c, RotatingKVCache):
+            out.append(_row_of_rotating(c, row, pad))
+        elif isinstance(c, KVCache):
+            out.append(_row_of_full(c, row, pad))
+        else:
+            raise TypeError(f"cannot extract a row from a {type(c).__name__} cache")
+    return out
+
+
+def extract_engine_row(engine, row):
+    """Row ``row`` of a :class:`~mlx_lm_batched.batching.BatchEngine`'s caches."""
+    pad = int(engine.left_padding[row].item())
+    return extract_row(engine.cache, row, pad)
+
+
+def engine_nbytes(engine):
+    """Bytes held by a batch engine's caches."""
+    return cache_nbytes(engine.cache)
