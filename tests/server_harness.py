@@ -50,15 +50,16 @@ class ServerProcess:
             return f.read()[-5000:]
 
     def request(self, method, path, body=None, headers=None, timeout=120):
-        """``(status, parsed JSON or text, headers)``; ``body`` bytes are sent as they are."""
+        """``(status, parsed JSON or text, lower-cased headers)``; ``body`` bytes are sent as they are."""
         data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers={"Content-Type": "application/json", **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
-                status, raw, hdrs = r.status, r.read(), dict(r.headers)
+                status, raw, hdrs = r.status, r.read(), r.headers
         except urllib.error.HTTPError as e:
-            status, raw, hdrs = e.code, e.read(), dict(e.headers)
+            status, raw, hdrs = e.code, e.read(), e.headers
+        hdrs = {k.lower(): v for k, v in hdrs.items()}
         try:
             return status, json.loads(raw), hdrs
         except ValueError:
