@@ -87,6 +87,21 @@ def test_malformed_body(server):
     assert body["error"]["code"] == "invalid_json"
 
 
+def test_failing_request_fails_alone(server):
+    """A prompt the tokenizer cannot encode (a lone surrogate) fails with 400 while a
+    stream running next to it ends whole."""
+    body = {"prompt": "Once upon a time", "max_tokens": 16, "stream": True}
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=120) as http:
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data:"))
+            bad = post(server, "/v1/completions", b'{"prompt": "\\ud800 broken", "max_tokens": 4}')
+            assert_error(server, 400, bad, None)
+            rest = [line for line in lines if line.startswith("data:")]
+    assert rest[-1] == "data: [DONE]"
+    assert json.loads(rest[-2][5:])["choices"][0]["finish_reason"] == "length"
+
+
 def test_unknown_model_and_route(server):
     assert_error(server, 404, post(server, "/v1/chat/completions", {"model": "gpt-9", "messages": MSG}),
                  "model")
