@@ -1,6 +1,7 @@
 """Bad input, access control and limits: 4xx with OpenAI's error JSON, the server
 unharmed (``/health`` answers after each), and SIGTERM draining a stream and exiting 0."""
 
+import concurrent.futures as futures
 import json
 import threading
 import time
@@ -148,6 +149,33 @@ def test_kv_admission(server):
         assert server.metrics(AUTH)["mlx_lm_batched_kv_reserved_bytes"] == 0
     code, out, _ = post(server, "/v1/completions", {**body, "stream": False, "max_tokens": 8})
     assert code == 200 and out["usage"]["completion_tokens"] == 8
+
+
+def test_waiting_requests_limit(float_dirs):
+    """One row at a time and one waiting request: a third request gets 429 with
+    Retry-After; the waiting one is served once the running one is gone."""
+    srv = ServerProcess(float_dirs["smollm2"], "--max-batch", 1, "--prefill-batch", 1,
+                        "--max-waiting", 1)
+    try:
+        body = {"prompt": "Count:", "max_tokens": 200, "stream": True, "logit_bias": {"2": -100}}
+        with httpx.Client(base_url=srv.url, timeout=120) as http:
+            with http.stream("POST", "/v1/completions", json=body) as running:
+                lines = running.iter_lines()
+                next(line for line in lines if line.startswith("data:"))
+                with futures.ThreadPoolExecutor(1) as pool:
+                    waiting = pool.submit(srv.post, "/v1/completions", {"prompt": "Hi", "max_tokens": 3})
+                    deadline = time.monotonic() + 30
+                    while srv.metrics()["mlx_lm_batched_waiting_requests"] < 1:
+                        assert time.monotonic() < deadline, srv.output()
+                        time.sleep(0.1)
+                    code, err, headers = srv.post("/v1/completions", {"prompt": "Hi", "max_tokens": 3})
+                    assert code == 429 and err["error"]["code"] == "too_many_requests"
+                    assert int(headers["retry-after"]) >= 1
+                    running.close()  # the running stream goes; the waiting request starts
+                    code, out, _ = waiting.result(timeout=60)
+                    assert code == 200 and out["usage"]["completion_tokens"] == 3
+    finally:
+        assert srv.stop() == 0, srv.output()
 
 
 def test_sigterm_drains_and_exits_zero(server):

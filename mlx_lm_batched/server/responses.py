@@ -2,6 +2,7 @@
 
 import json
 import time
+import uuid
 
 
 def usage(prompt_tokens, completion_tokens, cached_tokens):
@@ -35,8 +36,6 @@ class ResponseIds:
     """The id, creation time and model name every object of one response shares."""
 
     def __init__(self, kind, model):
-        import uuid
-
         self.kind = kind  # "chat" or "text"
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())

@@ -56,6 +56,8 @@ class SamplerFactory:
             return SeededSampler(seed, params.temperature, params.top_p, params.min_p, params.top_k)
         key = (params.temperature, params.top_p, params.min_p, params.top_k)
         if key not in self._shared:
+            if len(self._shared) >= 256:  # settings vary per client: keep the map bounded
+                self._shared.clear()
             self._shared[key] = make_sampler(params.temperature, top_p=params.top_p,
                                              min_p=params.min_p, top_k=params.top_k)
         return self._shared[key]

@@ -8,7 +8,7 @@ is not an integer); ranges follow OpenAI's, and the server's own limits (``max_t
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -137,7 +137,6 @@ class GenerationParams:
     top_logprobs: int
     stream: bool = False
     include_usage: bool = False
-    extra: Dict[str, Any] = field(default_factory=dict)
 
 
 def generation_params(req, limits, default_temperature=0.0):
