@@ -120,6 +120,8 @@ def test_api_key(server):
     code, out, _ = post(server, "/v1/chat/completions", body)
     assert code == 200 and out["choices"][0]["message"]["content"]
     assert server.get("/v1/models", headers=AUTH)[0] == 200
+    counts = server.metrics(AUTH)
+    assert counts['mlx_lm_batched_requests_total{endpoint="/v1/chat/completions",status="401"}'] >= 2
 
 
 def test_body_over_limit(server):

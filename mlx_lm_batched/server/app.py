@@ -97,6 +97,7 @@ def create_app(engine, config):
                            f"server's limit of {config.max_n} choices.", "prompt", "invalid_value")
         return await serve(engine, spec, "text", config.model_id, request)
 
-    wrapped = AuthMiddleware(StatusCounter(app, engine.metrics), config.api_key)
+    paths = [r.path for r in app.routes]
+    wrapped = StatusCounter(AuthMiddleware(app, config.api_key), engine.metrics, paths)
     wrapped.fastapi_app = app
     return wrapped

@@ -29,11 +29,13 @@ class AuthMiddleware:
 
 
 class StatusCounter:
-    """Count answered requests by path and status in the server's metrics."""
+    """Count answered requests by path and status in the server's metrics (paths
+    outside ``paths`` count as "other", so clients cannot grow the label set)."""
 
-    def __init__(self, app, metrics):
+    def __init__(self, app, metrics, paths):
         self.app = app
         self.metrics = metrics
+        self.paths = set(paths)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -41,7 +43,8 @@ class StatusCounter:
 
         async def counting_send(message):
             if message["type"] == "http.response.start":
-                self.metrics.count_request(scope["path"], message["status"])
+                path = scope["path"] if scope["path"] in self.paths else "other"
+                self.metrics.count_request(path, message["status"])
             await send(message)
 
         return await self.app(scope, receive, counting_send)
