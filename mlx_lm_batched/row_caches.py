@@ -19,6 +19,15 @@ def new_cache(model, max_kv_size=None):
     return make_prompt_cache(model, max_kv_size)
 
 
+def check_cache(cache, name):
+    """Raise ``TypeError`` unless ``cache`` is a list of this package's layer caches."""
+    if not isinstance(cache, (list, tuple)) or not all(isinstance(c, KVCache) for c in cache):
+        raise TypeError(
+            f"{name} must be a prompt cache from mlx_lm_batched (make_prompt_cache, "
+            f"extract_cache or a finished Response), got {type(cache).__name__}"
+        )
+
+
 def cache_length(cache):
     """Tokens held by a one-row prompt cache (0 when empty or None)."""
     if not cache:

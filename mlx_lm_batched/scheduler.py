@@ -16,70 +16,17 @@ and, optionally, a prompt cache from an earlier turn to continue from.
 import contextlib
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
-from typing import Any, List, Optional
+from dataclasses import asdict
 
 import mlx.core as mx
 
 from . import row_caches
+from .batch_rows import PromptResponse, Response, Row, RowGroup
 from .batching import BatchEngine, left_pad, plan_prefill_groups
 from .generate_utils import BatchCounters, BatchCountersSnapshot, BatchStats
 from .row_sampling import RowOps, TokenContext
 from .sample_utils import greedy_sampler
 from .stop_sequences import StopSequences, make_stop_sequences  # noqa: F401  (re-export)
-
-
-@dataclass
-class PromptResponse:
-    """Prefill progress of one row: ``progress`` is ``(tokens done, total)``."""
-
-    uid: int
-    progress: tuple
-    end_of_segment: bool
-    end_of_prompt: bool
-
-
-@dataclass
-class Response:
-    """One generated token of one row. A finished row (``finish_reason`` "stop" or
-    "length") also carries its prompt cache and all the tokens in it."""
-
-    uid: int
-    token: int
-    logprobs: mx.array
-    finish_reason: Optional[str]
-    prompt_cache: Optional[List[Any]]
-    all_tokens: Optional[List[int]]
-
-
-@dataclass(eq=False)
-class _Row:
-    uid: int
-    prompt: List[int]  # the tokens to prefill
-    boundaries: List[int]  # prompt lengths at which a segment ends
-    max_tokens: int
-    cache: Optional[list]  # prompt cache given at insert (None: start empty)
-    tokens: List[int]  # tokens in the row's cache so far
-    sampler: Any
-    logits_processors: tuple
-    matcher: Any
-    cut_at_segments: bool = False  # prefill stops at every segment end
-    done: int = 0  # prompt tokens fed
-    generated: int = 0
-    context: Optional[TokenContext] = None
-
-
-@dataclass(eq=False)
-class _Group:
-    """Rows prefilled together: left-padded ``(B, L)`` tokens on one engine."""
-
-    rows: list
-    engine: BatchEngine
-    ops: RowOps
-    tokens: mx.array
-    padding: List[int]
-    col: int = 0  # next column to feed
-    cuts: List[int] = field(default_factory=list)  # columns where a chunk must end
 
 
 class BatchGenerator:
@@ -171,6 +118,8 @@ class BatchGenerator:
             several = len(segs) > 1
             if not segs:
                 raise ValueError(f"prompt {uid} is empty: nothing to generate from")
+            if options["caches"][i] is not None:
+                row_caches.check_cache(options["caches"][i], f"caches[{i}]")
             m = options["max_tokens"][i]
             if m <= 0:
                 raise ValueError(f"max_tokens of prompt {uid} must be > 0, got {m}")
@@ -179,7 +128,7 @@ class BatchGenerator:
             prompt = [t for s in segs for t in s]
             ends = [sum(len(s) for s in segs[: j + 1]) for j in range(len(segs))]
             stops = options["stop_sequences"][i]
-            rows.append(_Row(
+            rows.append(Row(
                 uid, prompt, ends, m, options["caches"][i], list(options["all_tokens"][i]),
                 options["samplers"][i] or self.sampler,
                 tuple(options["logits_processors"][i] or ()),
@@ -303,7 +252,7 @@ class BatchGenerator:
         width = tokens.shape[1]
         engine.reserve(width - min(width, self.prefill_step_size) + max(r.max_tokens for r in rows))
         cuts = rows[0].boundaries if len(rows) == 1 and rows[0].cut_at_segments else []
-        return _Group(ops.rows, engine, ops, tokens, padding, cuts=list(cuts))
+        return RowGroup(ops.rows, engine, ops, tokens, padding, cuts=list(cuts))
 
     def _prefill_step(self):
         """Feed one chunk of the first group; a group that is done joins decoding."""
@@ -389,10 +338,12 @@ class BatchGenerator:
         if decoding >= self.completion_batch_size:
             return prompt_responses, generation_responses
         self._admit()
-        # One chunk while rows are decoding; with none decoding, prefill until a group joins.
+        # One chunk while rows are decoding; with none decoding, prefill until a group
+        # joins or a segment ends (the caller may extract the cache there).
         while self._groups:
-            prompt_responses.extend(self._prefill_step())
-            if self._decode is not None:
+            chunk = self._prefill_step()
+            prompt_responses.extend(chunk)
+            if self._decode is not None or any(r.end_of_segment for r in chunk):
                 break
         return prompt_responses, generation_responses
 
