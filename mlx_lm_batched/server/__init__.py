@@ -1,0 +1,12 @@
+"""OpenAI-compatible HTTP server on continuous batching.
+
+Every request becomes rows of ONE running :class:`~mlx_lm_batched.generate.BatchGenerator`
+owned by a single engine thread (``engine.py``); the ASGI app (``app.py``) validates
+requests, hands them to the engine and streams its events back. Run it with
+``python -m mlx_lm_batched.server --model PATH``.
+"""
+
+from .app import create_app
+from .engine import Engine, EngineConfig
+
+__all__ = ["create_app", "Engine", "EngineConfig"]

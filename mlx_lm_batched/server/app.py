@@ -1,0 +1,103 @@
+"""The ASGI app: OpenAI's routes, health and metrics, with OpenAI-shaped errors."""
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from fastapi import FastAPI, Request
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, PlainTextResponse
+
+from .errors import APIError
+from .handlers import serve
+from .job_prep import JobSpec
+from .middleware import AuthMiddleware, StatusCounter, read_json
+from .schema import ChatCompletionRequest, CompletionRequest, chat_messages, generation_params, parse
+
+
+@dataclass
+class ServerConfig:
+    """HTTP-side settings (the engine has its own)."""
+
+    model_id: str  # the name /v1/models lists and requests may give
+    model_path: Optional[str] = None  # also accepted as a model name
+    api_key: Optional[str] = None
+    max_body_bytes: int = 4 << 20
+    max_tokens: int = 4096  # per request
+    max_n: int = 8
+    default_temperature: float = 0.0
+
+
+def _accepted_names(config):
+    names = {config.model_id}
+    if config.model_path:
+        names |= {config.model_path, os.path.basename(os.path.normpath(config.model_path))}
+    return names
+
+
+def create_app(engine, config):
+    """The FastAPI app serving ``engine`` (an :class:`~.engine.Engine`, already started)."""
+    app = FastAPI(title="mlx_lm_batched", docs_url=None, redoc_url=None, openapi_url=None)
+    names = _accepted_names(config)
+    created = int(time.time())
+
+    @app.exception_handler(APIError)
+    async def api_error(_request, exc):
+        return exc.response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request, exc):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return APIError(exc.status_code, str(exc.detail), None, code).response()
+
+    @app.exception_handler(Exception)
+    async def server_error(_request, exc):
+        return JSONResponse(APIError(500, f"Internal error: {exc}", None, "internal_error").body(),
+                            status_code=500)
+
+    def check_model(name):
+        if name is not None and name not in names:
+            raise APIError(404, f"The model '{name}' does not exist; this server serves "
+                           f"'{config.model_id}'.", "model", "model_not_found")
+
+    @app.get("/health")
+    async def health():
+        if not engine.alive:
+            return JSONResponse({"status": "engine stopped"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": config.model_id, "object": "model",
+                                            "created": created, "owned_by": "mlx_lm_batched"}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(engine.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        req = parse(ChatCompletionRequest, await read_json(request, config.max_body_bytes))
+        check_model(req.model)
+        params = generation_params(req, config, config.default_temperature)
+        spec = JobSpec(params, messages=chat_messages(req), tools=req.tools)
+        return await serve(engine, spec, "chat", config.model_id, request)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = parse(CompletionRequest, await read_json(request, config.max_body_bytes))
+        check_model(req.model)
+        params = generation_params(req, config, config.default_temperature)
+        prompt = req.prompt
+        several = isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))
+        spec = JobSpec(params, prompts=list(prompt) if several else [prompt])
+        if len(spec.prompts) * params.n > config.max_n:
+            raise APIError(400, f"{len(spec.prompts)} prompts times n={params.n} is over this "
+                           f"server's limit of {config.max_n} choices.", "prompt", "invalid_value")
+        return await serve(engine, spec, "text", config.model_id, request)
+
+    paths = [r.path for r in app.routes]
+    wrapped = StatusCounter(AuthMiddleware(app, config.api_key), engine.metrics, paths)
+    wrapped.fastapi_app = app
+    return wrapped

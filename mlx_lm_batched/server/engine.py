@@ -1,0 +1,368 @@
+"""The engine: one thread owns the model, the tokenizer and ONE ``BatchGenerator``.
+
+Requests arrive as :class:`Job` objects on a queue; the thread tokenizes them, checks
+them against the context length and the KV memory budget, inserts one row per choice
+(continuing from the longest cached prefix, if any), steps the batch and sends each
+job's events (:class:`Started`, :class:`Delta`, :class:`Finished`, :class:`Failed`) to
+the job's asyncio queue. A cancelled job's rows leave the batch at the next step.
+Nothing else touches MLX, so no lock guards the model or the caches.
+"""
+
+import itertools
+import logging
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+import mlx.core as mx
+
+from ..prefix_cache import LRUPromptCache
+from ..scheduler import BatchGenerator
+from .errors import APIError
+from .job_prep import prepare_prompts
+from .metrics import Metrics
+from .rows import RowState, token_logprobs
+from .sampling import SamplerFactory, row_processors
+
+log = logging.getLogger("mlx_lm_batched.server")
+
+
+@dataclass
+class EngineConfig:
+    """Engine settings (the server's flags)."""
+
+    max_batch: int = 64  # rows decoding at once
+    prefill_batch: int = 8  # rows prefilled together
+    prefill_step_size: int = 2048
+    default_max_tokens: int = 512  # when a request gives none (bounded by the context)
+    context_length: Optional[int] = None  # None: the model's max_position_embeddings
+    max_kv_bytes: Optional[int] = None  # KV reserved by admitted requests; None: no bound
+    max_waiting: int = 256  # requests admitted but not started; more -> 429
+    prompt_cache_size: int = 10  # prefix-cache entries (0: off)
+    prompt_cache_bytes: int = 1 << 30
+
+
+@dataclass
+class Started:
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class Delta:
+    index: int
+    text: str
+    logprobs: list  # [(token id, token text, logprob, [(id, text, logprob), ...])]
+
+
+@dataclass
+class Finished:
+    index: int
+    finish_reason: str
+    completion_tokens: int
+
+
+@dataclass
+class Failed:
+    error: APIError
+
+
+@dataclass(eq=False)
+class Job:
+    """One request: its spec, its asyncio queue of events, and its rows once started."""
+
+    spec: Any  # JobSpec (job_prep)
+    queue: Any
+    loop: Any
+    id: int = 0
+    arrival: float = field(default_factory=time.monotonic)
+    rows: List[RowState] = field(default_factory=list)
+    reserved: int = 0
+    waiting: bool = True
+    cancelled: bool = False
+
+    def send(self, event):
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the event loop is gone (shutdown)
+            pass
+
+
+class Engine:
+    """Owns generation; :meth:`submit` and :meth:`cancel` are safe from any thread."""
+
+    def __init__(self, model, tokenizer, config=None, metrics=None):
+        self.model, self.tokenizer = model, tokenizer
+        self.config = config or EngineConfig()
+        self.metrics = metrics or Metrics()
+        args = getattr(model, "args", None)
+        self.context_length = self.config.context_length or getattr(args, "max_position_embeddings", None)
+        self.vocab_size = self._vocab_size()
+        self.prefix = LRUPromptCache(self.config.prompt_cache_size, self.config.prompt_cache_bytes)
+        self.samplers = SamplerFactory()
+        self.kv_bytes_per_token = 0
+        self._commands = queue.Queue()
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()  # guards _waiting_jobs (read by the event loop)
+        self._waiting_jobs = 0
+        self._rows = {}  # uid -> RowState
+        self._reserved = 0
+        self._thread = None
+        self._stopping = False
+        self._last_gauges = 0.0
+        self.gen = self._new_generator()
+
+    def _vocab_size(self):
+        """Rows of the input embedding (a quantized one keeps them too), else the tokenizer's."""
+        embed = getattr(getattr(self.model, "model", None), "embed_tokens", None)
+        weight = getattr(embed, "weight", None)
+        return int(weight.shape[0]) if weight is not None else len(self.tokenizer)
+
+    def _new_generator(self):
+        return BatchGenerator(self.model, stop_tokens=[[t] for t in self.tokenizer.eos_token_ids],
+                              completion_batch_size=self.config.max_batch,
+                              prefill_batch_size=self.config.prefill_batch,
+                              prefill_step_size=self.config.prefill_step_size)
+
+    # Lifecycle
+    def warm_up(self):
+        """Generate two tokens once (compiles the paths) and measure KV bytes per token."""
+        prompt = self.tokenizer.encode("Hello", add_special_tokens=False) or [0]
+        self.gen.insert([prompt * 4], max_tokens=[2])
+        while True:
+            _, responses = self.gen.next()
+            done = [r for r in responses if r.finish_reason]
+            if done:
+                break
+        per_token = 0
+        for c in done[0].prompt_cache:
+            for a in c.state or ():
+                if a.ndim >= 3:
+                    per_token += a.nbytes // max(1, a.shape[2])
+        self.kv_bytes_per_token = per_token
+        self.gen.close()
+        self.gen = self._new_generator()
+
+    def start(self):
+        """Start the engine thread."""
+        self._thread = threading.Thread(target=self._run, name="mlx-lm-batched-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout=10.0):
+        """Stop the thread (rows still running are abandoned); waits up to ``timeout`` s."""
+        self._stopping = True
+        self._commands.put(("stop", None))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self):
+        return self._thread is not None and self._thread.is_alive()
+
+    # Called from the event loop
+    def submit(self, spec, loop, event_queue):
+        """Queue a request; raises APIError(429) when too many are waiting."""
+        with self._lock:
+            if self._waiting_jobs >= self.config.max_waiting:
+                raise APIError(429, f"Too many waiting requests ({self._waiting_jobs}); retry later.",
+                               None, "too_many_requests", retry_after=1)
+            self._waiting_jobs += 1
+        job = Job(spec, event_queue, loop, id=next(self._ids))
+        self._commands.put(("submit", job))
+        return job
+
+    def cancel(self, job):
+        """Drop a job's rows (a client went away); idempotent."""
+        self._commands.put(("cancel", job))
+
+    @property
+    def waiting_jobs(self):
+        with self._lock:
+            return self._waiting_jobs
+
+    # The thread
+    def _run(self):
+        while not self._stopping:
+            try:
+                self._drain(block=not self._rows)
+                if self._rows:
+                    self._step()
+                self._update_gauges()
+            except Exception:  # keep serving: fail the rows in flight, start a fresh batch
+                log.error("generation step failed:\n%s", traceback.format_exc())
+                self._fail_all("generation failed: " + traceback.format_exc(limit=1).strip().splitlines()[-1])
+
+    def _drain(self, block):
+        while True:
+            try:
+                cmd, job = self._commands.get(timeout=0.25) if block else self._commands.get_nowait()
+            except queue.Empty:
+                return
+            block = False
+            if cmd == "stop":
+                self._stopping = True
+                return
+            if cmd == "submit":
+                self._start_job(job)
+            elif cmd == "cancel":
+                self._cancel_job(job)
+
+    def _unwait(self, job):
+        if job.waiting:
+            job.waiting = False
+            with self._lock:
+                self._waiting_jobs -= 1
+
+    def _start_job(self, job):
+        if job.cancelled:
+            return self._unwait(job)
+        try:
+            self._insert(job)
+        except APIError as e:
+            self._end_job(job)
+            job.send(Failed(e))
+        except Exception as e:  # a bad template, a tokenizer error: this request only
+            log.warning("request failed: %s", traceback.format_exc())
+            self._end_job(job)
+            job.send(Failed(APIError(400, f"Cannot prepare the request: {e}", None, "invalid_request")))
+
+    def _insert(self, job):
+        """Tokenize, check and reserve, then insert one row per choice."""
+        params = job.spec.params
+        prompts, max_tokens = prepare_prompts(job.spec, self.tokenizer, self.vocab_size,
+                                              self.context_length, self.config.default_max_tokens)
+        self._reserve(job, prompts, max_tokens)
+        rests, caches, prefixes, samplers, procs, states, cached = [], [], [], [], [], [], 0
+        for i, prompt in enumerate(prompts):
+            for j in range(params.n):
+                cache, rest = self._fetch_prefix(prompt)
+                if j == 0:
+                    cached += len(prompt) - len(rest)
+                rests.append(rest)
+                caches.append(cache)
+                prefixes.append(prompt[: len(prompt) - len(rest)])
+                samplers.append(self.samplers.row_sampler(params, j))
+                procs.append(row_processors(params))
+                states.append(RowState(job, i * params.n + j, self.tokenizer, params.stop))
+        uids = self.gen.insert(rests, max_tokens=[max_tokens[k // params.n] for k in range(len(rests))],
+                               caches=caches, all_tokens=prefixes, samplers=samplers,
+                               logits_processors=procs)
+        for uid, state in zip(uids, states):
+            state.uid = uid
+            self._rows[uid] = state
+        job.rows = states
+        self.metrics.add_tokens(cached=cached)
+        job.send(Started(sum(len(p) for p in prompts), cached))
+
+    def _reserve(self, job, prompts, max_tokens):
+        """Reserve the job's KV bytes (prompt + max_tokens per row) or raise 400/429."""
+        n = job.spec.params.n
+        need = sum((len(p) + m) * n for p, m in zip(prompts, max_tokens)) * self.kv_bytes_per_token
+        limit = self.config.max_kv_bytes
+        if limit is not None and need > limit:
+            raise APIError(400, f"This request needs about {need} bytes of KV cache (prompt + "
+                           f"max_tokens, times n), over the server's --max-kv-bytes {limit}.",
+                           "max_tokens", "request_too_large")
+        if limit is not None and self._reserved + need > limit:
+            raise APIError(429, "The server's KV memory is fully reserved; retry later.", None,
+                           "kv_memory_full", retry_after=1)
+        job.reserved = need
+        self._reserved += need
+
+    def _fetch_prefix(self, prompt):
+        """(cache copy or None, tokens still to prefill)."""
+        if not self.config.prompt_cache_size:
+            return None, list(prompt)
+        return self.prefix.fetch_nearest_cache(self.model, prompt)
+
+    def _cancel_job(self, job):
+        job.cancelled = True
+        live = [r.uid for r in job.rows if r.uid in self._rows]
+        if live:
+            self.gen.remove(live)
+            for uid in live:
+                del self._rows[uid]
+        self._end_job(job)
+
+    def _end_job(self, job):
+        self._unwait(job)
+        self._reserved -= job.reserved
+        job.reserved = 0
+
+    def _step(self):
+        prompt_responses, responses = self.gen.next()
+        now = time.monotonic()
+        for p in prompt_responses:
+            row = self._rows.get(p.uid)
+            if row is None:
+                continue
+            done = p.progress[0]
+            self.metrics.add_tokens(prompt=done - row.prefilled)
+            row.prefilled = done
+            self._mark_started(row, now)
+        gen_tokens = 0
+        for r in responses:
+            row = self._rows.get(r.uid)
+            if row is None:
+                continue
+            gen_tokens += 1
+            self._mark_started(row, now)
+            self._on_token(row, r)
+        self.metrics.add_tokens(generation=gen_tokens)
+
+    def _mark_started(self, row, now):
+        if row.started:
+            return
+        row.started = True
+        self.metrics.observe_queue_time(now - row.job.arrival)
+        if all(r.started for r in row.job.rows):
+            self._unwait(row.job)
+
+    def _on_token(self, row, r):
+        job = row.job
+        params = job.spec.params
+        entries = []
+        if params.logprobs:
+            entries = [token_logprobs(self.tokenizer, r.token, r.logprobs, params.top_logprobs)]
+        text, finish = row.add_token(r.token, r.finish_reason)
+        if finish == "stop" and r.finish_reason is None:  # a stop string: leave the batch now
+            caches = self.gen.remove([r.uid], return_prompt_caches=True)
+            if r.uid in caches:
+                cache, tokens = caches[r.uid]
+                self._store_prefix(tokens, cache)
+        elif r.finish_reason is not None and r.prompt_cache is not None:
+            self._store_prefix(r.all_tokens, r.prompt_cache)
+        if text or entries:
+            job.send(Delta(row.index, text, entries))
+        if finish is not None:
+            del self._rows[r.uid]
+            job.send(Finished(row.index, finish, row.generated))
+            if all(x.uid not in self._rows for x in job.rows):
+                self._end_job(job)
+
+    def _store_prefix(self, tokens, cache):
+        if self.config.prompt_cache_size and tokens:
+            self.prefix.insert_cache(self.model, tokens, cache)
+
+    def _fail_all(self, message):
+        jobs = {id(r.job): r.job for r in self._rows.values()}
+        self._rows.clear()
+        for job in jobs.values():
+            self._end_job(job)
+            job.send(Failed(APIError(500, message, None, "generation_failed")))
+        self.gen = self._new_generator()
+
+    def _update_gauges(self):
+        now = time.monotonic()
+        if self._rows and now - self._last_gauges < 0.2:
+            return
+        self._last_gauges = now
+        running = sum(r.started for r in self._rows.values())
+        self.metrics.set_gauges(
+            running_rows=running, waiting_rows=len(self._rows) - running,
+            waiting_requests=self.waiting_jobs, kv_cache_bytes=self.gen.prompt_cache_nbytes,
+            kv_reserved_bytes=self._reserved, prefix_cache_bytes=self.prefix.nbytes,
+            memory_active_bytes=mx.get_active_memory())
