@@ -240,6 +240,9 @@ def run(args, state):
         say(f"--max-tokens {args.max_tokens} capped so that prompt and output fit the model's "
             f"context of {context} tokens" + ("" if limit else " (assumed: the config names none)"),
             prefix="note:")
+    if args.max_kv_size is not None:
+        # A window covering the whole context is no limit; capping keeps the size an int32.
+        args.max_kv_size = min(args.max_kv_size, context)
     outputs.assign([sources[k] for k in keep], [numbers[k] for k in keep])
     state.total = len(prompts)
     rows = min(args.batch_size, len(prompts))

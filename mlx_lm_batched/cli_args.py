@@ -24,7 +24,7 @@ UNSUPPORTED = {
     "draft_model": ("--draft-model", "speculative decoding"),
     "kv_bits": ("--kv-bits", "quantized KV caches"),
     "prompt_cache_file": ("--prompt-cache-file", "saved prompt caches on the command line"),
-    "quantize_activations": ("--quantize-activations", "activation quantization"),
+    "quantize_activations": ("--quantize-activations/-qa", "activation quantization"),
     "image": ("--image", "image inputs"),
 }
 
@@ -128,7 +128,7 @@ def check_args(args):
     """Reject missing features and out-of-range values before anything loads."""
     for dest, (flag, feature) in UNSUPPORTED.items():
         if getattr(args, dest):
-            raise CliError(f"{flag}: {feature} are not supported by mlx_lm_batched yet")
+            raise CliError(f"{flag} is not supported by mlx_lm_batched yet ({feature})")
     if not args.prompt and not args.prompts:
         raise CliError("no prompts: pass --prompts FILE ... or --prompt TEXT")
     if args.max_tokens != -1:
