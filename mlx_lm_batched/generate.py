@@ -18,7 +18,8 @@ if __name__ == "__main__":
         _sys.stderr.flush()
         _os._exit(130)
 
-    _signal.signal(_signal.SIGINT, _quiet_interrupt)
+    if _signal.getsignal(_signal.SIGINT) is not _signal.SIG_IGN:  # `cmd &` ignores it: keep that
+        _signal.signal(_signal.SIGINT, _quiet_interrupt)
     from mlx_lm_batched.cli import main as _cli_main
 
     raise SystemExit(_cli_main())
