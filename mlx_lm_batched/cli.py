@@ -328,7 +328,8 @@ def main(argv=None):
             import traceback
 
             traceback.print_exc()
-        hint = "" if os.environ.get(DEBUG_ENV, "") not in ("", "0") else \
+        expected = isinstance(e, FileNotFoundError) or type(e).__name__ == "ModelLoadError"
+        hint = "" if expected or os.environ.get(DEBUG_ENV, "") not in ("", "0") else \
             f" (set {DEBUG_ENV}=1 to see the traceback)"
         kind = "" if isinstance(e, (ValueError, FileNotFoundError)) else f"{e.__class__.__name__}: "
         done, text = _finished(state)

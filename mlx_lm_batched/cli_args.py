@@ -15,7 +15,8 @@ EXIT_SOME_FAILED = 1  # some prompts were rejected; the rest were generated
 EXIT_BAD_INPUT = 2  # nothing could run (bad arguments, model, output paths)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 
-SEED_MAX = 2**64 - 1  # mx.random.seed takes an unsigned 64-bit integer
+SEED_MAX = 2**64 - 1
+INT32_MAX = 2**31 - 1  # mx.random.seed takes an unsigned 64-bit integer
 TEMPLATE_SUFFIXES = (".jinja", ".j2", ".txt")
 
 # mlx-lm flags whose features mlx_lm_batched does not have yet: dest -> (flag, feature).
@@ -135,6 +136,10 @@ def check_args(args):
         _at_least(args, "max-tokens", 1)
     for name in ("batch-size", "max-kv-size", "prefill-step-size", "min-tokens-to-keep"):
         _at_least(args, name, 1)
+    for name in ("top-k", "min-tokens-to-keep"):  # go to the device as int32
+        value = getattr(args, name.replace("-", "_"))
+        if value > INT32_MAX:
+            raise CliError(f"--{name} must be at most {INT32_MAX}, got {value}")
     if args.seed is not None and not 0 <= args.seed <= SEED_MAX:
         raise CliError(f"--seed must be in 0..{SEED_MAX}, got {args.seed}")
     if args.prompt.count("-") > 1:

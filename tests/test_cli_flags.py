@@ -66,6 +66,7 @@ def test_missing_features_are_one_line(flag):
     (["--batch-size", "0"], "--batch-size must be at least 1"),
     (["--xtc-threshold", "0.9"], "xtc_threshold"),
     (["--min-tokens-to-keep", "0"], "--min-tokens-to-keep must be at least 1"),
+    (["--top-k", str(2**40)], "--top-k must be at most 2147483647"),
     (["--chat-template-config", "{oops"], "--chat-template-config is not valid JSON"),
     (["--chat-template-config", "[1, 2]"], "must be a JSON object"),
     (["--chat-template", "templates/missing.jinja"], "'templates/missing.jinja' does not exist"),
