@@ -323,6 +323,9 @@ def main(argv=None):
         done, text = _finished(state)
         say(f"interrupted while {state.stage}" + (f": {text}" if state.total else ""))
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # stdout closed early (`... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_SOME_FAILED if _finished(state)[0] else EXIT_BAD_INPUT
     except Exception as e:  # anything unexpected: one line, traceback on request
         if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             import traceback

@@ -70,7 +70,13 @@ def test_generates_for_prompt_files_with_outputs(tmp_path, prompt_files):
     assert os.path.basename(recs[3]["output"]) == "capital-2.out.txt"
     # The summary reports throughput, memory, the weights' form and the BLAS.
     assert "[summary] 4 prompts" in proc.stderr and "tok/s" in proc.stderr
-    assert "peak memory" in proc.stderr and "weights: " in proc.stderr and "BLAS: " in proc.stderr
+    assert "peak memory" in proc.stderr and "BLAS: " in proc.stderr
+    # The default model is quantized: floats by default on the CPU, kept on a GPU.
+    import mlx.core as mx
+
+    on_cpu = mx.default_device() == mx.cpu
+    expected = "dequantized (default on the CPU)" if on_cpu else "quantized (default on a GPU)"
+    assert f"weights: {expected}" in proc.stderr
 
 
 def test_batch_output_matches_single_prompt_run(prompt_files):
@@ -128,7 +134,9 @@ def test_prompt_over_context_length(tmp_path, prompt_files):
     a, _ = prompt_files
     long_prompt = tmp_path / "long.txt"
     long_prompt.write_text("lighthouse keeper " * 6000)  # ~12k tokens, context is 8192
-    proc = run_cli("--prompts", long_prompt, a, "--max-tokens", 3, "--jsonl", "-", "--no-progress")
+    proc = run_cli("--prompts", long_prompt, a, "--max-tokens", 3, "--jsonl", "-", "--no-progress",
+                   "--no-dequantize")
+    assert "weights: quantized |" in proc.stderr
     assert_one_line_error(proc, "over the model's context of 8192")
     assert proc.returncode == 1
     assert [json.loads(l)["source"] for l in proc.stdout.splitlines()] == [str(a)]
