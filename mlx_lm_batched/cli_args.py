@@ -9,6 +9,7 @@ Nothing here imports MLX, so a bad flag fails before the heavy imports.
 import argparse
 import json
 import os
+import sys
 
 EXIT_OK = 0
 EXIT_SOME_FAILED = 1  # some prompts were rejected; the rest were generated
@@ -28,6 +29,23 @@ UNSUPPORTED = {
     "quantize_activations": ("--quantize-activations/-qa", "activation quantization"),
     "image": ("--image", "image inputs"),
 }
+
+
+MAX_MESSAGE = 500  # characters of an error message kept on its one line
+
+
+def one_line(exc):
+    """An exception as one line: all its lines joined (they often hold the details)."""
+    text = " ".join(str(exc).split())
+    if not text:
+        return exc.__class__.__name__
+    if len(text) > MAX_MESSAGE:
+        text = text[: MAX_MESSAGE - 3] + "..."
+    return text
+
+
+def say(message, prefix="error:"):
+    print(f"{prefix} {message}", file=sys.stderr, flush=True)
 
 
 class CliError(Exception):

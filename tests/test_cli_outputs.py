@@ -46,9 +46,23 @@ def popen_cli(*args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
+def mlx_loaded(pid):
+    """Whether the process has mapped MLX's library (it is inside the heavy imports)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "libmlx" in f.read()
+    except OSError:
+        return False
+
+
 def test_ctrl_c_while_starting_prints_one_line():
     proc = popen_cli("--prompt", "hi", "--max-tokens", 4)
-    time.sleep(1.0)  # past interpreter start-up, inside the imports or the model load
+    # Past interpreter start-up (before it Python's own handler prints a traceback):
+    # inside the imports or the model load. Without /proc, a second is enough.
+    if os.path.exists(f"/proc/{proc.pid}/maps"):
+        assert wait_for(lambda: mlx_loaded(proc.pid), proc, timeout=120)
+    else:
+        time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
