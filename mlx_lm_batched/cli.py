@@ -171,6 +171,10 @@ def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step
         bar = tqdm(total=len(prompts), unit="prompt", file=sys.stderr, desc="generating",
                    mininterval=0.5, leave=False)
     start = time.perf_counter()
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        # From here Ctrl-C raises KeyboardInterrupt between decode steps and prefill
+        # chunks; main() reports it after the finished prompts were written.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         for r in stream_batch_generate(model, tokenizer, prompts, limits, sampler=sampler,
                                        completion_batch_size=args.batch_size,
@@ -202,8 +206,15 @@ def main(argv=None):
     for --help)."""
     state = Run()
     previous = signal.getsignal(signal.SIGINT)
+
+    def exit_now(signum, frame):
+        # Until generation starts there is nothing to keep, and a KeyboardInterrupt
+        # raised inside a C extension's import (mlx.core) aborts the process instead.
+        say(f"interrupted while {state.stage}")
+        os._exit(EXIT_INTERRUPTED)
+
     if previous is not signal.SIG_IGN:  # as Python does: an ignored SIGINT stays ignored
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, exit_now)
     try:
         args = build_parser().parse_args(argv)
         return run(args, state)
