@@ -2,8 +2,15 @@
 
 Import it instead of ``mlx_lm``: ``from mlx_lm_batched import load, generate,
 stream_generate, batch_generate``.
+
+The public names are imported on first use (PEP 562), so ``import mlx_lm_batched``
+and ``python -m mlx_lm_batched.generate`` start without loading MLX: the command
+line can install its Ctrl-C handler before the heavy imports.
 """
 
+import importlib
+import sys
+import types
 import warnings
 
 from . import _blas  # noqa: F401  (must run before the first `import mlx.core`)
@@ -14,28 +21,45 @@ warnings.filterwarnings(
     "ignore", category=RuntimeWarning, message=r".*'mlx_lm_batched\.\w+' found in sys\.modules"
 )
 
-from .convert import convert  # noqa: E402
-from .generate import (  # noqa: E402
-    BatchResponse,
-    GenerationResponse,
-    batch_generate,
-    generate,
-    generate_step,
-    stream_batch_generate,
-    stream_generate,
-)
-from .utils import load  # noqa: E402
-
 __version__ = "0.1.0"
 
-__all__ = [
-    "load",
-    "generate",
-    "stream_generate",
-    "batch_generate",
-    "stream_batch_generate",
-    "generate_step",
-    "GenerationResponse",
-    "BatchResponse",
-    "convert",
-]
+_LAZY = {
+    "load": ".utils",
+    "generate": ".generate",
+    "stream_generate": ".generate",
+    "batch_generate": ".generate",
+    "stream_batch_generate": ".generate",
+    "generate_step": ".generate",
+    "GenerationResponse": ".generate",
+    "BatchResponse": ".generate",
+    "convert": ".convert",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(types.ModuleType):
+    """Keeps ``mlx_lm_batched.generate`` / ``.convert`` the functions, as the eager
+    ``from .generate import generate`` of mlx-lm's ``__init__`` does: importing the
+    submodule would otherwise bind the module object over the function."""
+
+    def __setattr__(self, name, value):
+        if isinstance(value, types.ModuleType) and _LAZY.get(name) == "." + name:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

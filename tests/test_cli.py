@@ -10,18 +10,27 @@ import pytest
 CLI = [sys.executable, "-m", "mlx_lm_batched.generate"]
 
 
-def run_cli(*args, timeout=600):
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+def run_cli(*args, timeout=600, input=None, cwd=None, env=None):
+    """Run the CLI as a user does; ``input`` is its stdin (empty when None)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", **(env or {}))
     return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+                          timeout=timeout, env=env, input=input or "", cwd=cwd)
 
 
-def assert_one_line_error(proc, fragment):
-    assert proc.returncode != 0
+def error_lines(proc):
+    return [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+
+
+def assert_one_line_error(proc, fragment, code=None):
+    assert proc.returncode != 0 if code is None else proc.returncode == code, proc.stderr
     assert "Traceback" not in proc.stderr
-    errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    errors = error_lines(proc)
     assert errors, proc.stderr
     assert any(fragment in e for e in errors), (fragment, errors)
+
+
+def records(text):
+    return [json.loads(l) for l in text.splitlines()]
 
 
 @pytest.fixture
@@ -35,26 +44,39 @@ def prompt_files(tmp_path):
 
 def test_generates_for_prompt_files_with_outputs(tmp_path, prompt_files):
     a, b = prompt_files
+    other = tmp_path / "other"
+    other.mkdir()
+    a2 = other / "capital.txt"  # same file name in another folder: its own output file
+    a2.write_text("What is the capital of Italy? Answer in one word.")
     out_dir = tmp_path / "out"
     jsonl = tmp_path / "results.jsonl"
-    proc = run_cli("--prompts", a, b, "--prompt", "Say hello.", "--max-tokens", 12,
+    proc = run_cli("--prompts", a, b, a2, "--prompt", "Say hello.", "--max-tokens", 12,
                    "--output-dir", out_dir, "--jsonl", jsonl, "--batch-size", 2)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
-    # One output file per prompt file, named after it.
-    assert sorted(os.listdir(out_dir)) == ["capital.out.txt", "haiku.out.txt"]
+    # One output file per prompt; names never collide (deduplicated in prompt order).
+    assert sorted(os.listdir(out_dir)) == ["capital-2.out.txt", "capital.out.txt",
+                                           "haiku.out.txt", "prompt-1.out.txt"]
     assert "Paris" in (out_dir / "capital.out.txt").read_text()
-    records = [json.loads(l) for l in jsonl.read_text().splitlines()]
-    assert [r["source"] for r in records] == ["--prompt #1", str(a), str(b)]
-    for r in records:
+    assert "Rome" in (out_dir / "capital-2.out.txt").read_text()
+    # Records come in the order prompts finish; `index` is the prompt's place.
+    recs = sorted(records(jsonl.read_text()), key=lambda r: r["index"])
+    assert [r["source"] for r in recs] == ["--prompt #1", str(a), str(b), str(a2)]
+    for r in recs:
         assert r["finish_reason"] in ("stop", "length")
         assert 0 < r["generation_tokens"] <= 12 and r["prompt_tokens"] > 5
         assert r["text"].strip()
-    by_source = {r["source"]: r["text"] for r in records}
-    assert by_source[str(b)] == (out_dir / "haiku.out.txt").read_text()
-    # The summary reports throughput and memory.
-    assert "[summary] 3 prompts" in proc.stderr and "tok/s" in proc.stderr
-    assert "peak memory" in proc.stderr
+        assert open(r["output"], encoding="utf-8").read() == r["text"]
+    assert os.path.basename(recs[3]["output"]) == "capital-2.out.txt"
+    # The summary reports throughput, memory, the weights' form and the BLAS.
+    assert "[summary] 4 prompts" in proc.stderr and "tok/s" in proc.stderr
+    assert "peak memory" in proc.stderr and "BLAS: " in proc.stderr
+    # The default model is quantized: floats by default on the CPU, kept on a GPU.
+    import mlx.core as mx
+
+    on_cpu = mx.default_device() == mx.cpu
+    expected = "dequantized (default on the CPU)" if on_cpu else "quantized (default on a GPU)"
+    assert f"weights: {expected}" in proc.stderr
 
 
 def test_batch_output_matches_single_prompt_run(prompt_files):
@@ -76,8 +98,7 @@ def test_missing_and_empty_files_do_not_stop_the_others(tmp_path, prompt_files):
     assert_one_line_error(proc, "nope.txt' does not exist")
     assert_one_line_error(proc, "empty.txt' is empty")
     assert proc.returncode == 1
-    records = [json.loads(l) for l in proc.stdout.splitlines()]
-    assert [r["source"] for r in records] == [str(a)]
+    assert [r["source"] for r in records(proc.stdout)] == [str(a)]
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -113,7 +134,9 @@ def test_prompt_over_context_length(tmp_path, prompt_files):
     a, _ = prompt_files
     long_prompt = tmp_path / "long.txt"
     long_prompt.write_text("lighthouse keeper " * 6000)  # ~12k tokens, context is 8192
-    proc = run_cli("--prompts", long_prompt, a, "--max-tokens", 3, "--jsonl", "-", "--no-progress")
+    proc = run_cli("--prompts", long_prompt, a, "--max-tokens", 3, "--jsonl", "-", "--no-progress",
+                   "--no-dequantize")
+    assert "weights: quantized |" in proc.stderr
     assert_one_line_error(proc, "over the model's context of 8192")
     assert proc.returncode == 1
     assert [json.loads(l)["source"] for l in proc.stdout.splitlines()] == [str(a)]
