@@ -172,3 +172,148 @@ def test_plain_list_of_caches_is_unpadded():
     solo_turn(model, ref, [4, 5, 6, 7], 3)
     c, _ = solo_turn(model, ref, [a[-1], 9], 3)
     assert b == c
+
+
+# Prompt-cache files shared with mlx-lm 0.32 (the oracle) in both directions.
+
+def _mlx_lm_model(float_dirs):
+    import mlx_lm
+
+    model, _ = mlx_lm.load(str(float_dirs["smollm2"]))
+    return model
+
+
+def _mlx_lm_continue(model, cache, token, n):
+    from mlx_lm.generate import generate_step as lm_step
+
+    steps = list(lm_step(mx.array([token]), model, max_tokens=n, prompt_cache=cache))
+    return [int(t) for t, _ in steps], np.array(mx.stack([lp for _, lp in steps]))
+
+
+@pytest.mark.parametrize("max_kv_size", [None, 32])
+def test_our_cache_file_continues_in_mlx_lm(float_models, float_dirs, tmp_path, max_kv_size):
+    from mlx_lm.models.cache import load_prompt_cache as lm_load
+
+    model, tokenizer = float_models["smollm2"]
+    prompt = corpus_prompts(tokenizer, (40,))[0]
+    cache = make_prompt_cache(model, max_kv_size)
+    (first,), _ = solo_turn(model, cache, prompt, 1)
+    path = str(tmp_path / "ours.safetensors")
+    save_prompt_cache(path, cache, {"source": "mlx_lm_batched"})
+    ours, our_lp = solo_turn(model, cache, [first], 8)
+
+    theirs_cache, meta = lm_load(path, return_metadata=True)
+    assert meta == {"source": "mlx_lm_batched"}
+    assert [type(c).__name__ for c in theirs_cache] == [type(c).__name__ for c in cache]
+    assert theirs_cache[0].offset == len(prompt)
+    theirs, their_lp = _mlx_lm_continue(_mlx_lm_model(float_dirs), theirs_cache, first, 8)
+    assert theirs == ours
+    np.testing.assert_allclose(their_lp, our_lp, atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["KVCache", "RotatingKVCache"])
+def test_mlx_lm_cache_file_continues_here(float_models, float_dirs, tmp_path, kind):
+    from mlx_lm.generate import generate_step as lm_step
+    from mlx_lm.models import cache as lm_cache
+
+    model, tokenizer = float_models["smollm2"]
+    prompt = corpus_prompts(tokenizer, (40,))[0]
+    lm_model = _mlx_lm_model(float_dirs)
+    if kind == "KVCache":
+        theirs = lm_cache.make_prompt_cache(lm_model)
+        max_kv_size = None
+    else:  # keep=0: mlx-lm's own default (keep=4) is an attention sink we do not have
+        theirs = [lm_cache.RotatingKVCache(max_size=32, keep=0) for _ in lm_model.layers]
+        max_kv_size = 32
+    first = int(next(lm_step(mx.array(prompt), lm_model, max_tokens=1, prompt_cache=theirs))[0])
+    path = str(tmp_path / "theirs.safetensors")
+    lm_cache.save_prompt_cache(path, theirs, {"source": "mlx_lm"})
+
+    loaded, meta = load_prompt_cache(path, return_metadata=True)
+    assert meta == {"source": "mlx_lm"} and loaded.padding is None
+    assert [type(c).__name__ for c in loaded] == [kind] * len(model.layers)
+    got, got_lp = solo_turn(model, loaded, [first], 8)
+
+    ref = make_prompt_cache(model, max_kv_size)
+    (ref_first,), _ = solo_turn(model, ref, prompt, 1)
+    want, want_lp = solo_turn(model, ref, [first], 8)
+    assert ref_first == first and got == want
+    np.testing.assert_allclose(got_lp, want_lp, atol=1e-3)
+
+
+def test_load_prompt_cache_errors(tmp_path):
+    from mlx_lm.models import cache as lm_cache
+
+    with pytest.raises(FileNotFoundError, match="missing.safetensors"):
+        load_prompt_cache(str(tmp_path / "missing.safetensors"))
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(b"this is not a safetensors file")
+    with pytest.raises(ValueError, match="corrupt.safetensors"):
+        load_prompt_cache(str(corrupt))
+    foreign = str(tmp_path / "weights.safetensors")
+    mx.save_safetensors(foreign, {"model.norm.weight": mx.ones((4,))})
+    with pytest.raises(ValueError, match="weights.safetensors.*no cache classes"):
+        load_prompt_cache(foreign)
+    quantized = lm_cache.KVCache()
+    quantized.update_and_fetch(mx.ones((1, 1, 2, 64)), mx.ones((1, 1, 2, 64)))
+    path = str(tmp_path / "quantized.safetensors")
+    lm_cache.save_prompt_cache(path, [quantized.to_quantized(group_size=32, bits=4)])
+    with pytest.raises(ValueError, match="QuantizedKVCache"):
+        load_prompt_cache(path)
+
+
+# Memory follows what is generated, not max_tokens.
+
+def force_eos_after(n, eos):
+    """A logits processor that makes every row pick ``eos`` from its ``n``-th token on."""
+    calls = [0]
+
+    def processor(history, logits):
+        calls[0] += 1
+        if calls[0] < n:
+            return logits
+        return mx.where(mx.arange(logits.shape[-1]) == eos, 0.0, -1e9).astype(logits.dtype) + 0 * logits
+
+    return processor
+
+
+def test_peak_memory_does_not_follow_max_tokens(float_models):
+    model, tokenizer = float_models["smollm2"]
+    prompts = corpus_prompts(tokenizer, (5, 9, 12, 7, 16, 11))
+    eos = tokenizer.eos_token_id
+    peaks = {}
+    for max_tokens in (8, 4096):
+        mx.clear_cache()
+        mx.reset_peak_memory()
+        out = batch_generate(model, tokenizer, prompts, max_tokens=max_tokens,
+                             logits_processors=[force_eos_after(4, eos)])
+        assert out.finish_reasons == ["stop"] * len(prompts)
+        peaks[max_tokens] = mx.get_peak_memory()
+    # Reserving 4096 slots per row would add ~1.1 GB of float32 KV cache here.
+    assert peaks[4096] < 1.3 * peaks[8], peaks
+
+
+def test_huge_max_tokens_reserves_only_what_is_generated(float_models):
+    model, tokenizer = float_models["smollm2"]
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    text = generate(model, tokenizer, corpus_prompts(tokenizer, (20,))[0], max_tokens=10**9,
+                    logits_processors=[force_eos_after(6, tokenizer.eos_token_id)])
+    assert text
+    # Weights are resident already; the generation itself adds well under 100 MB.
+    assert mx.get_peak_memory() - before < 100e6
+
+
+def test_cache_that_cannot_fit_fails_before_it_starts():
+    # No context length to cap max_tokens: 10**12 tokens of KV cache cannot fit.
+    model = tiny_llama()
+    with pytest.raises(ValueError, match="KV cache.*lower max_tokens or the batch size"):
+        next(generate_step(mx.array([1, 2, 3]), model, max_tokens=10**12))
+    # With a context length the reservation stops there, and grows as tokens come.
+    model = tiny_llama(max_position_embeddings=64)
+    cache = make_prompt_cache(model)
+    steps = generate_step(mx.array([1, 2, 3]), model, max_tokens=10**12, prompt_cache=cache)
+    for _ in range(5):
+        next(steps)
+    assert cache[0].keys.shape[2] <= 3 + 64

@@ -138,6 +138,7 @@ class KVCache:
         return ("full", self.size)
 
     def empty(self):
+        """True before the first write (mlx-lm's cache API)."""
         return self.keys is None
 
     @property

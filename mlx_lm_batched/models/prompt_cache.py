@@ -71,7 +71,8 @@ class PromptCache(list):
     def reset(self):
         """Forget every slot and row."""
         for c in self:
-            c.reset()
+            if hasattr(c, "reset"):
+                c.reset()
         self.padding = None
 
     def filter(self, keep):
