@@ -213,7 +213,6 @@ def test_our_cache_file_continues_in_mlx_lm(float_models, float_dirs, tmp_path, 
 
 @pytest.mark.parametrize("kind", ["KVCache", "RotatingKVCache"])
 def test_mlx_lm_cache_file_continues_here(float_models, float_dirs, tmp_path, kind):
-    from mlx_lm.generate import generate_step as lm_step
     from mlx_lm.models import cache as lm_cache
 
     model, tokenizer = float_models["smollm2"]
@@ -225,7 +224,9 @@ def test_mlx_lm_cache_file_continues_here(float_models, float_dirs, tmp_path, ki
     else:  # keep=0: mlx-lm's own default (keep=4) is an attention sink we do not have
         theirs = [lm_cache.RotatingKVCache(max_size=32, keep=0) for _ in lm_model.layers]
         max_kv_size = 32
-    first = int(next(lm_step(mx.array(prompt), lm_model, max_tokens=1, prompt_cache=theirs))[0])
+    # mlx-lm's own model fills its cache with exactly the prompt (its generate_step
+    # would also feed the first sampled token before yielding it).
+    first = int(mx.argmax(lm_model(mx.array([prompt]), cache=theirs)[0, -1]))
     path = str(tmp_path / "theirs.safetensors")
     lm_cache.save_prompt_cache(path, theirs, {"source": "mlx_lm"})
 
@@ -289,8 +290,9 @@ def test_peak_memory_does_not_follow_max_tokens(float_models):
                              logits_processors=[force_eos_after(4, eos)])
         assert out.finish_reasons == ["stop"] * len(prompts)
         peaks[max_tokens] = mx.get_peak_memory()
-    # Reserving 4096 slots per row would add ~1.1 GB of float32 KV cache here.
-    assert peaks[4096] < 1.3 * peaks[8], peaks
+    # Reserving 4096 slots per row would add ~1.1 GB of float32 KV cache here; a
+    # bounded step ahead (RESERVE_AHEAD slots per row) adds ~70 MB.
+    assert peaks[4096] - peaks[8] < 0.15e9 and peaks[4096] < 1.3 * peaks[8], peaks
 
 
 def test_huge_max_tokens_reserves_only_what_is_generated(float_models):

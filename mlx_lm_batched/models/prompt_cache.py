@@ -152,8 +152,9 @@ def _layer_state(c):
 
 def save_prompt_cache(file_name, cache, metadata=None):
     """Save caches (and optional string metadata) to a ``.safetensors`` file that
-    mlx-lm 0.32's ``load_prompt_cache`` also reads; a ``PromptCache``'s row padding
-    is kept under the metadata key ``PADDING_KEY``."""
+    mlx-lm 0.32's ``load_prompt_cache`` also reads; a ``PromptCache``'s row padding,
+    when any, is kept under the metadata key ``PADDING_KEY`` (mlx-lm returns it with
+    the user metadata)."""
     arrays, scalars = {}, []
     for i, c in enumerate(cache):
         for j, value in enumerate(_layer_state(c)):
@@ -168,7 +169,7 @@ def save_prompt_cache(file_name, cache, metadata=None):
                 arrays[key] = value
     info = {f"0.{k}": str(v) for k, v in (metadata or {}).items()}
     padding = getattr(cache, "padding", None)
-    if padding is not None:
+    if padding is not None and any(padding):  # unpadded rows need no record
         info[f"0.{PADDING_KEY}"] = ",".join(map(str, padding))
     info.update({f"1.{i}": type(c).__name__ for i, c in enumerate(cache)})
     info["2.0"] = ""  # mlx-lm keeps the scalar list non-empty with this entry
