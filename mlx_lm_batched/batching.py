@@ -12,7 +12,7 @@ import mlx.core as mx
 
 from .kv_budget import check_kv_fits, model_context
 from .models.base import StepAttention
-from .models.cache import KVCache, ShiftedView, as_prompt_cache, make_prompt_cache
+from .models.cache import KVCache, RowsView, ShiftedView, as_prompt_cache, make_prompt_cache
 from .sample_utils import greedy_sampler
 
 PAD_ID = -1  # marks padding in token histories given to logits processors
@@ -213,7 +213,7 @@ class BatchEngine:
             if longest == 0:
                 continue  # one-token prompts: nothing before their last token
             first = width - longest
-            views = [c.rows_view(start, stop, first, B, width) for c in self.cache]
+            views = [RowsView(c, start, stop, first, B, width) for c in self.cache]
             offset = base[start:stop] + first
             done = 0
             while done < longest:

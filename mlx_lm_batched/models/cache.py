@@ -2,7 +2,8 @@
 (``kv_cache.py``), the ``PromptCache`` that holds them with each row's padding, and
 saving, loading and trimming it (``prompt_cache.py``)."""
 
-from .kv_cache import KVCache, RotatingKVCache, RowsView, ShiftedView  # noqa: F401
+from .cache_views import RowsView, ShiftedView  # noqa: F401
+from .kv_cache import KVCache, RotatingKVCache  # noqa: F401
 from .prompt_cache import (  # noqa: F401
     PromptCache,
     as_prompt_cache,
