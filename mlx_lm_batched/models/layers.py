@@ -329,8 +329,11 @@ class DecoderStack(nn.Module):
             positions = mx.maximum(offset[:, None] + mx.arange(h.shape[1]), 0)
             h = h + self.embed_positions(positions)
         cache = cache if cache is not None else [None] * len(self.layers)
+        # Only steps that carry attention data pass it: blocks that take none (state
+        # layers) keep the four-argument call.
+        extra = () if attention is None else (attention,)
         for layer, m, c in zip(self.layers, masks, cache):
-            h = layer(h, m, offset, c, attention)
+            h = layer(h, m, offset, c, *extra)
         return self.norm(h)
 
 
