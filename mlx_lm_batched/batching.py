@@ -25,7 +25,7 @@ PAD_ID = -1  # marks padding in token histories given to logits processors
 GROUP_OVERHEAD_TOKENS = 64
 GROUP_TOKEN_BUDGET = 4096
 GROUP_TOKEN_BUDGET_CPU = 512
-# Decode attention groups (see ``BatchEngine._set_padding``): on the CPU one
+# Decode attention groups (see ``BatchEngine._plan_decode_groups``): on the CPU one
 # more group costs about as much as attending this many extra (row, key) pairs.
 DECODE_GROUP_OVERHEAD_KEYS = 256
 
