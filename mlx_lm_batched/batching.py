@@ -1,15 +1,18 @@
 """The batch driver: it alone owns each row's padding and position.
 
 A ``BatchEngine`` runs one left-padded batch through a model: chunked prefill, then
-one decode step at a time. It keeps ``left_padding`` (pad slots per row) and
-``offset`` (real tokens per row in the cache) and hands the model the position of
-each row's first input column; the model builds masks from that and its caches.
-Rows can be dropped (``filter``) so finished rows stop costing compute.
+one decode step at a time. Each row's padding lives with the batch's caches (the
+``PromptCache``), so a later call on the same caches continues every row exactly;
+the engine reads it to hand the model each row's position (``offset``) and any
+per-step attention data, and records what a prefill adds. Rows can be dropped
+(``filter``) so finished rows stop costing compute.
 """
 
 import mlx.core as mx
 
-from .models.cache import KVCache, make_prompt_cache
+from .kv_budget import check_kv_fits, model_context
+from .models.base import StepAttention
+from .models.cache import KVCache, RowsView, ShiftedView, as_prompt_cache, make_prompt_cache
 from .sample_utils import greedy_sampler
 
 PAD_ID = -1  # marks padding in token histories given to logits processors
@@ -22,7 +25,7 @@ PAD_ID = -1  # marks padding in token histories given to logits processors
 GROUP_OVERHEAD_TOKENS = 64
 GROUP_TOKEN_BUDGET = 4096
 GROUP_TOKEN_BUDGET_CPU = 512
-# Decode attention groups (see ``BatchEngine._set_padding``): on the CPU one
+# Decode attention groups (see ``BatchEngine._plan_decode_groups``): on the CPU one
 # more group costs about as much as attending this many extra (row, key) pairs.
 DECODE_GROUP_OVERHEAD_KEYS = 256
 
@@ -33,10 +36,6 @@ def left_pad(prompts, pad_id=0):
     padding = [width - len(p) for p in prompts]
     rows = [[pad_id] * n + [int(t) for t in p] for n, p in zip(padding, prompts)]
     return mx.array(rows, dtype=mx.int32), padding
-
-
-def greedy(logprobs):
-    return mx.argmax(logprobs, axis=-1)
 
 
 def plan_prefill_groups(lengths, overhead=None, budget=None):
@@ -73,7 +72,12 @@ def plan_prefill_groups(lengths, overhead=None, budget=None):
 
 
 class BatchEngine:
-    """Prefill and decode one batch of rows that share a cache."""
+    """Prefill and decode one batch of rows that share a cache.
+
+    ``prompt_cache``: the batch's caches (``make_prompt_cache``; a plain list of
+    layer caches counts as unpadded rows), new ones when None. Its rows' padding is
+    the one record of each row's position: ``offset`` and ``left_padding`` read it.
+    """
 
     def __init__(
         self,
@@ -85,41 +89,58 @@ class BatchEngine:
         prefill_step_size=2048,
     ):
         self.model = model
-        self.sampler = sampler or greedy
+        self.sampler = sampler or greedy_sampler
         self.logits_processors = list(logits_processors or [])
-        self.cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model, max_kv_size)
+        if prompt_cache is None:
+            prompt_cache = make_prompt_cache(model, max_kv_size)
+        self.cache = as_prompt_cache(prompt_cache)
         self.prefill_step_size = max(1, int(prefill_step_size))
-        self.offset = None  # mx (B,) real tokens per row in the cache
         self.history = None  # (B, T) tokens so far, PAD_ID for padding (processors only)
-        self.decode_reserve = 0  # expected decode steps (sizes the caches once)
+        self.decode_reserve = 0  # expected decode steps (sizes the caches)
         # False: the default greedy sampler skips the log-softmax over the vocabulary
         # and ``step`` returns None logprobs (batch_generate without logprobs).
         self.want_logprobs = True
-        # Host copy of each row's padding slots, when known (prefill from empty caches),
-        # and the decode attention row groups planned from it.
-        self._padding = None
-        self._decode_groups = None
+        self._decode_groups = None  # decode attention row groups (``_plan_decode_groups``)
+        self._plan_decode_groups()
 
     def reserve(self, new_tokens):
-        """Expect about ``new_tokens`` decode steps: caches are allocated once for
-        prompt and generation instead of growing (and copying) while decoding."""
+        """Expect about ``new_tokens`` decode steps. The caches reserve at most a
+        bounded step ahead of what they hold (see ``KVCache.reserve``), and the
+        next prefill checks that the batch's caches can fit at their longest."""
         self.decode_reserve = max(0, int(new_tokens))
-
-    def _size_caches(self, slots):
-        for c in self.cache:
-            c.capacity_hint = max(c.capacity_hint, slots + self.decode_reserve)
 
     @property
     def slots(self):
-        return self.cache[0].size if self.cache else 0
+        return self.cache.slots
+
+    @property
+    def offset(self):
+        """``(B,)`` real tokens per row in the cache (None before any row)."""
+        padding = self.cache.padding
+        return None if padding is None else self.cache.offsets(len(padding))
 
     @property
     def left_padding(self):
-        """Pad slots per row: every row fills the same number of slots."""
-        return self.slots - self.offset
+        """``(B,)`` pad slots per row: every row fills the same number of slots."""
+        padding = self.cache.padding
+        return None if padding is None else mx.array(padding, dtype=mx.int32)
+
+    def _reserve(self, rows, slots):
+        """Check and reserve memory for ``rows`` rows reaching ``slots`` + the expected
+        decode steps (at most the model's context)."""
+        ahead = self.decode_reserve
+        context = model_context(self.model)
+        if context is not None:
+            ahead = min(ahead, context)
+        check_kv_fits(self.model, self.cache, rows, slots + ahead)
+        self.cache.reserve(slots + ahead)
 
     def prefill(self, tokens, left_padding=None, progress=None, input_embeddings=None):
         """Feed the ``(B, L)`` prompt; return the queued ``(tokens, logprobs)`` of step one.
+
+        ``left_padding[b]``: pad columns before row ``b``'s tokens. On caches that
+        already hold rows (a later turn), each row's new tokens follow its cached
+        ones directly and its pad columns join its leading padding.
 
         All columns but the last go through the model in chunks whose logits are
         never computed (only the caches are evaluated); into fresh full caches
@@ -129,29 +150,37 @@ class BatchEngine:
         B, L = tokens.shape
         if L == 0:
             raise ValueError("empty prompt: nothing to generate from")
-        pad = mx.array(left_padding if left_padding is not None else [0] * B, dtype=mx.int32)
+        pad = [0] * B if left_padding is None else [int(p) for p in left_padding]
+        if len(pad) != B or any(p < 0 or p >= L for p in pad):
+            raise ValueError(f"left_padding must give 0 <= padding < {L} for each of the "
+                             f"{B} rows, got {pad}")
+        if self.slots == 0:
+            self.cache.reset()  # no slots: no rows either, whatever was there before
         start = self.slots
-        if start and left_padding is not None and any(left_padding):
-            raise ValueError("left padding cannot follow an existing prompt cache")
-        if self.offset is None:
-            self.offset = mx.full((B,), start, dtype=mx.int32)
+        before = self.cache.offsets(B)  # real tokens per row (checks the row count)
+        self._reserve(B, start + L)
         if self.logits_processors:
             cols = mx.arange(L)[None, :]
-            hist = mx.where(cols < pad[:, None], PAD_ID, tokens)
+            hist = mx.where(cols < mx.array(pad)[:, None], PAD_ID, tokens)
             self.history = hist if self.history is None else mx.concatenate([self.history, hist], 1)
         # Position of column c in row b: cached real tokens + c - padding of row b.
-        base = self.offset - pad
-        self._size_caches(start + L)
+        base = before - mx.array(pad, dtype=mx.int32)
         done = 0
         plain = all(type(c) is KVCache for c in self.cache)
-        self._set_padding(pad.tolist() if start == 0 and plain else None)
         if L > 1 and start == 0 and plain:
-            self._prefill_groups(tokens, self._padding, base, progress, input_embeddings)
+            self._prefill_groups(tokens, pad, base, progress, input_embeddings)
             done = L - 1
         while L - done > 1:
             n = min(self.prefill_step_size, L - done - 1)
+            cache = self.cache
+            if done == 0 and start > 0 and any(pad):
+                # Rows start at different columns after cached tokens: one write
+                # moves every pad column before its row's cached slots.
+                n = max(n, max(pad))
+                shift = mx.array(pad, dtype=mx.int32)
+                cache = [ShiftedView(c, shift) for c in self.cache]
             emb = None if input_embeddings is None else input_embeddings[:, done : done + n]
-            self.model(tokens[:, done : done + n], offset=base + done, cache=self.cache,
+            self.model(tokens[:, done : done + n], offset=base + done, cache=cache,
                        **({"input_embeddings": emb} if emb is not None else {}))
             mx.eval([c.state for c in self.cache])
             done += n
@@ -160,7 +189,8 @@ class BatchEngine:
         emb = None if input_embeddings is None else input_embeddings[:, done:]
         logits = self.model(tokens[:, done:], offset=base + done, cache=self.cache,
                             **({"input_embeddings": emb} if emb is not None else {}))
-        self.offset = base + L
+        self.cache.add_padding(pad)
+        self._plan_decode_groups()
         return self._sample(logits[:, -1, :])
 
     def _prefill_groups(self, tokens, padding, base, progress, input_embeddings):
@@ -174,8 +204,6 @@ class BatchEngine:
         """
         B, L = tokens.shape
         width = L - 1
-        for c in self.cache:  # empty (no slots yet): let the first group allocate them
-            c.keys = c.values = None
         lengths = [width - min(int(p), width) for p in padding]
         groups = plan_prefill_groups(lengths)
         total = sum((stop - start) * max(lengths[start:stop]) for start, stop in groups)
@@ -185,7 +213,7 @@ class BatchEngine:
             if longest == 0:
                 continue  # one-token prompts: nothing before their last token
             first = width - longest
-            views = [c.rows_view(start, stop, first, B) for c in self.cache]
+            views = [RowsView(c, start, stop, first, B, width) for c in self.cache]
             offset = base[start:stop] + first
             done = 0
             while done < longest:
@@ -200,36 +228,34 @@ class BatchEngine:
                 processed += (stop - start) * n
                 if progress is not None:
                     progress(max(1, round(width * processed / total)), L)
-        for c in self.cache:
-            c.size = width
 
     def step(self, tokens):
         """Feed one token per row ``(B,)``; return the queued next ``(tokens, logprobs)``."""
         if self.logits_processors:
             self.history = mx.concatenate([self.history, tokens[:, None]], axis=1)
-        for c in self.cache:
-            c.row_groups = self._decode_groups
-        try:
-            logits = self.model(tokens[:, None], offset=self.offset, cache=self.cache)
-        finally:
-            for c in self.cache:
-                c.row_groups = None
-        self.offset = self.offset + 1
+        kwargs = {}
+        if self._decode_groups:
+            kwargs["attention"] = StepAttention(row_groups=self._decode_groups)
+        logits = self.model(tokens[:, None], offset=self.offset, cache=self.cache, **kwargs)
         return self._sample(logits[:, -1, :])
 
-    def _set_padding(self, padding):
-        """Record the rows' padding (or None) and plan decode attention groups.
+    def _plan_decode_groups(self):
+        """Plan decode attention row groups from the rows' padding.
 
         Every row attends over all the batch's slots, most of them padding for the
         short rows. On the CPU, where attention is a large share of a batched decode
         step, the shared ``Attention`` layer splits the rows into contiguous groups
         ``(start, stop, first_slot)`` that each skip the slots padding for the whole
         group (same result: those keys are masked). Devices with fused attention
-        (``mx.fast``) keep one call. Each step adds one key to every row, which adds
-        the same cost to every grouping, so the plan holds until rows are filtered.
+        (``mx.fast``) keep one call; so do ring caches, whose slots are not in order.
+        Each step adds one key to every row, which adds the same cost to every
+        grouping, so the plan holds until the padding changes.
         """
-        self._padding, self._decode_groups = padding, None
+        self._decode_groups = None
+        padding = self.cache.padding
         if padding is None or mx.default_device() != mx.cpu or len(padding) < 2:
+            return
+        if not all(type(c) is KVCache for c in self.cache):
             return
         keys = max(padding) + 1  # any count above every row's padding plans the same
         lengths = [keys - p for p in padding]
@@ -240,7 +266,7 @@ class BatchEngine:
     def _sample(self, logits):
         for processor in self.logits_processors:
             logits = processor(self.history, logits)
-        if self.sampler is greedy or self.sampler is greedy_sampler:
+        if self.sampler is greedy_sampler:
             # The argmax of the logits is that of the log-probabilities, whose
             # log-softmax (an exp over the vocabulary per row) is skipped when unused.
             tokens = mx.argmax(logits, axis=-1)
@@ -252,46 +278,28 @@ class BatchEngine:
 
     def filter(self, keep):
         """Keep only rows ``keep`` (list of indices); drop padding they all share."""
-        idx = mx.array(keep, dtype=mx.int32)
-        for c in self.cache:
-            c.filter(idx)
-        self.offset = self.offset[idx]
+        self.cache.filter(keep)
         if self.history is not None:
-            self.history = self.history[idx]
-        shared = int(mx.min(self.left_padding).item()) if len(keep) else 0
-        # Once a ring has wrapped its leading slots are gone already; keep the frame.
-        dropped = shared > 0 and all(c.size <= getattr(c, "max_size", c.size) for c in self.cache)
-        if dropped:
-            for c in self.cache:
-                c.drop_leading(shared)
-        if self._padding is not None:
-            self._set_padding([self._padding[i] - (shared if dropped else 0) for i in keep])
+            self.history = self.history[mx.array(keep, dtype=mx.int32)]
+        self._plan_decode_groups()
 
     def extend(self, other):
         """Append the rows of ``other``, a ``BatchEngine`` on the same model prefilled
         on its own caches, to this batch (continuous batching: rows join mid-decode).
 
-        Each layer cache's ``extend`` left-pads the side with fewer slots; a row's
-        padding is the batch's slots minus its ``offset``, so offsets are simply
-        concatenated. Token histories are left-padded with ``PAD_ID`` to one width.
-        ``other`` must not be used afterwards (its caches' arrays are shared).
+        The caches join with their rows' padding (``PromptCache.extend`` left-pads
+        the side with fewer slots). Token histories are left-padded with ``PAD_ID``
+        to one width. ``other`` must not be used afterwards (its arrays are shared).
         """
-        if len(self.cache) != len(other.cache):
-            raise ValueError(
-                f"cannot extend a batch of {len(self.cache)} layer caches with {len(other.cache)}"
-            )
-        for mine, theirs in zip(self.cache, other.cache):
-            mine.extend(theirs)
-        self.offset = mx.concatenate([self.offset, other.offset])
+        self.cache.extend(other.cache)
         if self.logits_processors:
             if self.history is None or other.history is None:
                 raise ValueError("cannot extend: both batches need token histories for processors")
             width = max(self.history.shape[1], other.history.shape[1])
-            pad = lambda h: mx.concatenate(
+            pad = lambda h: mx.concatenate(  # noqa: E731
                 [mx.full((h.shape[0], width - h.shape[1]), PAD_ID, h.dtype), h], axis=1)
             self.history = mx.concatenate([pad(self.history), pad(other.history.astype(self.history.dtype))])
         else:
             self.history = None
         self.decode_reserve = max(self.decode_reserve, other.decode_reserve)
-        plain = all(type(c) is KVCache for c in self.cache)
-        self._set_padding(self.left_padding.tolist() if plain else None)
+        self._plan_decode_groups()

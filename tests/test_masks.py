@@ -105,3 +105,37 @@ def test_rotating_extend_aligns_time():
     row1 = dict(zip(slots.tolist(), np.array(keys)[1, 0, :, 0].tolist()))
     assert row0 == {3: 3.0, 4: 4.0, 5: 5.0}
     assert row1 == {3: 0.0, 4: 9.0, 5: 5.0}
+
+
+def kv_rows(rows):
+    """``(B, 1, L, 1)`` keys whose values mark each slot."""
+    return mx.array(rows, dtype=mx.float32)[:, None, :, None]
+
+
+def test_shifted_write_moves_pad_columns_before_cached_slots():
+    # Row 1's chunk starts with one pad column (-1): it goes before the row's cached
+    # slots, so its cached and new tokens stay contiguous (its padding grows by one).
+    c = KVCache()
+    c.update_and_fetch(kv_rows([[1, 2], [3, 4]]), kv_rows([[1, 2], [3, 4]]))
+    k = kv_rows([[5, 6, 7], [-1, 8, 9]])
+    keys, values = c.update_shifted(k, k, mx.array([0, 1]))
+    np.testing.assert_array_equal(np.array(keys)[:, 0, :, 0], [[1, 2, 5, 6, 7], [-1, 3, 4, 8, 9]])
+    assert c.size == 5 and np.array_equal(np.array(values), np.array(keys))
+
+
+def test_shifted_write_into_a_ring_keeps_each_rows_window():
+    c = RotatingKVCache(max_size=4)
+    for s in range(5):  # slots 0..4, wrapped
+        c.update_and_fetch(kv_rows([[s], [10 + s]]), kv_rows([[s], [10 + s]]))
+    slots = np.array(c.key_slots(3))
+    k = kv_rows([[5, 6, 7], [-1, -1, 15]])
+    keys, _ = c.update_shifted(k, k, mx.array([0, 2]))
+    got = np.array(keys)[:, 0, :, 0]
+    # The chunk sees the max_size - 1 slots before it plus itself, in slot order.
+    assert slots.tolist() == [2, 3, 4, 5, 6, 7]
+    np.testing.assert_array_equal(got[0], [2, 3, 4, 5, 6, 7])
+    # Row 1 moved two slots later: its old slot 1 (11) is slot 3 now, slot 2 holds
+    # a pad column; its new token (slot 7) still has its whole window of 4 slots.
+    np.testing.assert_array_equal(got[1], [-1, 11, 12, 13, 14, 15])
+    # The ring keeps the last 4 slots of each row's new frame.
+    np.testing.assert_array_equal(np.array(c.ordered()[0])[:, 0, :, 0], [[4, 5, 6, 7], [12, 13, 14, 15]])

@@ -2,10 +2,12 @@
 
 import inspect
 from dataclasses import dataclass
+from typing import Optional
 
 import mlx.core as mx
 
 from . import masks as masks_lib
+from .prompt_cache import cache_offsets
 
 
 @dataclass
@@ -51,19 +53,29 @@ def normalize_rope_config(config):
     return config
 
 
+@dataclass(frozen=True)
+class StepAttention:
+    """Per-step attention data the batch driver hands the model with ``offset`` and
+    ``mask``; layers read it from their arguments, never from caches.
+
+    ``row_groups``: for a decode step (one query per row), contiguous row groups
+    ``(start, stop, first_slot)`` whose attention skips the key slots before
+    ``first_slot``, padding for all their rows (None: one call over every slot).
+    """
+
+    row_groups: Optional[tuple] = None
+
+
 def resolve_offset(inputs, offset, cache):
     """Per-row position of the first input column, as an ``(B,)`` int32 array.
 
     The batch driver always passes it. Callers that don't (mlx-lm style
-    ``model(x, cache=cache)`` on one unpadded sequence) get the cache's slot count,
-    which equals the position when nothing is padded.
+    ``model(x, cache=cache)``) get the positions the batch's ``PromptCache`` records
+    (a plain list of caches holds unpadded rows).
     """
     B = inputs.shape[0]
     if offset is None:
-        start = 0
-        if cache is not None and cache[0] is not None:
-            start = cache[0].size
-        return mx.full((B,), start, dtype=mx.int32)
+        return cache_offsets(cache, B)
     if not isinstance(offset, mx.array):
         offset = mx.array(offset, dtype=mx.int32)
     if offset.ndim == 0:

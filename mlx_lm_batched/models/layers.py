@@ -9,7 +9,7 @@ import mlx.nn as nn
 
 from . import cpu_ops
 from .base import resolve_masks, resolve_offset
-from .cache import KVCache, RotatingKVCache
+from .kv_cache import KVCache, RotatingKVCache
 
 
 class RMSNorm(nn.Module):
@@ -157,7 +157,8 @@ class Attention(nn.Module):
         if sinks:  # per-head attention-sink logits (GPT-OSS)
             self.sinks = mx.zeros((n_heads,))
 
-    def __call__(self, x, mask, offset, cache=None):
+    def __call__(self, x, mask, offset, cache=None, attention=None):
+        """``attention``: the step's :class:`~.base.StepAttention` (or None)."""
         B, L, _ = x.shape
         if self.fused_qkv:
             nq, nk = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
@@ -179,7 +180,7 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
         sinks = self.sinks.astype(q.dtype) if "sinks" in self else None
-        groups = getattr(cache, "row_groups", None) if L == 1 else None
+        groups = attention.row_groups if attention is not None and L == 1 else None
         if groups and mask is not None and mask.ndim == 4 and mask.shape[0] == B:
             out = grouped_attention(q, k, v, self.scale, mask, self.softcap, sinks, groups)
         else:
@@ -249,9 +250,9 @@ class PreNormBlock(nn.Module):
             setattr(self, name, norm())
         self.residual_scale = residual_scale
 
-    def __call__(self, x, mask, offset, cache=None):
+    def __call__(self, x, mask, offset, cache=None, attention=None):
         attn_norm, mlp_norm = (getattr(self, n) for n in self.norm_names)
-        r = self.self_attn(attn_norm(x), mask, offset, cache)
+        r = self.self_attn(attn_norm(x), mask, offset, cache, attention)
         h = x + (r if self.residual_scale is None else r * self.residual_scale)
         r = getattr(self, self.mlp_name)(mlp_norm(h))
         return h + (r if self.residual_scale is None else r * self.residual_scale)
@@ -270,10 +271,10 @@ class ParallelBlock(nn.Module):
         for name in self.norm_names:
             setattr(self, name, norm())
 
-    def __call__(self, x, mask, offset, cache=None):
+    def __call__(self, x, mask, offset, cache=None, attention=None):
         h = getattr(self, self.norm_names[0])(x)
         m = h if len(self.norm_names) == 1 else getattr(self, self.norm_names[1])(x)
-        return x + self.self_attn(h, mask, offset, cache) + self.mlp(m)
+        return x + self.self_attn(h, mask, offset, cache, attention) + self.mlp(m)
 
 
 class SandwichBlock(nn.Module):
@@ -300,8 +301,8 @@ class SandwichBlock(nn.Module):
         name = self.norm_names[i]
         return x if name is None else getattr(self, name)(x)
 
-    def __call__(self, x, mask, offset, cache=None):
-        h = x + self._norm(1, self.self_attn(self._norm(0, x), mask, offset, cache))
+    def __call__(self, x, mask, offset, cache=None, attention=None):
+        h = x + self._norm(1, self.self_attn(self._norm(0, x), mask, offset, cache, attention))
         return h + self._norm(3, self.mlp(self._norm(2, h)))
 
 
@@ -319,7 +320,7 @@ class DecoderStack(nn.Module):
         self.norm = norm
         self.embed_scale = embed_scale
 
-    def __call__(self, inputs, masks, offset, cache, input_embeddings=None):
+    def __call__(self, inputs, masks, offset, cache, input_embeddings=None, attention=None):
         h = self.embed_tokens(inputs) if input_embeddings is None else input_embeddings
         if self.embed_scale is not None:
             # Python float: stays in the compute dtype instead of being rounded first.
@@ -328,8 +329,11 @@ class DecoderStack(nn.Module):
             positions = mx.maximum(offset[:, None] + mx.arange(h.shape[1]), 0)
             h = h + self.embed_positions(positions)
         cache = cache if cache is not None else [None] * len(self.layers)
+        # Only steps that carry attention data pass it: blocks that take none (state
+        # layers) keep the four-argument call.
+        extra = () if attention is None else (attention,)
         for layer, m, c in zip(self.layers, masks, cache):
-            h = layer(h, m, offset, c)
+            h = layer(h, m, offset, c, *extra)
         return self.norm(h)
 
 
@@ -342,16 +346,18 @@ class CausalLM(nn.Module):
 
     final_logit_softcap = None
 
-    def __call__(self, inputs, mask=None, offset=None, cache=None, input_embeddings=None):
+    def __call__(self, inputs, mask=None, offset=None, cache=None, input_embeddings=None,
+                 attention=None):
         """Logits ``(B, L, vocab)`` for ``inputs`` ``(B, L)``.
 
         ``offset``: ``(B,)`` position of each row's first column (negative for left
         padding); ``mask``: one boolean array, a list per layer, or None to build
-        the masks from ``offset`` and ``cache``.
+        the masks from ``offset`` and ``cache``; ``attention``: the driver's
+        per-step :class:`~.base.StepAttention` (decode row groups), or None.
         """
         offset = resolve_offset(inputs, offset, cache)
         masks = resolve_masks(mask, cache, self.layer_windows, inputs.shape[1], offset)
-        h = self.model(inputs, masks, offset, cache, input_embeddings)
+        h = self.model(inputs, masks, offset, cache, input_embeddings, attention)
         if hasattr(self, "lm_head"):
             out = self.lm_head(h)
         else:

@@ -89,7 +89,9 @@ class MultiHeadLatentAttention(nn.Module):
         self.rope = rope
         self.scale = scale if scale is not None else qk_head_dim**-0.5
 
-    def __call__(self, x, mask, offset, cache=None):
+    def __call__(self, x, mask, offset, cache=None, attention=None):
+        # ``attention`` (decode row groups) is a CPU speed-up the shared Attention
+        # takes; one call over every slot gives the same result.
         B, L, _ = x.shape
         H, nope = self.n_heads, self.qk_nope_head_dim
         if self.q_lora_rank is None:

@@ -1,56 +1,269 @@
-"""Save, load and trim a model's list of per-layer caches."""
+"""A batch's caches with the per-row state that outlives one call, and their files.
+
+``PromptCache`` is what ``make_prompt_cache`` returns: a plain list of per-layer caches
+to mlx-lm code (indexing, ``len``, ``cache[0].offset`` = slots held) that also keeps
+each row's padding, so a padded batch can be continued by any later call, after
+``save_prompt_cache``/``load_prompt_cache`` and after ``trim_prompt_cache``. Row ``b``
+holds ``slots - padding[b]`` real tokens; that is the position of its next token.
+
+Files follow mlx-lm 0.32's layout (tree-flattened ``state`` per cache, class names and
+scalar markers in the metadata), so caches move between the two libraries both ways
+for the kinds both have (``KVCache``, ``RotatingKVCache``); the rows' padding goes
+into one extra metadata key that mlx-lm ignores.
+"""
+
+import os
 
 import mlx.core as mx
 
-from .cache import KVCache, RotatingKVCache
+from .kv_cache import KVCache, RotatingKVCache
 
-_CACHE_CLASSES = {c.__name__: c for c in (KVCache, RotatingKVCache)}
+PADDING_KEY = "mlx_lm_batched_padding"  # user-metadata key of the rows' padding
+
+
+class PromptCache(list):
+    """The per-layer caches of one batch plus each row's padding slots.
+
+    ``padding`` is None until rows are known (a fresh cache, or a plain list from
+    mlx-lm code, whose rows are unpadded). The batch driver reads and writes it;
+    models never do.
+    """
+
+    def __init__(self, caches=(), padding=None):
+        super().__init__(caches)
+        self.padding = None if padding is None else [int(p) for p in padding]
+
+    @property
+    def slots(self):
+        """Slots every row holds (padding included)."""
+        return self[0].size if len(self) else 0
+
+    def row_padding(self, rows):
+        """Padding per row for a batch of ``rows`` (zeros when never recorded)."""
+        if self.padding is None:
+            return [0] * rows
+        if len(self.padding) != rows:
+            raise ValueError(f"prompt_cache holds {len(self.padding)} rows, the prompt has {rows}")
+        return list(self.padding)
+
+    @property
+    def lengths(self):
+        """Real tokens per row (None until rows are known)."""
+        if self.padding is None:
+            return None
+        return [self.slots - p for p in self.padding]
+
+    def offsets(self, rows):
+        """``(rows,)`` int32 position of each row's next token."""
+        return mx.array([self.slots - p for p in self.row_padding(rows)], dtype=mx.int32)
+
+    def add_padding(self, extra):
+        """Record ``extra[b]`` more padding slots for row ``b`` (a prefill's pad columns)."""
+        base = self.row_padding(len(extra))
+        self.padding = [p + int(e) for p, e in zip(base, extra)]
+
+    def reserve(self, slots):
+        """Tell every layer cache to expect about ``slots`` slots (see ``KVCache.reserve``)."""
+        for c in self:
+            if hasattr(c, "reserve"):
+                c.reserve(slots)
+
+    def reset(self):
+        """Forget every slot and row."""
+        for c in self:
+            if hasattr(c, "reset"):
+                c.reset()
+        self.padding = None
+
+    def filter(self, keep):
+        """Keep only rows ``keep`` (indices) and drop leading padding they all share."""
+        idx = mx.array(keep, dtype=mx.int32)
+        padding = self.row_padding(self._rows())
+        for c in self:
+            c.filter(idx)
+        self.padding = [padding[i] for i in keep]
+        shared = min(self.padding) if self.padding else 0
+        # Once a ring has wrapped its leading slots are gone already; keep the frame.
+        if shared > 0 and all(c.size <= getattr(c, "max_size", c.size) for c in self):
+            for c in self:
+                c.drop_leading(shared)
+            self.padding = [p - shared for p in self.padding]
+
+    def extend(self, other):
+        """Append the rows of ``other`` (a batch's caches for the same model)."""
+        other = as_prompt_cache(other)
+        if len(other) != len(self):
+            raise ValueError(f"cannot extend a cache of {len(self)} layers with {len(other)}")
+        if self._rows() == 0:
+            self[:] = list(other)
+            self.padding = other.row_padding(other._rows())
+            return
+        ours, theirs = self.row_padding(self._rows()), other.row_padding(other._rows())
+        pads = (0, 0)
+        for a, b in zip(self, other):
+            pads = a.extend(b)
+        self.padding = [p + pads[0] for p in ours] + [p + pads[1] for p in theirs]
+
+    def trim(self, n):
+        """Drop the last ``n`` slots of every layer (a row trimmed past its real
+        tokens keeps only padding); returns how many were dropped."""
+        if not can_trim_prompt_cache(self) or not len(self):
+            return 0
+        trimmed = [c.trim(n) for c in self][0]
+        if self.padding is not None:
+            self.padding = [min(p, self.slots) for p in self.padding]
+        return trimmed
+
+    def _rows(self):
+        if self.padding is not None:
+            return len(self.padding)
+        return next((c.keys.shape[0] for c in self if getattr(c, "keys", None) is not None), 0)
+
+    @property
+    def nbytes(self):
+        return sum(c.nbytes for c in self)
+
+
+def as_prompt_cache(cache):
+    """``cache`` itself when it is a ``PromptCache``, else a ``PromptCache`` of the
+    same layer caches whose rows are unpadded (mlx-lm style plain lists)."""
+    return cache if isinstance(cache, PromptCache) else PromptCache(cache)
+
+
+def cache_offsets(cache, rows):
+    """Position of each row's next token for a model called without ``offset``:
+    a ``PromptCache`` knows its rows' padding; a plain list holds unpadded rows."""
+    if cache is None or not len(cache) or cache[0] is None:
+        return mx.zeros((rows,), dtype=mx.int32)
+    return as_prompt_cache(cache).offsets(rows)
+
+
+def _layer_state(c):
+    """mlx-lm 0.32's ``state`` of a layer cache: a tuple of arrays and ints."""
+    if type(c) is KVCache:
+        k, v = (c.keys[..., : c.size, :], c.values[..., : c.size, :]) if c.keys is not None else (None, None)
+        return [k, v, c.size]
+    if type(c) is RotatingKVCache:
+        k, v = c.ordered()
+        n = 0 if k is None else k.shape[2]
+        return [k, v, c.size, 0, c.max_size, n]
+    raise ValueError(f"cannot save a {type(c).__name__} cache (KVCache and RotatingKVCache only)")
 
 
 def save_prompt_cache(file_name, cache, metadata=None):
-    """Save a list of caches (and optional string metadata) to a ``.safetensors`` file."""
-    arrays = {}
+    """Save caches (and optional string metadata) to a ``.safetensors`` file that
+    mlx-lm 0.32's ``load_prompt_cache`` also reads; a ``PromptCache``'s row padding,
+    when any, is kept under the metadata key ``PADDING_KEY`` (mlx-lm returns it with
+    the user metadata)."""
+    arrays, scalars = {}, []
     for i, c in enumerate(cache):
-        for j, a in enumerate(c.state):
-            arrays[f"{i}.{j}"] = a
-    info = {
-        "classes": ",".join(type(c).__name__ for c in cache),
-        "meta_states": "|".join(",".join(c.meta_state) if c.meta_state else "" for c in cache),
-        "sizes": ",".join(str(c.size) for c in cache),
-    }
-    for k, v in (metadata or {}).items():
-        info[f"user.{k}"] = str(v)
+        for j, value in enumerate(_layer_state(c)):
+            key = f"{i}.{j}"
+            if value is None:
+                arrays[key] = mx.array([])
+                scalars.append((key, "none"))
+            elif isinstance(value, int):
+                arrays[key] = mx.array(value)
+                scalars.append((key, "scalar"))
+            else:
+                arrays[key] = value
+    info = {f"0.{k}": str(v) for k, v in (metadata or {}).items()}
+    padding = getattr(cache, "padding", None)
+    if padding is not None and any(padding):  # unpadded rows need no record
+        info[f"0.{PADDING_KEY}"] = ",".join(map(str, padding))
+    info.update({f"1.{i}": type(c).__name__ for i, c in enumerate(cache)})
+    info["2.0"] = ""  # mlx-lm keeps the scalar list non-empty with this entry
+    for n, (key, kind) in enumerate(scalars, start=1):
+        info[f"2.{n}.0"], info[f"2.{n}.1"] = key, kind
     mx.save_safetensors(file_name, arrays, metadata=info)
 
 
 def load_prompt_cache(file_name, return_metadata=False):
-    """Load caches written by ``save_prompt_cache``."""
-    arrays, info = mx.load(file_name, return_metadata=True)
-    classes = info["classes"].split(",")
-    metas = info["meta_states"].split("|")
-    sizes = [int(s) for s in info["sizes"].split(",")]
-    cache = []
-    for i, (name, meta, size) in enumerate(zip(classes, metas, sizes)):
-        cls = _CACHE_CLASSES[name]
-        c = cls.__new__(cls)
-        KVCache.__init__(c)
-        if meta:
-            c.meta_state = tuple(meta.split(","))
-        state = [arrays[f"{i}.{j}"] for j in range(2) if f"{i}.{j}" in arrays]
-        c.state = state
-        c.size = size
-        cache.append(c)
-    if return_metadata:
-        user = {k[5:]: v for k, v in info.items() if k.startswith("user.")}
-        return cache, user
-    return cache
+    """Load a ``PromptCache`` saved here or by mlx-lm 0.32's ``save_prompt_cache``.
+
+    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` (naming the
+    file and the problem) for a corrupt one, one of another kind, or caches of a
+    kind this library does not have.
+    """
+    if not os.path.isfile(file_name):
+        raise FileNotFoundError(f"prompt cache file not found: {file_name}")
+    try:
+        arrays, info = mx.load(str(file_name), format="safetensors", return_metadata=True)
+    except Exception as e:  # mlx raises RuntimeError/ValueError for unreadable files
+        raise ValueError(f"{file_name}: not a readable safetensors file ({e})") from None
+    if not isinstance(arrays, dict) or not isinstance(info, dict):
+        raise ValueError(f"{file_name}: not a safetensors prompt cache file")
+    try:
+        cache, padding, user = _parse(arrays, info)
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise ValueError(f"{file_name}: not a valid prompt cache file ({e})") from None
+    cache = PromptCache(cache, padding)
+    return (cache, user) if return_metadata else cache
+
+
+def _parse(arrays, info):
+    classes = {}
+    for key, value in info.items():
+        if key.startswith("1.") and key[2:].isdigit():
+            classes[int(key[2:])] = value
+    if not classes or sorted(classes) != list(range(len(classes))):
+        raise ValueError("no cache classes in its metadata")
+    kinds = {}
+    for key, value in info.items():
+        parts = key.split(".")
+        if len(parts) == 3 and parts[0] == "2" and parts[2] == "0":
+            kinds[value] = info[f"2.{parts[1]}.1"]
+    values = {}
+    for key, a in arrays.items():
+        kind = kinds.get(key)
+        values[key] = None if kind == "none" else int(a.item()) if kind == "scalar" else a
+    cache = [_build(classes[i], [values.get(f"{i}.{j}") for j in range(6)], i)
+             for i in range(len(classes))]
+    user = {k[2:]: v for k, v in info.items() if k.startswith("0.")}
+    padding = user.pop(PADDING_KEY, None)
+    if padding is not None:
+        padding = [int(p) for p in padding.split(",")] if padding else []
+        rows = next((c.keys.shape[0] for c in cache if c.keys is not None), len(padding))
+        slots = cache[0].size
+        if len(padding) != rows or any(p < 0 or p > slots for p in padding):
+            raise ValueError(f"row padding {padding} does not fit {rows} rows of {slots} slots")
+    return cache, padding, user
+
+
+def _build(name, state, i):
+    keys, values, offset = state[0], state[1], state[2]
+    if name == "KVCache":
+        c = KVCache()
+        if keys is not None:
+            c.load_ordered(keys[..., :offset, :], values[..., :offset, :], offset)
+        return c
+    if name == "RotatingKVCache":
+        keep, max_size, idx = state[3], state[4], state[5]
+        if keep:
+            raise ValueError(f"layer {i}: RotatingKVCache with keep={keep} (attention sink) "
+                             "is not supported")
+        c = RotatingKVCache(max_size)
+        if keys is not None:
+            # mlx-lm's ring: write index ``idx``; put it in time order, keep the window.
+            n = keys.shape[2]
+            order = lambda x: (x if idx == n else mx.concatenate([x[..., idx:, :], x[..., :idx, :]], 2)
+                               if idx < offset else x[..., :idx, :])
+            held = min(offset, max_size)
+            c.load_ordered(order(keys)[..., -held:, :], order(values)[..., -held:, :], offset)
+        return c
+    raise ValueError(f"layer {i}: {name} caches are not supported (KVCache and RotatingKVCache only)")
 
 
 def can_trim_prompt_cache(cache):
+    """True when every layer cache can drop its last slots."""
     return all(c.is_trimmable() for c in cache)
 
 
 def trim_prompt_cache(cache, num_tokens):
+    """Drop the last ``num_tokens`` slots of every layer (and keep a ``PromptCache``'s
+    row padding consistent); returns how many were dropped."""
+    if isinstance(cache, PromptCache):
+        return cache.trim(num_tokens)
     if not can_trim_prompt_cache(cache) or not cache:
         return 0
     return [c.trim(num_tokens) for c in cache][0]
