@@ -53,11 +53,9 @@ def cache_nbytes(prompt_cache):
 def compact(prompt_cache):
     """Drop the unused capacity of each layer cache (in place); returns the cache."""
     for c in prompt_cache:
-        state = c.state
-        if state:
-            meta = c.meta_state
-            c.state = [mx.contiguous(a) for a in state]
-            c.meta_state = meta
+        keys, values = c.ordered()
+        if keys is not None:
+            c.load_ordered(mx.contiguous(keys), mx.contiguous(values), c.size)
     mx.eval([c.state for c in prompt_cache])
     return prompt_cache
 

@@ -70,34 +70,12 @@ def _row_of_full(c, row, pad):
     return new
 
 
-def _time_order(x, size, max_size):
-    """Ring buffer ``x`` of a rotating cache of ``size`` slots, in slot order."""
-    if size <= max_size:
-        return x[..., :size, :]
-    start = size % max_size
-    return mx.concatenate([x[..., start:, :], x[..., :start, :]], axis=2)
-
-
-def _ring_layout(x, n, max_size):
-    """Slot-ordered last ``min(n, max_size)`` slots of a row of ``n`` slots, stored so
-    that slot ``p`` lives at index ``p % max_size`` (the layout of a cache of that row)."""
-    if n <= max_size:
-        return x
-    c = n % max_size
-    return mx.concatenate([x[..., max_size - c :, :], x[..., : max_size - c, :]], axis=2) if c else x
-
-
 def _row_of_rotating(c, row, pad):
-    M, S = c.max_size, c.size
-    n, held = S - pad, min(S, M)
-    keep = min(n, held)  # the ring's slots that are this row's tokens
-    parts = []
-    for x in c.state:
-        x = _time_order(x[row : row + 1], S, M)[..., held - keep :, :]
-        parts.append(mx.contiguous(_ring_layout(x, n, M)))
+    M, n = c.max_size, c.size - pad
+    keep = min(n, M)  # the ring's last slots that are this row's tokens
+    keys, values = (x[row : row + 1, :, x.shape[2] - keep :] for x in c.ordered())
     new = RotatingKVCache(M)
-    new.state = parts
-    new.meta_state = ("0", str(M), str(n))
+    new.load_ordered(mx.contiguous(keys), mx.contiguous(values), n)
     return new
 
 
