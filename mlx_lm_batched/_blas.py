@@ -211,7 +211,7 @@ def _version(kind, path):
             lib.MKL_Get_Version_String(buf, len(buf))
             # "Intel(R) oneAPI Math Kernel Library Version 2026.2-Product Build ..."
             text = buf.value.decode(errors="replace")
-            version = text.split("Version", 1)[-1].split("-")[0].split()[0] if "Version" in text else ""
+            version = text.split("Version", 1)[1].split("-")[0].strip() if "Version" in text else ""
             threads = lib.MKL_Get_Max_Threads()
         else:
             lib.openblas_get_config.restype = ctypes.c_char_p
