@@ -86,11 +86,10 @@ def _mkl_from_metadata():
     from importlib import metadata
 
     try:
-        files = metadata.distribution("mkl").files or []
+        dist = metadata.distribution("mkl")
     except metadata.PackageNotFoundError:
         return []
-    dist = metadata.distribution("mkl")
-    return [str(dist.locate_file(f)) for f in files if f.name.startswith("libmkl_rt.so")]
+    return [str(dist.locate_file(f)) for f in dist.files or [] if f.name.startswith("libmkl_rt.so")]
 
 
 def find_mkl():
