@@ -77,9 +77,6 @@ def find_openblas():
     return hits[0] if hits else None
 
 
-_find_openblas = find_openblas  # the name older callers used
-
-
 def _mkl_from_metadata():
     # The wheel installs its libraries as data files (into the environment's lib/);
     # its RECORD lists them, wherever the environment is.
@@ -99,12 +96,7 @@ def find_mkl():
     files of the installed ``mkl`` distribution, ``LD_LIBRARY_PATH`` and a few
     system directories.
     """
-    dirs = [os.path.join(sys.prefix, "lib")]
-    if sys.base_prefix != sys.prefix:
-        dirs.append(os.path.join(sys.base_prefix, "lib"))
-    found = []
-    for d in dirs:
-        found += sorted(glob.glob(os.path.join(d, "libmkl_rt.so*")), reverse=True)
+    found = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")), reverse=True)
     found += _mkl_from_metadata()
     for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) + _MKL_DIRS:
         if d:
@@ -196,9 +188,6 @@ def preload(choice=None):
         hint = "pip install mkl" if choice == "mkl" else "apt-get install libopenblas0-pthread"
         _warn(f"{ENV}={choice}: no {choice} library found ({hint}); using MLX's bundled BLAS")
     return None
-
-
-preload_openblas = preload  # the name older callers used
 
 
 def _version(kind, path):
