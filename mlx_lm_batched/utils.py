@@ -214,24 +214,31 @@ def load(
     ``dequantize=True`` turns a quantized model's layers into float ones after
     loading (see :func:`dequantize_model`): on CPUs, where MLX's quantized matmul
     is far slower than float GEMM, this trades memory (about 6x the 4-bit size
-    in float32, 3x in float16) for speed, with the same outputs up to float
-    rounding. Combine with ``dtype=mx.float32`` when the scales are half floats.
+    in float32) for speed, with the same outputs up to float rounding. When the
+    default device is the CPU the whole model becomes float32 (MLX's CPU
+    float16/bfloat16 matmuls skip the BLAS and are slower than float32); on a
+    GPU the floats keep the checkpoint's dtype. An explicit ``dtype`` wins.
     """
     if adapter_path is not None:
         raise NotImplementedError("adapters (LoRA) are not supported yet")
     if str(path_or_hf_repo).endswith(".gguf"):
         if not os.path.isfile(path_or_hf_repo):
             raise ModelLoadError(f"GGUF file '{path_or_hf_repo}' does not exist")
+        if dequantize and dtype is None and mx.default_device() == mx.cpu:
+            # Reading the GGUF as float32 dequantizes in numpy with ggml's arithmetic,
+            # faster than dequantizing MLX's quantized layers afterwards.
+            dtype = mx.float32
         model, tokenizer, config = load_gguf(path_or_hf_repo, dtype, tokenizer_config, model_config)
         if dequantize:
-            dequantize_model(model)
+            dequantize_model(model, dtype or _dequantize_dtype())
     else:
         model_path = get_model_path(str(path_or_hf_repo), revision)
         if model_path.is_file():
             raise ModelLoadError(f"'{model_path}' is a file: pass a model directory or a .gguf file")
         model, config = load_model(model_path, lazy, model_config=model_config)
         if dequantize:
-            dequantize_model(model)
+            dtype = dtype or _dequantize_dtype()
+            dequantize_model(model, dtype)
         if dtype is not None:
             cast_floats(model, dtype)
         from .tokenizer_utils import load_tokenizer
@@ -252,17 +259,31 @@ def cast_floats(model, dtype):
     mx.eval(model.parameters())
 
 
-def dequantize_model(model):
+def _dequantize_dtype():
+    """float32 when the default device is the CPU (its half-float matmuls skip the
+    BLAS), else None: keep the checkpoint's dtype, whose GPU kernels are fast."""
+    return mx.float32 if mx.default_device() == mx.cpu else None
+
+
+def dequantize_model(model, dtype=None):
     """Replace quantized layers (Linear, Embedding, MoE switch layers) by float ones.
 
-    The float weights are exactly what the quantized ones encode, in the dtype of
-    the quantization scales. Works in place and returns the model.
+    The float weights are exactly what the quantized ones encode, in ``dtype``
+    (scales and biases are widened first, so float32 loses nothing) or, when
+    None, in the dtype of the quantization scales. Works in place and returns
+    the model.
     """
     from mlx.utils import tree_unflatten
 
     def weight(module):
-        return mx.dequantize(module.weight, module.scales, module.get("biases"),
-                             module.group_size, module.bits, mode=module.mode)
+        scales, biases = module.scales, module.get("biases")
+        widen = dtype is not None and module.mode == "affine"  # other modes: packed scales
+        if widen:
+            scales = scales.astype(dtype)
+            biases = None if biases is None else biases.astype(dtype)
+        w = mx.dequantize(module.weight, scales, biases, module.group_size, module.bits,
+                          mode=module.mode)
+        return w if dtype is None or widen else w.astype(dtype)
 
     layers = []
     for name, module in model.named_modules():
@@ -274,7 +295,10 @@ def dequantize_model(model):
                 lin.bias = module.bias
             layers.append((name, lin))
         elif hasattr(module, "dequantized"):  # quantized MoE switch layers
-            layers.append((name, module.dequantized()))
+            layer = module.dequantized()
+            if dtype is not None:
+                layer.weight = layer.weight.astype(dtype)
+            layers.append((name, layer))
         elif isinstance(module, nn.QuantizedEmbedding):
             w = weight(module)
             emb = nn.Embedding(*w.shape)

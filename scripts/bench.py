@@ -20,9 +20,10 @@ sides (our tokenizer copy has no EOS ids; mlx-lm's generator gets no stop tokens
 so all configurations do the same work. Prompts are cut from ``tests/data/corpus.txt``
 at seeded places with log-uniform lengths in [16, 512] (many short, a few long).
 
-``--compare-blas`` runs the whole bench twice as subprocesses, with and without
-``MLX_LM_BATCHED_NO_OPENBLAS=1``: BLAS is process-wide, so in each run both our
-package and mlx-lm use the same BLAS.
+``--compare-blas`` runs the whole bench once per CPU BLAS found on the machine (MKL,
+OpenBLAS, MLX's bundled reference BLAS), each as a subprocess with
+``MLX_LM_BATCHED_BLAS`` set: the BLAS is process-wide, so in each run both our
+package and mlx-lm use the same one. The header names the CPU and the BLAS.
 """
 
 import argparse
@@ -288,29 +289,45 @@ def run_bench(args):
     return {
         "model": str(args.model), "dequantize": args.dequantize, "prompts": args.prompts,
         "prompt_lengths": lengths, "max_tokens": args.max_tokens, "repeats": args.repeats,
-        "openblas": _blas.loaded_path, "weights_gb": weights["ours"] / 1e9,
+        "blas": _blas.describe(), "blas_kind": _blas.loaded_kind, "weights_gb": weights["ours"] / 1e9,
         "ideal_kv_gb": ideal_kv / 1e9,
         "machine": machine(), "rows": rows, "all_runs": runs,
     }
 
 
+BLAS_RUNS = (("MKL", "mkl", _blas.find_mkl), ("OpenBLAS", "openblas", _blas.find_openblas),
+             ("bundled BLAS", "none", lambda: True))
+
+
 def compare_blas(args, argv):
-    """Run the bench with and without the OpenBLAS preload, each in its own process."""
+    """Run the bench under each BLAS found here, each in its own process."""
     results = {}
     base = [a for a in argv if a != "--compare-blas"]
-    for label, disable in (("OpenBLAS", "0"), ("bundled BLAS", "1")):
-        out = f"/tmp/bench-{os.getpid()}-{disable}.json"
-        env = dict(os.environ, MLX_LM_BATCHED_NO_OPENBLAS=disable)
+    env = {k: v for k, v in os.environ.items()
+           if k not in (_blas.ENV, _blas.DISABLE_ENV)}  # MLX_LM_BATCHED_OPENBLAS may pick one
+    for label, choice, find in BLAS_RUNS:
+        if not find():
+            print(f"note: {label} not found on this machine; skipped", file=sys.stderr)
+            continue
+        out = f"/tmp/bench-{os.getpid()}-{choice}.json"
         cmd = [sys.executable, os.path.abspath(__file__), *strip_outputs(base), "--json", out]
-        subprocess.run(cmd, env=env, check=True)
+        subprocess.run(cmd, env=dict(env, **{_blas.ENV: choice}), check=True)
         with open(out) as f:
             results[label] = json.load(f)
-    print("\nBLAS comparison (ratio OpenBLAS / bundled, same configuration):")
-    a, b = results["OpenBLAS"]["rows"], results["bundled BLAS"]["rows"]
-    print(f"{'config':8s} {'bs':>3s} {'prompt x':>9s} {'gen x':>7s}")
-    for x, y in zip(a, b):
-        print(f"{x['config']:8s} {x['batch_size']:3d} {x['prompt_tps'] / y['prompt_tps']:9.2f} "
-              f"{x['gen_tps'] / y['gen_tps']:7.2f}")
+        os.unlink(out)
+    print(f"\nBLAS comparison (tokens/s of each BLAS over the bundled BLAS's, same configuration;"
+          f" {results['bundled BLAS']['machine']}):")
+    fast = [label for label in results if label != "bundled BLAS"]
+    print(f"{'config':8s} {'bs':>3s} " + " ".join(f"{label + ' ' + what:>16s}" for label in fast
+                                                   for what in ("prompt x", "gen x")))
+    slow = results["bundled BLAS"]["rows"]
+    for i, y in enumerate(slow):
+        cells = []
+        for label in fast:
+            x = results[label]["rows"][i]
+            cells += [f"{x['prompt_tps'] / y['prompt_tps']:16.2f}",
+                      f"{x['gen_tps'] / y['gen_tps']:16.2f}"]
+        print(f"{y['config']:8s} {y['batch_size']:3d} " + " ".join(cells))
     return results
 
 

@@ -19,8 +19,8 @@ def machine():
 
 
 def print_table(result, file=sys.stdout):
-    print(f"model {result['model']}  ({result['machine']}; OpenBLAS: "
-          f"{'yes' if result['openblas'] else 'no'}; dequantize: {result['dequantize']})", file=file)
+    print(f"model {result['model']}  ({result['machine']}; BLAS: {result['blas']}; "
+          f"dequantize: {result['dequantize']})", file=file)
     print(f"{result['prompts']} prompts ({min(result['prompt_lengths'])}-"
           f"{max(result['prompt_lengths'])} tokens, {sum(result['prompt_lengths'])} total), "
           f"{result['max_tokens']} new tokens each; best of {result['repeats']} interleaved runs; "

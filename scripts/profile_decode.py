@@ -28,6 +28,8 @@ import mlx_lm_batched  # noqa: E402,F401  (BLAS preload before mlx.core)
 import mlx.core as mx  # noqa: E402
 
 from bench import build_prompts, no_eos  # noqa: E402
+from bench_report import machine  # noqa: E402
+from mlx_lm_batched import _blas  # noqa: E402
 from mlx_lm_batched import load  # noqa: E402
 from mlx_lm_batched.batching import BatchEngine, left_pad  # noqa: E402
 from mlx_lm_batched.models import layers as layers_lib  # noqa: E402
@@ -195,7 +197,7 @@ def main(argv=None):
     model, tokenizer = load(args.model, **kwargs)
     results, extra, B, S = profile(model, no_eos(tokenizer), args.batch, args.steps, args.repeats)
     step = results["step, pipelined (as batch_generate)"]
-    print(f"decode step, batch {B}, {S} cache slots")
+    print(f"decode step, batch {B}, {S} cache slots ({machine()}; BLAS: {_blas.describe()})")
     parts = 0.0
     for name, t in results.items():
         share = f"{100 * t / step:5.1f}%"

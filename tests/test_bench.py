@@ -48,12 +48,22 @@ def test_bench_table_json_and_plot(float_dirs, tmp_path):
 
 
 def test_bench_compares_blas_in_separate_processes(float_dirs, tmp_path):
+    from mlx_lm_batched import _blas
+
     out = tmp_path / "blas.json"
     proc = run_bench("--model", str(float_dirs["smollm2"]), "--prompts", "2", "--max-tokens", "3",
                      "--batch-sizes", "2", "--repeats", "1", "--max-prompt-len", "24",
                      "--no-mlx-lm", "--compare-blas", "--json", str(out))
     assert "BLAS comparison" in proc.stdout
     results = json.loads(out.read_text())
-    assert set(results) == {"OpenBLAS", "bundled BLAS"}
-    assert results["bundled BLAS"]["openblas"] is None
-    assert results["OpenBLAS"]["openblas"]  # .ci/run installs libopenblas0-pthread
+    # Every BLAS found here ran (CI has MKL from the dependency and OpenBLAS from apt).
+    found = {"MKL": _blas.find_mkl(), "OpenBLAS": _blas.find_openblas()}
+    expected = {"bundled BLAS"} | {label for label, path in found.items() if path}
+    assert set(results) == expected and len(expected) >= 2
+    assert results["bundled BLAS"]["blas"] == "bundled (reference)"
+    for label in expected - {"bundled BLAS"}:
+        assert results[label]["blas_kind"] == label.lower()
+        assert results[label]["blas"].startswith(label.lower() + " ")
+    # The header names the CPU and the BLAS of each run.
+    assert proc.stdout.count("; BLAS: ") == len(expected)
+    assert all(r["rows"][0]["generated"] == 2 * 3 for r in results.values())

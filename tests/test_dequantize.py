@@ -74,3 +74,43 @@ def test_dequantized_model_matches_4bit(q4_dir):
 
 def test_cli_has_dequantize_flag():
     assert build_parser().parse_args(["--dequantize"]).dequantize
+
+
+@pytest.fixture(scope="module")
+def q4_half_dir(tmp_path_factory, q4_dir):
+    """The tiny llama quantized with float16 scales (and float16 norms)."""
+    root = tmp_path_factory.mktemp("dequantize_half")
+    return convert(str(q4_dir.parent / "hf"), str(root / "q4"), quantize=True, q_bits=4,
+                   q_group_size=32, dtype="float16")
+
+
+def test_dequantize_on_the_cpu_gives_float32(q4_half_dir):
+    # MLX's CPU float16 matmuls skip the BLAS: on the CPU, dequantized weights are float32
+    # whatever the checkpoint's float dtype, and exactly what the float16 scales encode.
+    assert mx.default_device() == mx.cpu
+    quantized, _ = load(str(q4_half_dir))
+    assert quantized.model.norm.weight.dtype == mx.float16
+    floats, _ = load(str(q4_half_dir), dequantize=True)
+    params = dict(tree_flatten(floats.parameters()))
+    assert {v.dtype for v in params.values()} == {mx.float32}
+    q = quantized.model.layers[0].self_attn.q_proj
+    exact = mx.dequantize(q.weight, q.scales.astype(mx.float32), q.biases.astype(mx.float32),
+                          q.group_size, q.bits)
+    assert mx.array_equal(params["model.layers.0.self_attn.q_proj.weight"], exact).item()
+    # An explicit dtype still wins.
+    half, _ = load(str(q4_half_dir), dequantize=True, dtype=mx.float16)
+    assert {v.dtype for _, v in tree_flatten(half.parameters())} == {mx.float16}
+
+
+def test_dequantized_gguf_equals_its_float32_conversion(float_dirs):
+    # The CLI's default model: its Q4_1 GGUF loaded with dequantize=True on the CPU is the
+    # float32 model that `convert --dtype float32` writes, weight for weight.
+    from mlx_lm_batched.demo_models import smollm2_gguf_path
+
+    floats, _ = load(smollm2_gguf_path(), dequantize=True)
+    ref, _ = load(str(float_dirs["smollm2"]))
+    got, want = dict(tree_flatten(floats.parameters())), dict(tree_flatten(ref.parameters()))
+    assert set(got) == set(want)
+    for name, value in want.items():
+        assert got[name].dtype == mx.float32, name
+        assert mx.array_equal(got[name], value).item(), name
