@@ -85,10 +85,10 @@ def stream_batch_generate(
     if stream is not None:
         raise NotImplementedError("stream= is not supported: choose the device with "
                                   "mx.set_default_device before the call")
-    V.check_int("completion_batch_size", completion_batch_size, 1)
-    V.check_int("prefill_step_size", prefill_step_size, 1)
-    V.check_optional_int("prefill_batch_size", prefill_batch_size, 1)
-    V.check_optional_int("max_kv_size", max_kv_size, 1)
+    completion_batch_size = V.check_int("completion_batch_size", completion_batch_size, 1)
+    prefill_step_size = V.check_int("prefill_step_size", prefill_step_size, 1)
+    prefill_batch_size = V.check_optional_int("prefill_batch_size", prefill_batch_size, 1)
+    max_kv_size = V.check_optional_int("max_kv_size", max_kv_size, 1, V.INT32_MAX)
     V.check_callable("sampler", sampler)
     logits_processors = V.check_processors(logits_processors)
     if stats is not None and not isinstance(stats, BatchStats):

@@ -54,9 +54,12 @@ def check_int(name: str, value, lo: int = None, hi: int = None, allow=()):
     return value
 
 
-def check_optional_int(name: str, value, lo: int):
-    """None, or an int ``>= lo``."""
-    return None if value is None else check_int(name, value, lo)
+def check_optional_int(name: str, value, lo: int, hi: int = None):
+    """None, or an int in ``[lo, hi]``."""
+    return None if value is None else check_int(name, value, lo, hi)
+
+
+INT32_MAX = 2**31 - 1  # sizes that reach array shapes or int32 masks
 
 
 def check_callable(name: str, value, optional=True):
