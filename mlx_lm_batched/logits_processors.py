@@ -96,7 +96,8 @@ def make_logits_processors(
     """
     processors: List[LogitsProcessor] = []
     if logit_bias is not None and not isinstance(logit_bias, dict):
-        raise ValueError(f"logit_bias must be a dict {{token_id: bias}}, got {type(logit_bias).__name__}")
+        raise ValueError(f"logit_bias must be a dict {{token_id: bias}}, "
+                         f"got {type(logit_bias).__name__}")
     if logit_bias:
         for tok, bias in logit_bias.items():
             # int32 bound: the ids become an int32 index array.

@@ -163,8 +163,8 @@ def _check_weights(model, weights, source):
     for k, v in expected.items():
         if not isinstance(weights[k], mx.array) or weights[k].shape != v.shape:
             got = getattr(weights[k], "shape", type(weights[k]).__name__)
-            raise ModelLoadError(
-                f"{source}: parameter {k} has shape {tuple(got)}, the model expects {tuple(v.shape)}")
+            raise ModelLoadError(f"{source}: parameter {k} has shape {tuple(got)}, "
+                                 f"the model expects {tuple(v.shape)}")
 
 
 def _check_config(module, config, source):

@@ -77,7 +77,8 @@ def check_processors(value):
     if value is None:
         return []
     if callable(value) or isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise TypeError(f"logits_processors must be a list of callables, got {type(value).__name__}")
+        raise TypeError(f"logits_processors must be a list of callables, "
+                        f"got {type(value).__name__}")
     value = list(value)
     for i, p in enumerate(value):
         check_callable(f"logits_processors[{i}]", p, optional=False)
@@ -273,7 +274,8 @@ def _check_id_range(lo, hi, vocab, where):
     if lo < 0 or (vocab is not None and hi >= vocab):
         bad = lo if lo < 0 else hi
         rng = f"[0, {vocab})" if vocab is not None else ">= 0"
-        raise ValueError(f"{where} has token id {bad}; ids must be in {rng} (the model's vocabulary)")
+        raise ValueError(f"{where} has token id {bad}; ids must be in {rng} "
+                         f"(the model's vocabulary)")
 
 
 def prompt_array(prompt, vocab: Optional[int]):
@@ -371,13 +373,15 @@ def check_config_fields(args_cls, config: dict, source: str):
         hints = {}
     model_type = config.get("model_type")
     for f in dataclasses.fields(args_cls):
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if f.name not in config:
-            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             if required and f.init:
                 raise ValueError(f"{source}: missing required key '{f.name}' "
                                  f"for model_type '{model_type}'")
             continue
         value, tp = config[f.name], hints.get(f.name)
+        if value is None and not required:
+            continue  # hub configs write null for "use the default"; the code handles it
         if tp is not None and not _matches(value, tp):
             want = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
             raise ValueError(f"{source}: '{f.name}' must be {want}, "

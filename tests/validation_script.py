@@ -42,7 +42,8 @@ def main(model_dir):
         return [r.token for _, r in zip(range(n), gen)]
 
     cases = {
-        "generate_id_past_vocab": lambda: generate(model, tokenizer, prompt + [vocab], max_tokens=2),
+        "generate_id_past_vocab": lambda: generate(
+            model, tokenizer, prompt + [vocab], max_tokens=2),
         "generate_id_negative": lambda: generate(model, tokenizer, [-3] + prompt, max_tokens=2),
         "step_id_past_vocab": lambda: next(generate_step(
             mx.array([prompt, prompt[:-1] + [vocab + 5]]), model, max_tokens=2)),
