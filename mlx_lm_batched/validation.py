@@ -299,8 +299,10 @@ def prompt_array(prompt, vocab: Optional[int]):
         raise ValueError(f"empty prompt: nothing to generate from (shape {tuple(prompt.shape)})")
     if not mx.issubdtype(prompt.dtype, mx.integer):
         raise TypeError(f"prompt must hold integer token ids, got dtype {prompt.dtype}")
+    # Compared in the prompt's own integer dtype (no int64 cast: not every backend has it).
     rows = prompt.reshape(1, -1) if prompt.ndim == 1 else prompt
-    rows = rows.astype(mx.int64)
+    if prompt.dtype in (mx.int8, mx.uint8, mx.int16, mx.uint16):
+        rows = rows.astype(mx.int32)  # so that ``vocab`` is representable
     bad = (rows < 0) | (rows >= vocab) if vocab is not None else rows < 0
     bad_rows = mx.any(bad, axis=1)
     if bool(mx.any(bad_rows).item()):
