@@ -10,30 +10,45 @@ import time
 
 import mlx.core as mx
 
+from . import validation as V
 from .batching import BatchEngine, left_pad
 from .generate import BatchResponse, BatchStats, BatchStreamResponse, _as_wrapper
 from .tokenizer_utils import encode_prompt
 
+# Keywords batch_generate passes on to stream_batch_generate (mlx-lm's BatchGenerator's).
+BATCH_KWARGS = ("sampler", "logits_processors", "completion_batch_size", "prefill_step_size",
+                "max_kv_size", "prefill_batch_size", "stream")
 
-def encode_prompts(tokenizer, prompts):
-    """Token lists for prompts given as strings or token ids; rejects empty ones."""
+
+def encode_prompts(tokenizer, prompts, vocab=None):
+    """Token lists for prompts given as strings or token ids.
+
+    Raises (naming the prompt index) for empty prompts, non-integer ids
+    (``TypeError``) and ids outside ``[0, vocab)`` (``ValueError``).
+    """
     encoded = []
-    for i, p in enumerate(prompts):
-        ids = encode_prompt(tokenizer, p) if isinstance(p, str) else [int(t) for t in p]
-        if len(ids) == 0:
-            raise ValueError(f"prompt {i} is empty")
-        encoded.append(ids)
+    for i, p in enumerate(V.prompt_list(prompts)):
+        ids = encode_prompt(tokenizer, p) if isinstance(p, str) else p
+        encoded.append(V.token_list(ids, vocab, f"prompt {i}"))
     return encoded
 
 
-def _per_row(value, n, name):
-    values = [value] * n if isinstance(value, int) else list(value)
-    if len(values) != n:
-        raise ValueError(f"{name} has {len(values)} entries for {n} prompts")
-    for v in values:
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    return values
+def _row_limits(model, encoded, max_tokens):
+    """Per-prompt ``max_tokens``, each cut to the model's context (one warning for all)."""
+    limits = V.per_row_max_tokens(max_tokens, len(encoded))
+    cut = []
+    for i, ids in enumerate(encoded):
+        room = V.context_room(model, len(ids))
+        if room is not None and room < 1:
+            V.cap_max_tokens(model, limits[i], len(ids), what=f"prompt {i}")  # raises
+        if room is not None and limits[i] > room:
+            limits[i] = room
+            cut.append(i)
+    if cut:
+        V.warn_context(f"max_tokens cut to fit the model's context "
+                       f"({V.model_context(model)} tokens) for {len(cut)} prompt(s): "
+                       f"{', '.join(map(str, cut[:8]))}{' ...' if len(cut) > 8 else ''}")
+    return limits
 
 
 def stream_batch_generate(
@@ -48,7 +63,8 @@ def stream_batch_generate(
     max_kv_size=None,
     stats=None,
     logprobs=True,
-    **unused,
+    prefill_batch_size=None,
+    stream=None,
 ):
     """Yield a :class:`BatchStreamResponse` per row per generated token.
 
@@ -57,13 +73,32 @@ def stream_batch_generate(
     come from its own streaming detokenizer, so they never split a character.
     Pass a :class:`BatchStats` as ``stats`` to collect timings. ``logprobs=False``
     leaves ``logprob`` None, which spares greedy decoding a log-softmax per step.
+
+    Everything is checked before any row is computed: a bad prompt (empty,
+    non-integer or out-of-vocabulary ids) raises naming its index; sizes are ints
+    >= 1 (``TypeError`` / ``ValueError``). A row whose prompt + ``max_tokens``
+    passes the model's context gets ``max_tokens`` cut to fit, with one
+    ``ContextLengthWarning`` for the call. ``prefill_batch_size`` (mlx-lm's) is
+    accepted and checked; prefill groups here are planned from the prompt lengths.
+    ``stream`` raises ``NotImplementedError``. Unknown keywords raise ``TypeError``.
     """
+    if stream is not None:
+        raise NotImplementedError("stream= is not supported: choose the device with "
+                                  "mx.set_default_device before the call")
+    completion_batch_size = V.check_int("completion_batch_size", completion_batch_size, 1)
+    prefill_step_size = V.check_int("prefill_step_size", prefill_step_size, 1)
+    prefill_batch_size = V.check_optional_int("prefill_batch_size", prefill_batch_size, 1)
+    max_kv_size = V.check_optional_int("max_kv_size", max_kv_size, 1, V.INT32_MAX)
+    V.check_callable("sampler", sampler)
+    logits_processors = V.check_processors(logits_processors)
+    if stats is not None and not isinstance(stats, BatchStats):
+        raise TypeError(f"stats must be a BatchStats or None, got {type(stats).__name__}")
     tokenizer = _as_wrapper(tokenizer)
-    encoded = encode_prompts(tokenizer, prompts)
-    limits = _per_row(max_tokens, len(encoded), "max_tokens")
+    encoded = encode_prompts(tokenizer, prompts, V.model_vocab_size(model))
+    limits = _row_limits(model, encoded, max_tokens)
     stats = stats if stats is not None else BatchStats()
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-    size = max(1, int(completion_batch_size))
+    size = completion_batch_size
     for start in range(0, len(order), size):
         rows = order[start : start + size]
         yield from _run_batch(
@@ -160,10 +195,15 @@ def batch_generate(
     ``prompts`` are strings or token lists; ``max_tokens`` an int or one per
     prompt. Texts exclude the EOS token, as mlx-lm's do. Other keyword arguments
     (``sampler``, ``logits_processors``, ``completion_batch_size``,
-    ``prefill_step_size``, ``max_kv_size``) go to :func:`stream_batch_generate`.
+    ``prefill_step_size``, ``max_kv_size``, ``prefill_batch_size``) go to
+    :func:`stream_batch_generate`, which checks them and every prompt before any
+    work; others raise ``TypeError`` naming them.
     """
     if prompt_caches is not None or return_prompt_caches:
-        raise NotImplementedError("per-prompt caches in batch_generate are not supported yet")
+        raise NotImplementedError("per-prompt caches in batch_generate are not supported yet: "
+                                  "use generate_step with prompt_cache, one prompt at a time")
+    V.unknown_kwargs("batch_generate", kwargs, BATCH_KWARGS)
+    prompts = V.prompt_list(prompts)
     tokenizer = _as_wrapper(tokenizer)
     n = len(prompts)
     ids = [[] for _ in range(n)]

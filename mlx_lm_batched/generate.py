@@ -30,6 +30,7 @@ from typing import List, Optional
 
 import mlx.core as mx
 
+from . import validation as V
 from .batching import BatchEngine
 from .tokenizer_utils import TokenizerWrapper, encode_prompt
 
@@ -79,10 +80,33 @@ def generate_step(
     here (``batch_generate`` handles per-row stopping). ``max_tokens=-1`` never ends.
     Logits processors see ``(B, T)`` token histories with -1 at padding (1-D
     histories for a 1-D prompt) and ``(B, V)`` logits.
+
+    Checked before any work (see ``validation.py``): token ids in ``[0, vocab)``,
+    ``left_padding`` one int per row with ``0 <= pad < L``, ``max_tokens`` an int
+    >= 1 or -1, sizes >= 1. ``max_tokens`` past the model's context
+    (``max_position_embeddings``) is cut to fit with one ``ContextLengthWarning``
+    (with -1 the warning comes when generation crosses the context); a prompt that
+    fills the context raises ``ValueError``. Raises ``TypeError`` for values of the
+    wrong type, ``NotImplementedError`` for ``kv_bits`` (``kv_group_size`` and
+    ``quantized_kv_start`` only apply with it, as in mlx-lm).
     """
     if kv_bits is not None:
-        raise NotImplementedError("quantized KV caches (kv_bits) are not supported yet")
-    prompt = prompt if isinstance(prompt, mx.array) else mx.array(prompt)
+        raise NotImplementedError("quantized KV caches (kv_bits) are not supported yet: drop "
+                                  "kv_bits, or bound the cache with max_kv_size")
+    max_tokens = V.check_max_tokens(max_tokens, allow_unlimited=True)
+    prefill_step_size = V.check_int("prefill_step_size", prefill_step_size, 1)
+    max_kv_size = V.check_optional_int("max_kv_size", max_kv_size, 1, V.INT32_MAX)
+    kv_group_size = V.check_int("kv_group_size", kv_group_size, 1)
+    quantized_kv_start = V.check_int("quantized_kv_start", quantized_kv_start, 0)
+    V.check_callable("sampler", sampler)
+    V.check_callable("prompt_progress_callback", prompt_progress_callback)
+    logits_processors = V.check_processors(logits_processors)
+    prompt = V.prompt_array(prompt, V.model_vocab_size(model))
+    left_padding = V.left_padding_list(left_padding, 1 if prompt.ndim == 1 else prompt.shape[0],
+                                       prompt.shape[-1])
+    start = V.cached_tokens(prompt_cache)
+    max_tokens = V.cap_max_tokens(model, max_tokens, prompt.shape[-1], start)
+    room = V.context_room(model, prompt.shape[-1], start) if max_tokens == -1 else None
     single = prompt.ndim == 1
     tokens = prompt[None] if single else prompt
     processors = list(logits_processors or [])
@@ -104,6 +128,9 @@ def generate_step(
         prompt_progress_callback(tokens.shape[1], tokens.shape[1])
     n = 0
     while n != max_tokens:
+        if n == room:
+            V.warn_context("generation (max_tokens=-1) passed the model's context "
+                           "(max_position_embeddings): later tokens are out of range")
         # Queue the next step before handing this one out, so the device works
         # while the caller detokenizes.
         next_y, next_logprobs = (None, None)
@@ -127,18 +154,28 @@ def stream_generate(model, tokenizer, prompt, max_tokens=256, draft_model=None, 
 
     ``prompt`` is a string (encoded as is) or token ids. Stops at an EOS token
     (``finish_reason="stop"``) or after ``max_tokens`` (``"length"``). Other
-    keyword arguments go to :func:`generate_step`.
+    keyword arguments go to :func:`generate_step`, which checks them
+    (``ValueError`` / ``TypeError``); ``max_tokens`` is an int >= 1 or -1 and is
+    cut to the model's context with a ``ContextLengthWarning``.
     """
     if draft_model is not None:
-        raise NotImplementedError("speculative decoding (draft_model) is not supported yet")
-    if max_tokens == 0:
-        raise ValueError("max_tokens must be non-zero (use -1 for no limit)")
+        raise NotImplementedError("speculative decoding (draft_model) is not supported yet: "
+                                  "call without draft_model")
+    max_tokens = V.check_max_tokens(max_tokens, allow_unlimited=True)
     tokenizer = _as_wrapper(tokenizer)
     if isinstance(prompt, str):
         prompt = encode_prompt(tokenizer, prompt)
-    prompt = prompt if isinstance(prompt, mx.array) else mx.array(prompt)
-    if prompt.size == 0:
+    elif isinstance(prompt, bytes) or prompt is None:
+        raise TypeError(f"prompt must be a string or token ids, got {type(prompt).__name__}")
+    if isinstance(prompt, (list, tuple)) and len(prompt) == 0:
         raise ValueError("empty prompt: nothing to generate from")
+    prompt = V.prompt_array(prompt, V.model_vocab_size(model))
+    if prompt.ndim != 1:
+        raise ValueError(f"stream_generate takes one prompt (L,), got shape {tuple(prompt.shape)}:"
+                         " use batch_generate for several")
+    # Cut here, not only in generate_step: the loop below must know the real limit.
+    max_tokens = V.cap_max_tokens(model, max_tokens, prompt.size,
+                                  V.cached_tokens(kwargs.get("prompt_cache")))
     detokenizer = tokenizer.make_detokenizer()
     tic = time.perf_counter()
     token, prompt_tps, n = None, 0.0, 0

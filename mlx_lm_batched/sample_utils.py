@@ -8,78 +8,22 @@ single-sequence mlx-lm API.
 """
 
 import math
-import numbers
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Union
 
 import mlx.core as mx
 
+from .logits_processors import LogitsProcessor, make_logits_processors  # noqa: F401 (mlx-lm's home)
+# Parameter checks live in validation.py (one place for every input check).
+from .validation import as_2d as _as_2d
+from .validation import check_rows as _check_rows
+from .validation import int_checker as _check_int
+from .validation import real_checker as _check_real
+from .validation import row_param as _param
+
 Sampler = Callable[[mx.array], mx.array]
-LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 RowParam = Union[float, int, Sequence, mx.array]
 
 _NEG_INF = -float("inf")
-
-
-# Parameter validation / normalisation (runs once, outside the hot path)
-def _is_real(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
-
-
-def _check_real(name: str, lo: float, hi: float, finite: bool = False):
-    """Checker for a real number in [lo, hi] (``not (lo <= v <= hi)`` also rejects NaN)."""
-    kind = "a finite number" if finite else "a number"
-    rng = "" if lo == -math.inf else f" >= {lo}" if hi == math.inf else f" in [{lo}, {hi}]"
-
-    def check(v):
-        if not _is_real(v) or not (lo <= v <= hi) or (finite and not math.isfinite(v)):
-            raise ValueError(f"{name} must be {kind}{rng}, got {v!r}")
-
-    return check
-
-
-def _check_int(name: str, lo: int):
-    def check(v):
-        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < lo:
-            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
-
-    return check
-
-
-def _param(name: str, value, check, dtype=mx.float32):
-    """Validate a scalar-or-per-row parameter.
-
-    Returns a Python scalar, or an ``(N, 1)`` array (one value per row) that
-    broadcasts against ``(B, V)`` logits.
-    """
-    if isinstance(value, mx.array):
-        per_row = value.ndim > 0
-        values = value.reshape(-1).tolist() if per_row else [value.item()]
-    elif hasattr(value, "__len__") and not isinstance(value, (str, bytes)):
-        per_row = True
-        # .item() turns numpy / mx scalars into Python numbers for the checks.
-        values = [v.item() if hasattr(v, "item") else v for v in value]
-    else:
-        per_row, values = False, [value]
-    if per_row and len(values) == 0:
-        raise ValueError(f"{name} must not be an empty sequence")
-    for v in values:
-        check(v)
-    if not per_row:
-        return values[0]
-    return mx.array(values, dtype=dtype).reshape(-1, 1)
-
-
-def _check_rows(name: str, p, batch: int):
-    """Per-row parameters must match the batch (a single value broadcasts)."""
-    if isinstance(p, mx.array) and p.shape[0] not in (1, batch):
-        raise ValueError(
-            f"{name} has {p.shape[0]} per-row values but the batch has {batch} rows"
-        )
-
-
-def _as_2d(x: mx.array):
-    """View a 1-D single-sequence input as a batch of one."""
-    return (x[None], True) if x.ndim == 1 else (x, False)
 
 
 def _enabled(p, lo: float, hi: float) -> bool:
@@ -204,6 +148,8 @@ def apply_xtc(
 
 
 def _check_special(tokens) -> List[int]:
+    if tokens is not None and (isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__iter__")):
+        raise ValueError(f"xtc_special_tokens must be a list of token ids, got {tokens!r:.60}")
     tokens = [] if tokens is None else list(tokens)
     for t in tokens:
         _check_int("xtc_special_tokens", 0)(t)
@@ -299,106 +245,3 @@ def make_sampler(
         return tokens[0] if squeeze else tokens
 
     return sampler
-
-
-# Logits processors: processor(tokens (B, T) | (T,), logits (B, V)) -> logits
-def _token_counts(tokens, vocab: int, batch: int, context_size: Optional[int]):
-    """``(B, V)`` float32 count of each id in the last ``context_size`` tokens.
-
-    Negative ids (left-padding) and ids >= vocab are ignored.
-    """
-    toks = tokens if isinstance(tokens, mx.array) else mx.array(tokens)
-    toks = toks[None] if toks.ndim == 1 else toks
-    if toks.shape[0] != batch:
-        raise ValueError(
-            f"tokens has {toks.shape[0]} rows but logits has {batch} rows"
-        )
-    if context_size is not None:
-        toks = toks[:, -context_size:]
-    if toks.size == 0:
-        return None
-    toks = toks.astype(mx.int32)  # pads stored as uint32 wrap to -1 here too
-    valid = (toks >= 0) & (toks < vocab)
-    # Flat scatter-add: duplicates accumulate, pads add 0 at a dummy slot.
-    flat = mx.arange(batch, dtype=mx.int32)[:, None] * vocab + mx.where(valid, toks, 0)
-    counts = mx.zeros((batch * vocab,), mx.float32)
-    counts = counts.at[flat.reshape(-1)].add(valid.reshape(-1).astype(mx.float32))
-    return counts.reshape(batch, vocab)
-
-
-def _penalty_processor(kind: str, penalty, context_size: Optional[int]):
-    def processor(tokens, logits: mx.array) -> mx.array:
-        x, squeeze = _as_2d(logits)
-        _check_rows(f"{kind}_penalty", penalty, x.shape[0])
-        counts = _token_counts(tokens, x.shape[-1], x.shape[0], context_size)
-        if counts is None:
-            return logits
-        if kind == "repetition":
-            # HF / CTRL: once per distinct id; shrink positive logits, grow negative.
-            p = mx.where(penalty == 0, 1.0, penalty) if isinstance(penalty, mx.array) else penalty
-            hit = mx.where(x < 0, x * p, x / p)
-            out = mx.where(counts > 0, hit, x)
-        elif kind == "presence":
-            out = x - penalty * (counts > 0)
-        else:  # frequency: proportional to the number of occurrences
-            out = x - penalty * counts
-        out = out.astype(x.dtype)
-        return out[0] if squeeze else out
-
-    return processor
-
-
-def make_logits_processors(
-    logit_bias: Optional[Dict[int, float]] = None,
-    repetition_penalty: Optional[RowParam] = None,
-    repetition_context_size: Optional[int] = 20,
-    presence_penalty: Optional[RowParam] = None,
-    presence_context_size: Optional[int] = 20,
-    frequency_penalty: Optional[RowParam] = None,
-    frequency_context_size: Optional[int] = 20,
-) -> List[LogitsProcessor]:
-    """Make batched logits processors (same signature as mlx-lm 0.32.2).
-
-    Each processor is ``processor(tokens, logits) -> logits`` with ``tokens``
-    ``(B, T)`` (right-aligned history per row, prompt included; negative ids
-    are padding and ignored) or ``(T,)``, and ``logits`` ``(B, V)``. Penalties
-    only look at the last ``*_context_size`` tokens (``None`` = all):
-
-    - ``logit_bias``: ``{token_id: bias}`` added to every row.
-    - ``repetition_penalty`` (>= 0): each distinct id in context has positive
-      logits divided and negative logits multiplied by the penalty.
-    - ``presence_penalty``: subtracted once per distinct id in context.
-    - ``frequency_penalty``: subtracted once per occurrence in context.
-
-    Penalties may be a scalar or one value per row; ``None``/0 disables them.
-    """
-    processors: List[LogitsProcessor] = []
-    if logit_bias:
-        for tok, bias in logit_bias.items():
-            _check_int("logit_bias token id", 0)(tok)
-            _check_real("logit_bias value", -math.inf, math.inf, finite=True)(bias)
-        ids = mx.array(list(logit_bias.keys()), dtype=mx.int32)
-        biases = mx.array(list(logit_bias.values()), dtype=mx.float32)
-
-        def logit_bias_processor(_tokens, logits: mx.array) -> mx.array:
-            return logits.at[..., ids].add(biases.astype(logits.dtype))
-
-        processors.append(logit_bias_processor)
-
-    specs = [
-        ("repetition", repetition_penalty, repetition_context_size, 0.0),
-        ("presence", presence_penalty, presence_context_size, -math.inf),
-        ("frequency", frequency_penalty, frequency_context_size, -math.inf),
-    ]
-    for kind, penalty, context_size, lo in specs:
-        if context_size is not None:
-            _check_int(f"{kind}_context_size", 1)(context_size)
-        if penalty is None:
-            continue
-        penalty = _param(
-            f"{kind}_penalty", penalty,
-            _check_real(f"{kind}_penalty", lo, math.inf, finite=True),
-        )
-        if isinstance(penalty, mx.array) or penalty != 0:
-            processors.append(_penalty_processor(kind, penalty, context_size))
-    return processors

@@ -6,12 +6,14 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from .models import get_model_module
+from .validation import check_config_fields
 
 HUB_PATTERNS = [
     "*.json",
@@ -58,15 +60,39 @@ def get_model_path(path_or_hf_repo, revision=None):
 
 
 def load_config(model_path):
-    """The model's ``config.json`` as a dict."""
+    """The model's ``config.json`` as a dict (``ModelLoadError`` naming the file if
+    it is missing, unreadable, not JSON or not a JSON object)."""
     path = Path(model_path) / "config.json"
     if not path.exists():
         raise ModelLoadError(f"no config.json in '{model_path}': not a model directory")
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelLoadError(f"cannot read '{path}': {e}") from None
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ModelLoadError(f"cannot read '{path}': {_one_line(e)}") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"'{path}' must hold a JSON object, got {type(config).__name__}")
+    return config
+
+
+def _one_line(error):
+    """An exception's message on one line (callers often print only the first)."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def generation_eos(model_path):
+    """``eos_token_id`` of ``generation_config.json``, or None (absent, or unusable:
+    then a warning names the file and config.json's EOS is used)."""
+    path = Path(model_path) / "generation_config.json"
+    if not path.exists():
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        warnings.warn(f"ignoring '{path}': {_one_line(e)}", stacklevel=3)
+        return None
+    return data.get("eos_token_id") if isinstance(data, dict) else None
 
 
 def quantization_config(config):
@@ -107,23 +133,75 @@ def quantize_like(model, weights, qconfig):
     )
 
 
-def architecture_module(config):
+def architecture_module(config, source="config.json"):
     """The module implementing ``config['model_type']``; a clear error when unknown."""
     model_type = config.get("model_type")
     if model_type is None:
-        raise ModelLoadError("config.json has no 'model_type'")
-    return get_model_module(model_type)
+        raise ModelLoadError(f"{source} has no 'model_type'")
+    if not isinstance(model_type, str):
+        raise ModelLoadError(f"{source}: 'model_type' must be a string, got {model_type!r:.60}")
+    try:
+        return get_model_module(model_type)
+    except ValueError as e:
+        raise ModelLoadError(f"{source}: {e}") from None
 
 
-def model_from_weights(config, weights, strict=True, lazy=False):
-    """Build the architecture ``config`` names and load ``weights`` (HF names) into it."""
-    module = architecture_module(config)
-    model = module.Model(module.ModelArgs.from_dict(config))
-    weights = model.sanitize(weights)
-    qconfig = quantization_config(config)
-    if qconfig is not None:
-        quantize_like(model, weights, qconfig)
-    model.load_weights(list(weights.items()), strict=strict)
+def _check_weights(model, weights, source):
+    """Strict name and shape check with one-line errors (MLX's list one name per line)."""
+    from mlx.utils import tree_flatten
+
+    expected = dict(tree_flatten(model.parameters()))
+
+    def names(keys):
+        keys = sorted(keys)
+        more = f" (and {len(keys) - 8} more)" if len(keys) > 8 else ""
+        return ", ".join(keys[:8]) + more
+
+    if missing := expected.keys() - weights.keys():
+        raise ModelLoadError(f"{source}: missing {len(missing)} parameters: {names(missing)}")
+    if extra := weights.keys() - expected.keys():
+        raise ModelLoadError(
+            f"{source}: {len(extra)} parameters not in the model: {names(extra)}")
+    for k, v in expected.items():
+        if not isinstance(weights[k], mx.array) or weights[k].shape != v.shape:
+            got = getattr(weights[k], "shape", type(weights[k]).__name__)
+            raise ModelLoadError(f"{source}: parameter {k} has shape {tuple(got)}, "
+                                 f"the model expects {tuple(v.shape)}")
+
+
+def _check_config(module, config, source):
+    try:
+        check_config_fields(module.ModelArgs, config, source)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
+
+
+def model_from_weights(config, weights, strict=True, lazy=False, source="config.json"):
+    """Build the architecture ``config`` names and load ``weights`` (HF names) into it.
+
+    ``source`` names where config and weights came from in error messages. Raises
+    ``ModelLoadError`` (a ``ValueError``) for a config the architecture cannot use
+    (missing key, wrongly typed value) and for missing, extra or misshapen weights.
+    """
+    module = architecture_module(config, source)
+    _check_config(module, config, source)
+    try:
+        model = module.Model(module.ModelArgs.from_dict(config))
+    except (ValueError, TypeError, KeyError, AttributeError, ZeroDivisionError) as e:
+        # A config the checks let through but the architecture cannot build.
+        raise ModelLoadError(f"{source}: not a valid '{config['model_type']}' config: "
+                             f"{type(e).__name__}: {_one_line(e)}") from None
+    try:
+        weights = model.sanitize(weights)
+        qconfig = quantization_config(config)
+        if qconfig is not None:
+            quantize_like(model, weights, qconfig)
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        raise ModelLoadError(f"{source}: weights do not fit the config: "
+                             f"{type(e).__name__}: {_one_line(e)}") from None
+    if strict:
+        _check_weights(model, weights, source)
+    model.load_weights(list(weights.items()), strict=False)
     if not lazy:
         mx.eval(model.parameters())
     model.eval()
@@ -137,17 +215,30 @@ def load_weights(model_path):
         raise ModelLoadError(f"no *.safetensors weights in '{model_path}'")
     weights = {}
     for f in files:
-        weights.update(mx.load(f))
+        try:
+            weights.update(mx.load(f))
+        except (RuntimeError, ValueError, OSError) as e:  # truncated, corrupt, unreadable
+            raise ModelLoadError(f"cannot read weights '{f}': {_one_line(e)}") from None
     return weights
 
 
 def load_model(model_path, lazy=False, strict=True, model_config=None):
     """Load a model from a local directory; returns ``(model, config)``."""
     config = load_config(model_path)
-    config.update(model_config or {})
-    architecture_module(config)  # fail on an unknown architecture before reading weights
-    model = model_from_weights(config, load_weights(model_path), strict=strict, lazy=lazy)
+    config.update(_check_dict("model_config", model_config))
+    source = str(Path(model_path) / "config.json")
+    _check_config(architecture_module(config, source), config, source)  # before the weights
+    model = model_from_weights(config, load_weights(model_path), strict=strict, lazy=lazy,
+                               source=source)
     return model, config
+
+
+def _check_dict(name, value):
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be a dict or None, got {type(value).__name__}")
+    return value
 
 
 def _gguf_tokenizer_dir(gguf_path):
@@ -168,11 +259,10 @@ def load_gguf(path, dtype=None, tokenizer_config=None, model_config=None):
     """
     from .gguf import read_gguf
     from .gguf_tokenizer import save_gguf_tokenizer
-    from .tokenizer_utils import load_tokenizer
 
     weights, config, _ = read_gguf(path, dtype=dtype)
-    config.update(model_config or {})
-    model = model_from_weights(config, weights)
+    config.update(_check_dict("model_config", model_config))
+    model = model_from_weights(config, weights, source=str(path))
     tok_dir = _gguf_tokenizer_dir(path)
     if not (tok_dir / "tokenizer_config.json").exists():
         # Built beside the cache entry and renamed into place, so an interrupted build never
@@ -187,7 +277,7 @@ def load_gguf(path, dtype=None, tokenizer_config=None, model_config=None):
                 raise
         finally:  # a concurrent load that renamed its copy first leaves ours behind
             shutil.rmtree(tmp, ignore_errors=True)
-    tokenizer = load_tokenizer(tok_dir, tokenizer_config, eos_token_ids=config.get("eos_token_id"))
+    tokenizer = _load_tokenizer(tok_dir, tokenizer_config, config.get("eos_token_id"))
     return model, tokenizer, config
 
 
@@ -218,9 +308,28 @@ def load(
     default device is the CPU the whole model becomes float32 (MLX's CPU
     float16/bfloat16 matmuls skip the BLAS and are slower than float32); on a
     GPU the floats keep the checkpoint's dtype. An explicit ``dtype`` wins.
+
+    ``trust_remote_code`` is accepted for mlx-lm compatibility and has no effect:
+    this loader never runs code from a model repository (architectures are this
+    package's own modules). Stop tokens: ``generation_config.json``'s
+    ``eos_token_id`` wins over ``config.json``'s (as in mlx-lm); ``model_config``
+    overrides both.
+
+    Raises ``ModelLoadError`` (a ``ValueError``; one line naming the file) for a
+    missing path, a ``config.json`` that is not a JSON object, lacks
+    ``model_type`` or a required key, or has a wrongly typed value, for truncated
+    or corrupt ``.safetensors`` files, missing or misshapen weights and an
+    unloadable tokenizer; ``TypeError`` for arguments of the wrong type;
+    ``NotImplementedError`` for ``adapter_path``.
     """
     if adapter_path is not None:
-        raise NotImplementedError("adapters (LoRA) are not supported yet")
+        raise NotImplementedError("adapters (LoRA) are not supported yet: "
+                                  "fuse the adapter into the weights first (mlx_lm.fuse)")
+    if not isinstance(path_or_hf_repo, (str, os.PathLike)):
+        raise TypeError(f"path_or_hf_repo must be a path or a repo id string, "
+                        f"got {type(path_or_hf_repo).__name__}")
+    _check_dict("tokenizer_config", tokenizer_config)
+    _check_dict("model_config", model_config)
     if str(path_or_hf_repo).endswith(".gguf"):
         if not os.path.isfile(path_or_hf_repo):
             raise ModelLoadError(f"GGUF file '{path_or_hf_repo}' does not exist")
@@ -241,11 +350,24 @@ def load(
             dequantize_model(model, dtype)
         if dtype is not None:
             cast_floats(model, dtype)
-        from .tokenizer_utils import load_tokenizer
-
-        eos = config.get("eos_token_id")
-        tokenizer = load_tokenizer(model_path, tokenizer_config, eos_token_ids=eos)
+        eos = (model_config or {}).get("eos_token_id")
+        if eos is None:
+            eos = generation_eos(model_path)
+            if eos is not None:
+                config["eos_token_id"] = eos
+        tokenizer = _load_tokenizer(model_path, tokenizer_config, config.get("eos_token_id"))
     return (model, tokenizer, config) if return_config else (model, tokenizer)
+
+
+def _load_tokenizer(model_path, tokenizer_config, eos):
+    """``load_tokenizer`` with its (often many-line) errors as one ModelLoadError line."""
+    from .tokenizer_utils import load_tokenizer
+
+    try:
+        return load_tokenizer(model_path, tokenizer_config, eos_token_ids=eos)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ModelLoadError(f"cannot load the tokenizer in '{model_path}': "
+                             f"{type(e).__name__}: {_one_line(e)}") from None
 
 
 def cast_floats(model, dtype):
