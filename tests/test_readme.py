@@ -19,14 +19,39 @@ def test_architecture_table_matches_registry():
     assert section.group(1) == table(), "run python scripts/update_readme_table.py"
 
 
+def python_blocks():
+    """The README's Python blocks that run on their own (the server's need a running server:
+    tests/test_server_openai.py runs those)."""
+    return [b for b in re.findall(r"```python\n(.*?)```", README, re.S) if "127.0.0.1:8080" not in b]
+
+
+def run_block(code, tmp_path):
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=900, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    return proc.stdout
+
+
 def test_python_example_runs_as_written(tmp_path):
-    blocks = re.findall(r"```python\n(.*?)```", README, re.S)
+    blocks = python_blocks()
     assert blocks, "README has no Python example"
-    for code in blocks:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              cwd=tmp_path, timeout=900, env=dict(os.environ, HF_HUB_OFFLINE="1"))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        lines = proc.stdout.splitlines()
-        assert sum("->" in line for line in lines) == 3
-        assert "Paris" in proc.stdout and "Bonjour" in proc.stdout  # answered by the real model
-        assert "generated tokens/s" in proc.stdout
+    out = run_block(blocks[0], tmp_path)
+    assert sum("->" in line for line in out.splitlines()) == 3
+    assert "Paris" in out and "Bonjour" in out  # answered by the real model
+    assert "generated tokens/s" in out
+
+
+def test_living_batches_example_runs_as_written(tmp_path):
+    blocks = [b for b in python_blocks() if "BatchGenerator" in b]
+    assert len(blocks) == 1, "README lost its BatchGenerator example"
+    out = run_block(blocks[0], tmp_path)
+    assert "Paris" in out and "Bonjour" in out  # both rows answered, the second joined mid-flight
+    reused = re.search(r"reused (\d+) of (\d+) prompt tokens", out)
+    assert reused and 0 < int(reused.group(1)) < int(reused.group(2))  # the first turn's cache served
+    assert "Rome" in out.splitlines()[-1]  # the second turn answered on top of it
+
+
+def test_every_python_block_is_tested():
+    readme_blocks = re.findall(r"```python\n(.*?)```", README, re.S)
+    assert len(python_blocks()) == 2 and len(readme_blocks) == 3

@@ -191,3 +191,30 @@ def test_metrics_after_requests(server):
     assert m["mlx_lm_batched_generation_tokens_total"] > 0
     assert m["mlx_lm_batched_queue_time_seconds_count"] > 0
     assert m["mlx_lm_batched_kv_cache_bytes"] == 0
+
+
+def test_readme_server_examples_run_as_written(server, oracle):
+    """The README's curl command and openai snippet, against this server (only the port differs)."""
+    import json
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Server"):]
+    section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
+    to_port = lambda text: text.replace("127.0.0.1:8080", f"127.0.0.1:{server.port}")  # noqa: E731
+    curl = [b for b in re.findall(r"```bash\n(.*?)```", section, re.S) if b.lstrip().startswith("curl")]
+    assert len(curl) == 1, "the README's Server section lost its curl example"
+    proc = subprocess.run(["bash", "-c", to_port(curl[0])], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)["choices"][0]["message"]["content"]
+    assert answer == solo(oracle, chat_ids(oracle[1], QUESTION), 32)
+    snippets = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(snippets) == 1, "the README's Server section lost its openai example"
+    proc = subprocess.run([sys.executable, "-c", to_port(snippets[0])], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    haiku = [{"role": "user", "content": "Write a haiku about the sea."}]
+    assert proc.stdout.strip() == solo(oracle, chat_ids(oracle[1], haiku), 48).strip()
