@@ -1,0 +1,105 @@
+"""Shared primitives of recurrent (state-space / linear-attention) layers, exact
+under left padding.
+
+Every primitive takes ``valid``, a ``(B, L)`` boolean array (``column_validity``):
+False for a column that is padding of its row. A padding column is the identity for
+the state: it feeds zeros into the convolution (and never shifts the row's window:
+``causal_conv`` moves it before the cached inputs) and a zero step size into the
+recurrence (``exp(0 * A) = 1``, ``0 * B x = 0``), so a row's state equals that of the
+row run alone, whatever the padding and the prefill chunking. Outputs of padding
+columns are meaningless and never reach a real token.
+"""
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .cache_views import ShiftedView
+
+
+def base_cache(cache):
+    """The layer's ``StateCache`` behind a driver view (or ``cache`` itself, or None)."""
+    return cache.cache if isinstance(cache, ShiftedView) else cache
+
+
+def column_validity(cache, offset, length):
+    """``(B, length)`` bool, True where column ``c`` of row ``b`` is a real token.
+
+    A column is padding when its position ``offset[b] + c`` is negative (left padding
+    of a first prefill) or, on a later turn whose rows start at different columns
+    (the driver's ``ShiftedView``), when it is one of the row's first ``shift[b]``."""
+    cols = mx.arange(length)[None, :]
+    valid = (offset[:, None] + cols) >= 0
+    if isinstance(cache, ShiftedView):
+        valid = valid & (cols >= cache.shift[:, None])
+    return valid
+
+
+def causal_conv(x, weight, bias, state, valid):
+    """Depthwise causal convolution over time of ``x`` ``(B, L, C)``.
+
+    ``weight``: ``(C, K)``; ``state``: the row's last ``K - 1`` inputs ``(B, K-1, C)``
+    (None: zeros). Returns ``(y, new_state)``. Each row's padding columns (leading
+    within the chunk) are zeroed and moved before its cached inputs, so the window of
+    a real column holds exactly the row's previous real inputs."""
+    B, L, C = x.shape
+    K = weight.shape[1]
+    x = mx.where(valid[..., None], x, mx.zeros((), x.dtype))
+    if state is None:
+        state = mx.zeros((B, K - 1, C), x.dtype)
+    seq = mx.concatenate([state.astype(x.dtype), x], axis=1)
+    n_pad = (L - valid.sum(axis=1)).astype(mx.int32)[:, None]
+    j = mx.arange(K - 1 + L)[None, :]
+    idx = mx.where(j < n_pad, K - 1 + j, mx.where(j < K - 1 + n_pad, j - n_pad, j))
+    seq = mx.take_along_axis(seq, idx[..., None], axis=1)
+    y = seq[:, 0:L] * weight[:, 0]
+    for k in range(1, K):
+        y = y + seq[:, k : k + L] * weight[:, k]
+    if bias is not None:
+        y = y + bias
+    return y, seq[:, L:]
+
+
+class CausalConv1d(nn.Module):
+    """Depthwise causal ``Conv1d`` with Hugging Face's ``(C, 1, K)`` weight layout."""
+
+    def __init__(self, channels, kernel, bias=True):
+        super().__init__()
+        self.kernel = kernel
+        self.weight = mx.zeros((channels, 1, kernel))
+        if bias:
+            self.bias = mx.zeros((channels,))
+
+    def __call__(self, x, state, valid):
+        bias = self.bias if "bias" in self else None
+        return causal_conv(x, self.weight[:, 0, :], bias, state, valid)
+
+    @staticmethod
+    def sanitize_weight(w, kernel):
+        """Accept mlx-lm's ``(C, K, 1)`` layout as well as Hugging Face's ``(C, 1, K)``."""
+        return w.swapaxes(1, 2) if w.ndim == 3 and w.shape[1] == kernel and w.shape[2] == 1 else w
+
+
+def weightless_rms_norm(x, eps):
+    """RMS normalisation without a weight (Falcon-Mamba's B, C and dt norms)."""
+    x32 = x.astype(mx.float32)
+    return (x32 * mx.rsqrt(mx.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+def selective_scan(x, dt, A, Bm, Cm, D, state, valid):
+    """Mamba's selective scan, vectorised over rows, sequential over time.
+
+    ``x``, ``dt``: ``(B, L, Dn)`` (``dt`` after softplus); ``A``: ``(Dn, N)``;
+    ``Bm``, ``Cm``: ``(B, L, N)``; ``state``: ``(B, Dn, N)`` or None. Padding columns
+    get ``dt = 0``: the identity step. Returns ``(y (B, L, Dn), state)`` in float32."""
+    Bsz, L, Dn = x.shape
+    x, dt = x.astype(mx.float32), mx.where(valid[..., None], dt.astype(mx.float32), 0.0)
+    Bm, Cm = Bm.astype(mx.float32), Cm.astype(mx.float32)
+    h = mx.zeros((Bsz, Dn, A.shape[1]), mx.float32) if state is None else state
+    dA = mx.exp(dt[..., None] * A)  # (B, L, Dn, N)
+    dBx = (dt * x)[..., None] * Bm[:, :, None, :]
+    ys = []
+    for t in range(L):
+        h = dA[:, t] * h + dBx[:, t]
+        ys.append((h @ Cm[:, t, :, None])[..., 0])
+    y = mx.stack(ys, axis=1) + x * D
+    return y, h

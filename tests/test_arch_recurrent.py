@@ -1,0 +1,146 @@
+"""Recurrent-state families (state caches) against transformers on tiny random
+configs, plus the checks the harness cannot see: each row's *state* in a padded batch
+equals the row alone, chunked prefill equals one pass, rows joining a running
+``BatchGenerator`` equal solo, and saved/loaded caches continue exactly."""
+
+import tempfile
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from arch_harness import VOCAB, build_hf_model, check_architecture, make_prompts, save_hf_model
+from mlx_lm_batched.batching import BatchEngine, left_pad
+from mlx_lm_batched.generate import BatchGenerator, generate_step
+from mlx_lm_batched.models.cache import StateCache, load_prompt_cache, save_prompt_cache
+from mlx_lm_batched.utils import load_model
+
+MAMBA = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, state_size=8,
+             tie_word_embeddings=False)
+
+# model_type -> (config kwargs, extra check options). ``layouts``: the config layouts
+# that differ for the family (no RoPE settings: one layout only).
+FAMILIES = {
+    "mamba": (MAMBA, {"layouts": ("transformers5",)}),
+    "mamba-tied": (dict(MAMBA, tie_word_embeddings=True, conv_kernel=3),
+                   {"model_type": "mamba", "layouts": ("transformers5",)}),
+    "falcon_mamba": (MAMBA, {"layouts": ("transformers5",)}),
+}
+
+CASES = [(name, layout) for name, (_, opts) in sorted(FAMILIES.items())
+         for layout in opts.get("layouts", ("transformers4", "transformers5"))]
+
+
+@pytest.mark.parametrize("name, layout", CASES)
+def test_family_matches_transformers_and_batches_exactly(name, layout):
+    config, options = FAMILIES[name]
+    options = dict(options)
+    options.pop("layouts", None)
+    model_type = options.pop("model_type", name)
+    check_architecture(model_type, config, layout=layout, **options)
+
+
+def _load(model_type, config):
+    hf = build_hf_model(model_type, config)
+    with tempfile.TemporaryDirectory() as d:
+        save_hf_model(hf, d, "transformers5")
+        return load_model(d)[0]
+
+
+@pytest.fixture(scope="module")
+def mamba():
+    return _load("mamba", MAMBA)
+
+
+def _prefill(model, prompts, **kwargs):
+    tokens, padding = left_pad(prompts)
+    engine = BatchEngine(model, **kwargs)
+    y, logprobs = engine.prefill(tokens, padding)
+    return engine, y, logprobs
+
+
+def _states(engine):
+    return [[np.array(a) for a in c.arrays] for c in engine.cache]
+
+
+def test_padded_rows_state_equals_row_alone(mamba):
+    # Very different lengths: the short rows are mostly padding.
+    prompts = make_prompts((41, 2, 17, 1), seed=5)
+    engine, _, logprobs = _prefill(mamba, prompts, prefill_step_size=8)
+    assert all(isinstance(c, StateCache) for c in engine.cache)
+    batch = _states(engine)
+    for i, p in enumerate(prompts):
+        solo, _, solo_lp = _prefill(mamba, [p])
+        for layer, (ours, theirs) in enumerate(zip(batch, _states(solo))):
+            for a, b in zip(ours, theirs):
+                np.testing.assert_allclose(a[i], b[0], atol=1e-5, rtol=1e-5,
+                                           err_msg=f"row {i} layer {layer}")
+        np.testing.assert_allclose(np.array(logprobs[i]), np.array(solo_lp[0]), atol=1e-4)
+
+
+def test_chunked_prefill_equals_one_pass(mamba):
+    prompts = make_prompts((30, 9), seed=6)
+    one, _, lp_one = _prefill(mamba, prompts, prefill_step_size=512)
+    chunked, _, lp_chunked = _prefill(mamba, prompts, prefill_step_size=4)
+    for a_layer, b_layer in zip(_states(one), _states(chunked)):
+        for a, b in zip(a_layer, b_layer):
+            np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.array(lp_one), np.array(lp_chunked), atol=1e-4)
+
+
+def _solo_tokens(model, prompt, n):
+    return [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=n)]
+
+
+def test_rows_joining_generator_match_solo(mamba):
+    n = 8
+    prompts = make_prompts((23, 3, 11), seed=7)
+    gen = BatchGenerator(mamba, max_tokens=n, prefill_step_size=8)
+    joins = {0: [0], 3: [1], 5: [2]}
+    out, uids, calls = {}, {}, 0
+    while calls < 200:
+        for i in joins.pop(calls, []):
+            (uids[i],) = gen.insert([prompts[i]])
+            out[uids[i]] = []
+        _, responses = gen.next()
+        calls += 1
+        for r in responses:
+            out[r.uid].append(int(r.token))
+        if not joins and all(len(t) == n for t in out.values()):
+            break
+    for i, p in enumerate(prompts):
+        assert out[uids[i]] == _solo_tokens(mamba, p, n), f"row {i}"
+
+
+def test_save_load_padded_batch_continues_exactly(mamba, tmp_path):
+    prompts = make_prompts((13, 4, 8), seed=8)
+    engine, y, _ = _prefill(mamba, prompts)
+    path = str(tmp_path / "state.safetensors")
+    save_prompt_cache(path, engine.cache)
+    loaded = load_prompt_cache(path)
+    assert loaded.padding == engine.cache.padding
+    assert [c.size for c in loaded] == [c.size for c in engine.cache]
+    assert loaded.nbytes == engine.cache.nbytes > 0
+    assert not loaded[0].is_trimmable()
+    again = BatchEngine(mamba, prompt_cache=loaded)
+    y1, y2 = y, y
+    for _ in range(5):
+        (y1, lp1), (y2, lp2) = engine.step(y1), again.step(y2)
+        np.testing.assert_array_equal(np.array(y1), np.array(y2))
+        np.testing.assert_allclose(np.array(lp1), np.array(lp2), atol=1e-5)
+
+
+def test_second_turn_with_padding_equals_row_alone(mamba):
+    # A later turn whose rows add different numbers of tokens: pad columns follow
+    # cached tokens and must not move the rows' convolution windows or SSM state.
+    first = make_prompts((9, 3), seed=9)
+    second = make_prompts((2, 7), seed=10)
+    engine, _, _ = _prefill(mamba, first)
+    tokens, padding = left_pad(second)
+    engine.prefill(tokens, padding)
+    for i in range(2):
+        solo, _, _ = _prefill(mamba, [first[i]])
+        solo.prefill(mx.array([second[i]]))
+        for ours, theirs in zip(_states(engine), _states(solo)):
+            for a, b in zip(ours, theirs):
+                np.testing.assert_allclose(a[i], b[0], atol=1e-5, rtol=1e-5, err_msg=f"row {i}")
