@@ -25,6 +25,8 @@ FAMILIES = {
     "mamba-tied": (dict(MAMBA, tie_word_embeddings=True, conv_kernel=3),
                    {"model_type": "mamba", "layouts": ("transformers5",)}),
     "falcon_mamba": (MAMBA, {"layouts": ("transformers5",)}),
+    "mamba2": (dict(MAMBA, num_heads=8, head_dim=16, n_groups=2, chunk_size=8),
+               {"layouts": ("transformers5",)}),
 }
 
 CASES = [(name, layout) for name, (_, opts) in sorted(FAMILIES.items())
@@ -122,6 +124,17 @@ def test_save_load_padded_batch_continues_exactly(mamba, tmp_path):
     assert [c.size for c in loaded] == [c.size for c in engine.cache]
     assert loaded.nbytes == engine.cache.nbytes > 0
     assert not loaded[0].is_trimmable()
+    # mlx-lm reads the file as its ArraysCache (same arrays), and we read its files.
+    from mlx_lm.models import cache as mlx_lm_cache
+    theirs = mlx_lm_cache.load_prompt_cache(path)
+    assert type(theirs[0]).__name__ == "ArraysCache"
+    for ours, other in zip(engine.cache, theirs):
+        for a, b in zip(ours.arrays, other.cache):
+            assert mx.array_equal(a, b)
+    mlx_lm_cache.save_prompt_cache(str(tmp_path / "mlx_lm.safetensors"), theirs)
+    back = load_prompt_cache(str(tmp_path / "mlx_lm.safetensors"))
+    assert all(mx.array_equal(a, b) for c, d in zip(back, engine.cache)
+               for a, b in zip(c.arrays, d.arrays))
     again = BatchEngine(mamba, prompt_cache=loaded)
     y1, y2 = y, y
     for _ in range(5):

@@ -31,6 +31,7 @@ MODEL_TYPES = {
     "hunyuan_v1_dense": "hunyuan_v1_dense",
     "llama": "llama",
     "mamba": "mamba",
+    "mamba2": "mamba2",
     "mistral": "llama",
     "mixtral": "mixtral",
     "nemotron": "nemotron",

@@ -74,29 +74,32 @@ class MambaMixer(nn.Module):
 
 
 class MambaBlock(nn.Module):
-    def __init__(self, args):
+    def __init__(self, args, mixer=MambaMixer):
         super().__init__()
         self.norm = RMSNorm(args.hidden_size, eps=args.layer_norm_epsilon)
-        self.mixer = MambaMixer(args)
+        self.mixer = mixer(args)
 
     def __call__(self, x, offset, cache=None):
         return x + self.mixer(self.norm(x), offset, cache)
 
 
 class Backbone(nn.Module):
-    def __init__(self, args):
+    def __init__(self, args, mixer):
         super().__init__()
         self.embeddings = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = [MambaBlock(args) for _ in range(args.num_hidden_layers)]
+        self.layers = [MambaBlock(args, mixer) for _ in range(args.num_hidden_layers)]
         self.norm_f = RMSNorm(args.hidden_size, eps=args.layer_norm_epsilon)
 
 
 class Model(nn.Module):
-    def __init__(self, args):
+    """A stack of pre-norm mixer blocks (``mixer``: the layer class, Mamba's by
+    default; Mamba-2 passes its own)."""
+
+    def __init__(self, args, mixer=MambaMixer):
         super().__init__()
         self.args = args
         self.model_type = args.model_type
-        self.backbone = Backbone(args)
+        self.backbone = Backbone(args, mixer)
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 

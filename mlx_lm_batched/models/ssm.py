@@ -103,3 +103,48 @@ def selective_scan(x, dt, A, Bm, Cm, D, state, valid):
         ys.append((h @ Cm[:, t, :, None])[..., 0])
     y = mx.stack(ys, axis=1) + x * D
     return y, h
+
+
+def ssd_scan(x, dt, A, Bm, Cm, D, state, valid):
+    """Mamba-2's scalar-decay scan (SSD), vectorised over rows and heads.
+
+    ``x``: ``(B, L, H, P)``; ``dt``: ``(B, L, H)`` (after softplus and limits);
+    ``A``, ``D``: ``(H,)``; ``Bm``, ``Cm``: ``(B, L, G, N)`` with ``H`` a multiple of
+    the ``G`` groups (head ``h`` reads group ``h // (H // G)``); ``state``:
+    ``(B, H, P, N)`` or None. Padding columns get ``dt = 0`` (identity step).
+    Returns ``(y (B, L, H, P), state)`` in float32."""
+    Bsz, L, H, P = x.shape
+    reps = H // Bm.shape[2]
+    x = x.astype(mx.float32)
+    dt = mx.where(valid[..., None], dt.astype(mx.float32), 0.0)
+    Bm = mx.repeat(Bm.astype(mx.float32), reps, axis=2)
+    Cm = mx.repeat(Cm.astype(mx.float32), reps, axis=2)
+    h = mx.zeros((Bsz, H, P, Bm.shape[-1]), mx.float32) if state is None else state
+    dA = mx.exp(dt * A)[..., None, None]  # (B, L, H, 1, 1)
+    dBx = (dt[..., None] * x)[..., None] * Bm[:, :, :, None, :]  # (B, L, H, P, N)
+    ys = []
+    for t in range(L):
+        h = dA[:, t] * h + dBx[:, t]
+        ys.append((h @ Cm[:, t, :, :, None])[..., 0])
+    y = mx.stack(ys, axis=1) + x * D[:, None]
+    return y, h
+
+
+class GatedRMSNorm(nn.Module):
+    """``weight * rms_norm(x * silu(gate))`` over groups of ``dims // groups`` channels
+    (Mamba-2's gated norm, ``norm_before_gate=False``)."""
+
+    def __init__(self, dims, groups=1, eps=1e-6):
+        super().__init__()
+        self.weight = mx.ones((dims,))
+        self.groups, self.eps = groups, eps
+
+    def __call__(self, x, gate=None):
+        dtype = x.dtype
+        x = x.astype(mx.float32)
+        if gate is not None:
+            x = x * nn.silu(gate.astype(mx.float32))
+        shape = x.shape
+        x = x.reshape(*shape[:-1], self.groups, -1)
+        x = x * mx.rsqrt(mx.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        return self.weight * x.reshape(shape).astype(dtype)
