@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from arch_harness import VOCAB, build_hf_model, check_architecture, make_prompts, save_hf_model
+from arch_harness import BASE_SMALL, VOCAB, build_hf_model, check_architecture, make_prompts, save_hf_model
 from mlx_lm_batched.batching import BatchEngine, left_pad
 from mlx_lm_batched.generate import BatchGenerator, generate_step
 from mlx_lm_batched.models.cache import StateCache, load_prompt_cache, save_prompt_cache
@@ -17,6 +17,8 @@ from mlx_lm_batched.utils import load_model
 
 MAMBA = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, state_size=8,
              tie_word_embeddings=False)
+LFM2 = dict(BASE_SMALL, num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
+            block_multiple_of=16)
 
 # model_type -> (config kwargs, extra check options). ``layouts``: the config layouts
 # that differ for the family (no RoPE settings: one layout only).
@@ -25,6 +27,7 @@ FAMILIES = {
     "mamba-tied": (dict(MAMBA, tie_word_embeddings=True, conv_kernel=3),
                    {"model_type": "mamba", "layouts": ("transformers5",)}),
     "falcon_mamba": (MAMBA, {"layouts": ("transformers5",)}),
+    "lfm2": (LFM2, {}),
     "mamba2": (dict(MAMBA, num_heads=8, head_dim=16, n_groups=2, chunk_size=8),
                {"layouts": ("transformers5",)}),
 }
@@ -54,6 +57,11 @@ def mamba():
     return _load("mamba", MAMBA)
 
 
+@pytest.fixture(scope="module")
+def lfm2():
+    return _load("lfm2", LFM2)
+
+
 def _prefill(model, prompts, **kwargs):
     tokens, padding = left_pad(prompts)
     engine = BatchEngine(model, **kwargs)
@@ -62,17 +70,19 @@ def _prefill(model, prompts, **kwargs):
 
 
 def _states(engine):
-    return [[np.array(a) for a in c.arrays] for c in engine.cache]
+    return [[np.array(a) for a in c.arrays] for c in engine.cache if isinstance(c, StateCache)]
 
 
-def test_padded_rows_state_equals_row_alone(mamba):
+@pytest.mark.parametrize("family", ["mamba", "lfm2"])
+def test_padded_rows_state_equals_row_alone(family, request):
+    model = request.getfixturevalue(family)
     # Very different lengths: the short rows are mostly padding.
     prompts = make_prompts((41, 2, 17, 1), seed=5)
-    engine, _, logprobs = _prefill(mamba, prompts, prefill_step_size=8)
-    assert all(isinstance(c, StateCache) for c in engine.cache)
+    engine, _, logprobs = _prefill(model, prompts, prefill_step_size=8)
+    assert any(isinstance(c, StateCache) for c in engine.cache)
     batch = _states(engine)
     for i, p in enumerate(prompts):
-        solo, _, solo_lp = _prefill(mamba, [p])
+        solo, _, solo_lp = _prefill(model, [p])
         for layer, (ours, theirs) in enumerate(zip(batch, _states(solo))):
             for a, b in zip(ours, theirs):
                 np.testing.assert_allclose(a[i], b[0], atol=1e-5, rtol=1e-5,
@@ -94,10 +104,12 @@ def _solo_tokens(model, prompt, n):
     return [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=n)]
 
 
-def test_rows_joining_generator_match_solo(mamba):
+@pytest.mark.parametrize("family", ["mamba", "lfm2"])
+def test_rows_joining_generator_match_solo(family, request):
+    model = request.getfixturevalue(family)
     n = 8
     prompts = make_prompts((23, 3, 11), seed=7)
-    gen = BatchGenerator(mamba, max_tokens=n, prefill_step_size=8)
+    gen = BatchGenerator(model, max_tokens=n, prefill_step_size=8)
     joins = {0: [0], 3: [1], 5: [2]}
     out, uids, calls = {}, {}, 0
     while calls < 200:
@@ -111,31 +123,33 @@ def test_rows_joining_generator_match_solo(mamba):
         if not joins and all(len(t) == n for t in out.values()):
             break
     for i, p in enumerate(prompts):
-        assert out[uids[i]] == _solo_tokens(mamba, p, n), f"row {i}"
+        assert out[uids[i]] == _solo_tokens(model, p, n), f"{family} row {i}"
 
 
-def test_save_load_padded_batch_continues_exactly(mamba, tmp_path):
+@pytest.mark.parametrize("family", ["mamba", "lfm2"])
+def test_save_load_padded_batch_continues_exactly(family, request, tmp_path):
+    model = request.getfixturevalue(family)
     prompts = make_prompts((13, 4, 8), seed=8)
-    engine, y, _ = _prefill(mamba, prompts)
+    engine, y, _ = _prefill(model, prompts)
     path = str(tmp_path / "state.safetensors")
     save_prompt_cache(path, engine.cache)
     loaded = load_prompt_cache(path)
     assert loaded.padding == engine.cache.padding
     assert [c.size for c in loaded] == [c.size for c in engine.cache]
     assert loaded.nbytes == engine.cache.nbytes > 0
-    assert not loaded[0].is_trimmable()
+    assert not loaded[0].is_trimmable() and loaded.trim(1) == 0
     # mlx-lm reads the file as its ArraysCache (same arrays), and we read its files.
     from mlx_lm.models import cache as mlx_lm_cache
     theirs = mlx_lm_cache.load_prompt_cache(path)
     assert type(theirs[0]).__name__ == "ArraysCache"
     for ours, other in zip(engine.cache, theirs):
-        for a, b in zip(ours.arrays, other.cache):
+        for a, b in zip(ours.state, other.state[0] if isinstance(ours, StateCache) else other.state):
             assert mx.array_equal(a, b)
     mlx_lm_cache.save_prompt_cache(str(tmp_path / "mlx_lm.safetensors"), theirs)
     back = load_prompt_cache(str(tmp_path / "mlx_lm.safetensors"))
     assert all(mx.array_equal(a, b) for c, d in zip(back, engine.cache)
-               for a, b in zip(c.arrays, d.arrays))
-    again = BatchEngine(mamba, prompt_cache=loaded)
+               for a, b in zip(c.state, d.state))
+    again = BatchEngine(model, prompt_cache=loaded)
     y1, y2 = y, y
     for _ in range(5):
         (y1, lp1), (y2, lp2) = engine.step(y1), again.step(y2)
@@ -143,17 +157,20 @@ def test_save_load_padded_batch_continues_exactly(mamba, tmp_path):
         np.testing.assert_allclose(np.array(lp1), np.array(lp2), atol=1e-5)
 
 
-def test_second_turn_with_padding_equals_row_alone(mamba):
+@pytest.mark.parametrize("family", ["mamba", "lfm2"])
+def test_second_turn_with_padding_equals_row_alone(family, request):
+    model = request.getfixturevalue(family)
     # A later turn whose rows add different numbers of tokens: pad columns follow
     # cached tokens and must not move the rows' convolution windows or SSM state.
     first = make_prompts((9, 3), seed=9)
     second = make_prompts((2, 7), seed=10)
-    engine, _, _ = _prefill(mamba, first)
+    engine, _, _ = _prefill(model, first)
     tokens, padding = left_pad(second)
-    engine.prefill(tokens, padding)
+    _, logprobs = engine.prefill(tokens, padding)
     for i in range(2):
-        solo, _, _ = _prefill(mamba, [first[i]])
-        solo.prefill(mx.array([second[i]]))
+        solo, _, _ = _prefill(model, [first[i]])
+        _, solo_lp = solo.prefill(mx.array([second[i]]))
+        np.testing.assert_allclose(np.array(logprobs[i]), np.array(solo_lp[0]), atol=1e-4)
         for ours, theirs in zip(_states(engine), _states(solo)):
             for a, b in zip(ours, theirs):
                 np.testing.assert_allclose(a[i], b[0], atol=1e-5, rtol=1e-5, err_msg=f"row {i}")

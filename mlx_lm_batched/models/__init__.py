@@ -29,6 +29,7 @@ MODEL_TYPES = {
     "granitemoe": "granitemoe",
     "helium": "helium",
     "hunyuan_v1_dense": "hunyuan_v1_dense",
+    "lfm2": "lfm2",
     "llama": "llama",
     "mamba": "mamba",
     "mamba2": "mamba2",

@@ -148,3 +148,50 @@ class GatedRMSNorm(nn.Module):
         x = x.reshape(*shape[:-1], self.groups, -1)
         x = x * mx.rsqrt(mx.mean(x * x, axis=-1, keepdims=True) + self.eps)
         return self.weight * x.reshape(shape).astype(dtype)
+
+
+class ShortConv(nn.Module):
+    """LFM2's gated short convolution: ``out(C * conv(B * x))`` with ``B, C, x`` from
+    one input projection; its ``StateCache`` holds the last ``kernel - 1`` inputs."""
+
+    def __init__(self, hidden_size, kernel, bias=False):
+        super().__init__()
+        self.in_proj = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
+        self.conv = CausalConv1d(hidden_size, kernel, bias=bias)
+        self.out_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
+
+    def __call__(self, x, mask, offset, cache=None, attention=None):
+        valid = column_validity(cache, offset, x.shape[1])
+        state = base_cache(cache)
+        b, c, h = mx.split(self.in_proj(x), 3, axis=-1)
+        y, conv_state = self.conv(b * h, None if state is None else state[0], valid)
+        if state is not None:
+            state[0] = conv_state
+            state.advance(x.shape[1])
+        return self.out_proj(c * y)
+
+
+class HybridBlock(nn.Module):
+    """Pre-norm block around any mixer (attention or a recurrent layer) and an
+    optional MLP: ``h = x + mixer(norm1(x)); out = h + mlp(norm2(h))``.
+
+    ``names``: the checkpoint's names for (mixer, mlp, norm1, norm2); a mixer takes
+    ``(x, mask, offset, cache, attention)`` like the shared ``Attention``."""
+
+    def __init__(self, mixer, mlp, norm, names=("self_attn", "mlp", "input_layernorm",
+                                                 "post_attention_layernorm")):
+        super().__init__()
+        self.names = tuple(names)
+        setattr(self, names[0], mixer)
+        setattr(self, names[2], norm())
+        if mlp is not None:
+            setattr(self, names[1], mlp)
+            setattr(self, names[3], norm())
+        self.has_mlp = mlp is not None
+
+    def __call__(self, x, mask, offset, cache=None, attention=None):
+        mixer, mlp, norm1, norm2 = self.names
+        h = x + getattr(self, mixer)(getattr(self, norm1)(x), mask, offset, cache, attention)
+        if not self.has_mlp:
+            return h
+        return h + getattr(self, mlp)(getattr(self, norm2)(h))
