@@ -19,6 +19,11 @@ MAMBA = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, state_size=8
              tie_word_embeddings=False)
 LFM2 = dict(BASE_SMALL, num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
             block_multiple_of=16)
+QWEN3_NEXT = dict(BASE_SMALL, num_hidden_layers=4, head_dim=16, moe_intermediate_size=32,
+                  shared_expert_intermediate_size=48, num_experts=4, num_experts_per_tok=2,
+                  linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
+                  linear_value_head_dim=8, mlp_only_layers=[1],
+                  layer_types=["linear_attention", "full_attention"] * 2)
 
 # model_type -> (config kwargs, extra check options). ``layouts``: the config layouts
 # that differ for the family (no RoPE settings: one layout only).
@@ -28,6 +33,7 @@ FAMILIES = {
                    {"model_type": "mamba", "layouts": ("transformers5",)}),
     "falcon_mamba": (MAMBA, {"layouts": ("transformers5",)}),
     "lfm2": (LFM2, {}),
+    "qwen3_next": (QWEN3_NEXT, {}),
     "mamba2": (dict(MAMBA, num_heads=8, head_dim=16, n_groups=2, chunk_size=8),
                {"layouts": ("transformers5",)}),
 }
@@ -62,6 +68,11 @@ def lfm2():
     return _load("lfm2", LFM2)
 
 
+@pytest.fixture(scope="module")
+def qwen3_next():
+    return _load("qwen3_next", QWEN3_NEXT)
+
+
 def _prefill(model, prompts, **kwargs):
     tokens, padding = left_pad(prompts)
     engine = BatchEngine(model, **kwargs)
@@ -73,7 +84,7 @@ def _states(engine):
     return [[np.array(a) for a in c.arrays] for c in engine.cache if isinstance(c, StateCache)]
 
 
-@pytest.mark.parametrize("family", ["mamba", "lfm2"])
+@pytest.mark.parametrize("family", ["mamba", "lfm2", "qwen3_next"])
 def test_padded_rows_state_equals_row_alone(family, request):
     model = request.getfixturevalue(family)
     # Very different lengths: the short rows are mostly padding.
@@ -157,7 +168,7 @@ def test_save_load_padded_batch_continues_exactly(family, request, tmp_path):
         np.testing.assert_allclose(np.array(lp1), np.array(lp2), atol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["mamba", "lfm2"])
+@pytest.mark.parametrize("family", ["mamba", "lfm2", "qwen3_next"])
 def test_second_turn_with_padding_equals_row_alone(family, request):
     model = request.getfixturevalue(family)
     # A later turn whose rows add different numbers of tokens: pad columns follow

@@ -45,6 +45,7 @@ MODEL_TYPES = {
     "qwen2_moe": "qwen2_moe",
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3_moe",
+    "qwen3_next": "qwen3_next",
     "seed_oss": "seed_oss",
     "smollm3": "smollm3",
     "stablelm": "stablelm",

@@ -131,23 +131,29 @@ def ssd_scan(x, dt, A, Bm, Cm, D, state, valid):
 
 
 class GatedRMSNorm(nn.Module):
-    """``weight * rms_norm(x * silu(gate))`` over groups of ``dims // groups`` channels
-    (Mamba-2's gated norm, ``norm_before_gate=False``)."""
+    """RMS norm over groups of ``dims // groups`` channels gated by ``silu(gate)``:
+    ``weight * rms_norm(x * silu(gate))`` (Mamba-2, ``norm_before_gate=False``) or
+    ``weight * rms_norm(x) * silu(gate)`` (Qwen3-Next's linear attention)."""
 
-    def __init__(self, dims, groups=1, eps=1e-6):
+    def __init__(self, dims, groups=1, eps=1e-6, norm_before_gate=False):
         super().__init__()
         self.weight = mx.ones((dims,))
         self.groups, self.eps = groups, eps
+        self.norm_before_gate = norm_before_gate
 
     def __call__(self, x, gate=None):
         dtype = x.dtype
         x = x.astype(mx.float32)
-        if gate is not None:
-            x = x * nn.silu(gate.astype(mx.float32))
+        silu_gate = None if gate is None else nn.silu(gate.astype(mx.float32))
+        if silu_gate is not None and not self.norm_before_gate:
+            x = x * silu_gate
         shape = x.shape
         x = x.reshape(*shape[:-1], self.groups, -1)
         x = x * mx.rsqrt(mx.mean(x * x, axis=-1, keepdims=True) + self.eps)
-        return self.weight * x.reshape(shape).astype(dtype)
+        x = self.weight * x.reshape(shape).astype(dtype)
+        if silu_gate is not None and self.norm_before_gate:
+            x = (x * silu_gate).astype(dtype)
+        return x
 
 
 class ShortConv(nn.Module):

@@ -1,0 +1,95 @@
+"""Gated delta-rule linear attention (Qwen3-Next, Qwen3.5), exact under padding.
+
+The state of a head is a ``(Dk, Dv)`` matrix ``S``; each token decays it by
+``exp(g)``, then writes ``beta * (v - S^T k)`` along ``k``, and reads ``S^T q``. A padding
+column gets ``g = 0`` and ``beta = 0``: ``S`` is unchanged (the identity step). A short
+causal convolution over q, k and v precedes it, with its own state (``ssm.causal_conv``).
+"""
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .ssm import CausalConv1d, GatedRMSNorm, base_cache, column_validity
+
+
+def l2_normalize(x, eps=1e-6):
+    return x * mx.rsqrt(mx.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def gated_delta_rule(q, k, v, g, beta, state, valid):
+    """Run the recurrence, vectorised over rows and heads, sequential over time.
+
+    ``q``, ``k``: ``(B, L, Hv, Dk)`` (already repeated to the value heads and
+    L2-normalised); ``v``: ``(B, L, Hv, Dv)``; ``g`` (log decay), ``beta``: ``(B, L, Hv)``;
+    ``state``: ``(B, Hv, Dk, Dv)`` or None. Returns ``(out (B, L, Hv, Dv), state)``
+    in float32."""
+    B, L, H, Dk = k.shape
+    q = q.astype(mx.float32) * (Dk ** -0.5)
+    k, v = k.astype(mx.float32), v.astype(mx.float32)
+    keep = valid[..., None]
+    decay = mx.exp(mx.where(keep, g.astype(mx.float32), 0.0))[..., None, None]
+    beta = mx.where(keep, beta.astype(mx.float32), 0.0)[..., None]
+    S = mx.zeros((B, H, Dk, v.shape[-1]), mx.float32) if state is None else state
+    outs = []
+    for t in range(L):
+        S = S * decay[:, t]
+        kt = k[:, t]
+        memory = (S * kt[..., None]).sum(axis=-2)  # (B, H, Dv)
+        delta = (v[:, t] - memory) * beta[:, t]
+        S = S + kt[..., None] * delta[..., None, :]
+        outs.append((S * q[:, t][..., None]).sum(axis=-2))
+    return mx.stack(outs, axis=1), S
+
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3-Next's linear-attention layer: projections (fused per key head in
+    Qwen3-Next's ``in_proj_qkvz``/``in_proj_ba`` layout), conv, gated delta rule,
+    gated RMS norm per value head, output projection. Its ``StateCache`` holds
+    ``[conv inputs, delta state]``."""
+
+    def __init__(self, hidden_size, n_k_heads, n_v_heads, k_dim, v_dim, kernel, eps):
+        super().__init__()
+        self.sizes = (n_k_heads, n_v_heads, k_dim, v_dim)
+        key_dim, value_dim = n_k_heads * k_dim, n_v_heads * v_dim
+        self.in_proj_qkvz = nn.Linear(hidden_size, 2 * key_dim + 2 * value_dim, bias=False)
+        self.in_proj_ba = nn.Linear(hidden_size, 2 * n_v_heads, bias=False)
+        self.conv1d = CausalConv1d(2 * key_dim + value_dim, kernel, bias=False)
+        self.dt_bias = mx.ones((n_v_heads,))
+        self.A_log = mx.zeros((n_v_heads,))
+        self.norm = GatedRMSNorm(v_dim, eps=eps, norm_before_gate=True)
+        self.out_proj = nn.Linear(value_dim, hidden_size, bias=False)
+
+    def project(self, x):
+        """``(qkv (B, L, 2*Kd + Vd), z (B, L, Hv, Dv), b, a (B, L, Hv))``."""
+        Hk, Hv, Dk, Dv = self.sizes
+        B, L, _ = x.shape
+        r = Hv // Hk
+        qkvz = self.in_proj_qkvz(x).reshape(B, L, Hk, 2 * Dk + 2 * r * Dv)
+        q, k, v, z = mx.split(qkvz, [Dk, 2 * Dk, 2 * Dk + r * Dv], axis=-1)
+        b, a = mx.split(self.in_proj_ba(x).reshape(B, L, Hk, 2 * r), 2, axis=-1)
+        qkv = mx.concatenate([q.reshape(B, L, -1), k.reshape(B, L, -1), v.reshape(B, L, -1)], -1)
+        return qkv, z.reshape(B, L, Hv, Dv), b.reshape(B, L, Hv), a.reshape(B, L, Hv)
+
+    def __call__(self, x, mask, offset, cache=None, attention=None):
+        Hk, Hv, Dk, Dv = self.sizes
+        B, L, _ = x.shape
+        valid = column_validity(cache, offset, L)
+        state = base_cache(cache)
+        conv_state, delta_state = (None, None) if state is None else (state[0], state[1])
+        qkv, z, b, a = self.project(x)
+        qkv, conv_state = self.conv1d(qkv, conv_state, valid)
+        qkv = nn.silu(qkv)
+        q, k, v = mx.split(qkv, [Hk * Dk, 2 * Hk * Dk], axis=-1)
+        q = l2_normalize(q.reshape(B, L, Hk, Dk).astype(mx.float32))
+        k = l2_normalize(k.reshape(B, L, Hk, Dk).astype(mx.float32))
+        if Hv != Hk:  # each key head serves Hv // Hk consecutive value heads
+            q, k = mx.repeat(q, Hv // Hk, axis=2), mx.repeat(k, Hv // Hk, axis=2)
+        beta = mx.sigmoid(b.astype(mx.float32))
+        g = -mx.exp(self.A_log.astype(mx.float32)) * nn.softplus(a.astype(mx.float32) + self.dt_bias)
+        out, delta_state = gated_delta_rule(q, k, v.reshape(B, L, Hv, Dv), g, beta,
+                                            delta_state, valid)
+        out = self.norm(out.astype(x.dtype), z)
+        if state is not None:
+            state[0], state[1] = conv_state, delta_state
+            state.advance(L)
+        return self.out_proj(out.reshape(B, L, -1))
