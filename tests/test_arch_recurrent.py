@@ -9,7 +9,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from arch_harness import BASE_SMALL, VOCAB, build_hf_model, check_architecture, make_prompts, save_hf_model
+from arch_harness import (BASE_SMALL, VOCAB, build_hf_model, check_architecture, greedy_tokens,
+                          make_prompts, save_hf_model)
 from mlx_lm_batched.batching import BatchEngine, left_pad
 from mlx_lm_batched.generate import BatchGenerator, generate_step
 from mlx_lm_batched.models.cache import StateCache, load_prompt_cache, save_prompt_cache
@@ -24,6 +25,10 @@ QWEN3_NEXT = dict(BASE_SMALL, num_hidden_layers=4, head_dim=16, moe_intermediate
                   linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
                   linear_value_head_dim=8, mlp_only_layers=[1],
                   layer_types=["linear_attention", "full_attention"] * 2)
+NEMOTRON_H = dict(BASE_SMALL, head_dim=16, mamba_num_heads=8, mamba_head_dim=8, ssm_state_size=8,
+                  n_groups=2, layers_block_type=["linear_attention", "full_attention", "mlp", "moe"],
+                  n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                  moe_shared_expert_intermediate_size=48, n_group=1, topk_group=1)
 
 # model_type -> (config kwargs, extra check options). ``layouts``: the config layouts
 # that differ for the family (no RoPE settings: one layout only).
@@ -34,6 +39,7 @@ FAMILIES = {
     "falcon_mamba": (MAMBA, {"layouts": ("transformers5",)}),
     "lfm2": (LFM2, {}),
     "qwen3_next": (QWEN3_NEXT, {}),
+    "nemotron_h": (NEMOTRON_H, {"layouts": ("transformers5",)}),
     "mamba2": (dict(MAMBA, num_heads=8, head_dim=16, n_groups=2, chunk_size=8),
                {"layouts": ("transformers5",)}),
 }
@@ -185,3 +191,19 @@ def test_second_turn_with_padding_equals_row_alone(family, request):
         for ours, theirs in zip(_states(engine), _states(solo)):
             for a, b in zip(ours, theirs):
                 np.testing.assert_allclose(a[i], b[0], atol=1e-5, rtol=1e-5, err_msg=f"row {i}")
+
+
+def test_nemotron_h_reads_hub_pattern_and_max_kv_size(tmp_path):
+    from mlx_lm_batched.models.nemotron_h import ModelArgs
+    hub = ModelArgs.from_dict(dict(model_type="nemotron_h", vocab_size=VOCAB, hidden_size=64,
+                                   hybrid_override_pattern="M*-E"))
+    assert hub.layers_block_type == ["mamba", "attention", "mlp", "moe"]
+    assert hub.num_hidden_layers == 4
+    with pytest.raises(ValueError, match="layers_block_type or hybrid_override_pattern"):
+        ModelArgs.from_dict(dict(model_type="nemotron_h", vocab_size=VOCAB, hidden_size=64))
+    # A ring-limited attention cache next to state caches: rows still equal solo.
+    model = _load("nemotron_h", NEMOTRON_H)
+    prompts = make_prompts((19, 5), seed=11)
+    batch = greedy_tokens(model, prompts, 6, max_kv_size=8)
+    for i, p in enumerate(prompts):
+        np.testing.assert_array_equal(batch[i], greedy_tokens(model, [p], 6, max_kv_size=8)[0])

@@ -36,6 +36,7 @@ MODEL_TYPES = {
     "mistral": "llama",
     "mixtral": "mixtral",
     "nemotron": "nemotron",
+    "nemotron_h": "nemotron_h",
     "olmo2": "olmo2",
     "olmo3": "olmo3",
     "phi": "phi",

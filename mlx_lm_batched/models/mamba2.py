@@ -27,25 +27,35 @@ def _as_float(value):
 
 
 class Mamba2Mixer(nn.Module):
-    def __init__(self, args):
+    """Mamba-2's SSD mixer over ``heads * head_dim`` channels (also Nemotron-H's,
+    Granite 4's and Falcon-H1's); ``from_args`` reads Mamba-2's config names."""
+
+    def __init__(self, hidden_size, heads, head_dim, state_size, groups, kernel, eps,
+                 bias=False, conv_bias=True, dt_limit=None):
         super().__init__()
-        D, N, G, H = args.intermediate_size, args.state_size, args.n_groups, args.num_heads
-        if H * args.head_dim != D:
-            raise ValueError(f"num_heads * head_dim ({H * args.head_dim}) must equal "
-                             f"expand * hidden_size ({D})")
-        self.sizes = (D, N, G, H, args.head_dim)
+        D, N, G, H = heads * head_dim, state_size, groups, heads
+        self.sizes = (D, N, G, H, head_dim)
         conv_dim = D + 2 * G * N
-        self.in_proj = nn.Linear(args.hidden_size, D + conv_dim + H, bias=args.use_bias)
-        self.conv1d = CausalConv1d(conv_dim, args.conv_kernel, bias=args.use_conv_bias)
+        self.in_proj = nn.Linear(hidden_size, D + conv_dim + H, bias=bias)
+        self.conv1d = CausalConv1d(conv_dim, kernel, bias=conv_bias)
         self.dt_bias = mx.ones((H,))
         self.A_log = mx.zeros((H,))
         self.D = mx.ones((H,))
-        self.norm = GatedRMSNorm(D, groups=G, eps=args.layer_norm_epsilon)
-        self.out_proj = nn.Linear(D, args.hidden_size, bias=args.use_bias)
-        low, high = args.time_step_limit or (0.0, float("inf"))
+        self.norm = GatedRMSNorm(D, groups=G, eps=eps)
+        self.out_proj = nn.Linear(D, hidden_size, bias=bias)
+        low, high = dt_limit or (0.0, float("inf"))
         self._dt_limit = (_as_float(low), _as_float(high))
 
-    def __call__(self, x, offset, cache=None):
+    @classmethod
+    def from_args(cls, args):
+        if args.num_heads * args.head_dim != args.intermediate_size:
+            raise ValueError(f"num_heads * head_dim ({args.num_heads * args.head_dim}) must "
+                             f"equal expand * hidden_size ({args.intermediate_size})")
+        return cls(args.hidden_size, args.num_heads, args.head_dim, args.state_size, args.n_groups,
+                   args.conv_kernel, args.layer_norm_epsilon, args.use_bias, args.use_conv_bias,
+                   args.time_step_limit)
+
+    def __call__(self, x, offset, cache=None, *_):
         D, N, G, H, P = self.sizes
         Bsz, L, _ = x.shape
         valid = column_validity(cache, offset, L)
@@ -69,4 +79,4 @@ class Mamba2Mixer(nn.Module):
 
 class Model(mamba.Model):
     def __init__(self, args):
-        super().__init__(args, Mamba2Mixer)
+        super().__init__(args, Mamba2Mixer.from_args)
