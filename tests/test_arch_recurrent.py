@@ -20,6 +20,8 @@ MAMBA = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, state_size=8
              tie_word_embeddings=False)
 LFM2 = dict(BASE_SMALL, num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
             block_multiple_of=16)
+LFM2_MOE = dict(BASE_SMALL, num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
+                moe_intermediate_size=32, num_dense_layers=1, num_experts=4, num_experts_per_tok=2)
 QWEN3_NEXT = dict(BASE_SMALL, num_hidden_layers=4, head_dim=16, moe_intermediate_size=32,
                   shared_expert_intermediate_size=48, num_experts=4, num_experts_per_tok=2,
                   linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
@@ -38,6 +40,7 @@ FAMILIES = {
                    {"model_type": "mamba", "layouts": ("transformers5",)}),
     "falcon_mamba": (MAMBA, {"layouts": ("transformers5",)}),
     "lfm2": (LFM2, {}),
+    "lfm2_moe": (LFM2_MOE, {}),
     "qwen3_next": (QWEN3_NEXT, {}),
     "nemotron_h": (NEMOTRON_H, {"layouts": ("transformers5",)}),
     "mamba2": (dict(MAMBA, num_heads=8, head_dim=16, n_groups=2, chunk_size=8),
@@ -207,3 +210,25 @@ def test_nemotron_h_reads_hub_pattern_and_max_kv_size(tmp_path):
     batch = greedy_tokens(model, prompts, 6, max_kv_size=8)
     for i, p in enumerate(prompts):
         np.testing.assert_array_equal(batch[i], greedy_tokens(model, [p], 6, max_kv_size=8)[0])
+
+
+def test_lfm2_moe_expert_bias_matches_transformers():
+    # The harness leaves ``expert_bias`` at zero; a random one must move the choice
+    # of experts exactly as transformers does.
+    import torch
+    from arch_harness import ATOL, hf_logits
+
+    hf = build_hf_model("lfm2_moe", LFM2_MOE)
+    with torch.no_grad():
+        for name, b in hf.named_buffers():
+            if name.endswith("expert_bias"):
+                b.normal_(0.0, 0.5)
+    with tempfile.TemporaryDirectory() as d:
+        save_hf_model(hf, d, "transformers5")
+        model = load_model(d)[0]
+    prompts = make_prompts((9, 3), seed=12)
+    tokens, padding = left_pad(prompts)
+    logits = model(tokens, offset=mx.array([-p for p in padding]))
+    for i, p in enumerate(prompts):
+        np.testing.assert_allclose(np.array(logits[i, padding[i]:]), hf_logits(hf, p),
+                                   atol=ATOL, rtol=ATOL)

@@ -30,6 +30,7 @@ MODEL_TYPES = {
     "helium": "helium",
     "hunyuan_v1_dense": "hunyuan_v1_dense",
     "lfm2": "lfm2",
+    "lfm2_moe": "lfm2_moe",
     "llama": "llama",
     "mamba": "mamba",
     "mamba2": "mamba2",

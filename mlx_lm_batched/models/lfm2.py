@@ -48,15 +48,16 @@ class ModelArgs(DecoderArgs):
 
 
 class Model(CausalLM):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, feed_forward=None):
+        """``feed_forward(i)``: layer ``i``'s MLP (LFM2-MoE's); default LFM2's SwiGLU."""
         super().__init__()
         n_kv, head_dim = attention_dims(args)
         rope = config_rope(args, head_dim)
         norm = lambda: RMSNorm(args.hidden_size, args.norm_eps)
         names = lambda mixer: (mixer, "feed_forward", "operator_norm", "ffn_norm")
         layers = []
-        for kind in args.layer_types:
-            mlp = MLP(args.hidden_size, args.ff_dim())
+        for i, kind in enumerate(args.layer_types):
+            mlp = feed_forward(i) if feed_forward else MLP(args.hidden_size, args.ff_dim())
             if kind == "conv":
                 mixer = ShortConv(args.hidden_size, args.conv_L_cache, args.conv_bias)
                 layers.append(HybridBlock(mixer, mlp, norm, names("conv")))
