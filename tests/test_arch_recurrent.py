@@ -20,6 +20,9 @@ MAMBA = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, state_size=8
              tie_word_embeddings=False)
 LFM2 = dict(BASE_SMALL, num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
             block_multiple_of=16)
+JAMBA = dict(BASE_SMALL, num_hidden_layers=4, num_experts=4, num_experts_per_tok=2,
+             attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+             expert_layer_offset=1, mamba_d_state=8, mamba_dt_rank=8)
 LFM2_MOE = dict(BASE_SMALL, num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
                 moe_intermediate_size=32, num_dense_layers=1, num_experts=4, num_experts_per_tok=2)
 QWEN3_NEXT = dict(BASE_SMALL, num_hidden_layers=4, head_dim=16, moe_intermediate_size=32,
@@ -39,6 +42,7 @@ FAMILIES = {
     "mamba-tied": (dict(MAMBA, tie_word_embeddings=True, conv_kernel=3),
                    {"model_type": "mamba", "layouts": ("transformers5",)}),
     "falcon_mamba": (MAMBA, {"layouts": ("transformers5",)}),
+    "jamba": (JAMBA, {"layouts": ("transformers5",)}),
     "lfm2": (LFM2, {}),
     "lfm2_moe": (LFM2_MOE, {}),
     "qwen3_next": (QWEN3_NEXT, {}),

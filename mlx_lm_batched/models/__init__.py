@@ -29,6 +29,7 @@ MODEL_TYPES = {
     "granitemoe": "granitemoe",
     "helium": "helium",
     "hunyuan_v1_dense": "hunyuan_v1_dense",
+    "jamba": "jamba",
     "lfm2": "lfm2",
     "lfm2_moe": "lfm2_moe",
     "llama": "llama",

@@ -39,20 +39,44 @@ class ModelArgs(BaseModelArgs):
 
 
 class MambaMixer(nn.Module):
-    def __init__(self, args):
+    """Mamba's selective-SSM mixer. ``bcdt_norm``: RMS norms on dt, B and C before
+    the scan: None, ``"weightless"`` (Falcon-Mamba) or ``"weighted"`` (Jamba's
+    ``dt_layernorm``/``b_layernorm``/``c_layernorm``)."""
+
+    def __init__(self, hidden_size, inner, state_size, dt_rank, kernel, bias=False,
+                 conv_bias=True, bcdt_norm=None, eps=1e-6):
         super().__init__()
-        D, N, R = args.intermediate_size, args.state_size, args.time_step_rank
+        D, N, R = inner, state_size, dt_rank
         self.sizes = (D, N, R)
-        self.in_proj = nn.Linear(args.hidden_size, 2 * D, bias=args.use_bias)
-        self.conv1d = CausalConv1d(D, args.conv_kernel, bias=args.use_conv_bias)
+        self.in_proj = nn.Linear(hidden_size, 2 * D, bias=bias)
+        self.conv1d = CausalConv1d(D, kernel, bias=conv_bias)
         self.x_proj = nn.Linear(D, R + 2 * N, bias=False)
         self.dt_proj = nn.Linear(R, D, bias=True)
         self.A_log = mx.zeros((D, N))
         self.D = mx.ones((D,))
-        self.out_proj = nn.Linear(D, args.hidden_size, bias=args.use_bias)
-        self.bcdt_eps = args.mixer_rms_eps if args.model_type == "falcon_mamba" else None
+        self.out_proj = nn.Linear(D, hidden_size, bias=bias)
+        self.bcdt_norm, self.bcdt_eps = bcdt_norm, eps
+        if bcdt_norm == "weighted":
+            self.dt_layernorm = RMSNorm(R, eps)
+            self.b_layernorm = RMSNorm(N, eps)
+            self.c_layernorm = RMSNorm(N, eps)
 
-    def __call__(self, x, offset, cache=None):
+    @classmethod
+    def from_args(cls, args):
+        falcon = args.model_type == "falcon_mamba"
+        return cls(args.hidden_size, args.intermediate_size, args.state_size, args.time_step_rank,
+                   args.conv_kernel, args.use_bias, args.use_conv_bias,
+                   "weightless" if falcon else None, args.mixer_rms_eps)
+
+    def _norm_bcdt(self, dt, Bm, Cm):
+        if self.bcdt_norm == "weightless":
+            return tuple(weightless_rms_norm(t, self.bcdt_eps) for t in (dt, Bm, Cm))
+        if self.bcdt_norm == "weighted":
+            return self.dt_layernorm(dt), self.b_layernorm(Bm), self.c_layernorm(Cm)
+        return dt, Bm, Cm
+
+    def __call__(self, x, mask, offset, cache=None, attention=None):
+        """``mask``/``attention`` are unused (the mixers share attention's signature)."""
         D, N, R = self.sizes
         valid = column_validity(cache, offset, x.shape[1])
         state = base_cache(cache)
@@ -61,8 +85,7 @@ class MambaMixer(nn.Module):
         x, conv_state = self.conv1d(x, conv_state, valid)
         x = nn.silu(x)
         dt, Bm, Cm = mx.split(self.x_proj(x), [R, R + N], axis=-1)
-        if self.bcdt_eps is not None:
-            dt, Bm, Cm = (weightless_rms_norm(t, self.bcdt_eps) for t in (dt, Bm, Cm))
+        dt, Bm, Cm = self._norm_bcdt(dt, Bm, Cm)
         dt = nn.softplus(self.dt_proj(dt))
         A = -mx.exp(self.A_log.astype(mx.float32))
         y, ssm_state = selective_scan(x, dt, A, Bm, Cm, self.D, ssm_state, valid)
@@ -74,13 +97,13 @@ class MambaMixer(nn.Module):
 
 
 class MambaBlock(nn.Module):
-    def __init__(self, args, mixer=MambaMixer):
+    def __init__(self, args, mixer=MambaMixer.from_args):
         super().__init__()
         self.norm = RMSNorm(args.hidden_size, eps=args.layer_norm_epsilon)
         self.mixer = mixer(args)
 
     def __call__(self, x, offset, cache=None):
-        return x + self.mixer(self.norm(x), offset, cache)
+        return x + self.mixer(self.norm(x), None, offset, cache)
 
 
 class Backbone(nn.Module):
@@ -92,10 +115,10 @@ class Backbone(nn.Module):
 
 
 class Model(nn.Module):
-    """A stack of pre-norm mixer blocks (``mixer``: the layer class, Mamba's by
-    default; Mamba-2 passes its own)."""
+    """A stack of pre-norm mixer blocks (``mixer(args)``: builds one layer's mixer,
+    Mamba's by default; Mamba-2 passes its own)."""
 
-    def __init__(self, args, mixer=MambaMixer):
+    def __init__(self, args, mixer=MambaMixer.from_args):
         super().__init__()
         self.args = args
         self.model_type = args.model_type

@@ -55,7 +55,7 @@ class Mamba2Mixer(nn.Module):
                    args.conv_kernel, args.layer_norm_epsilon, args.use_bias, args.use_conv_bias,
                    args.time_step_limit)
 
-    def __call__(self, x, offset, cache=None, *_):
+    def __call__(self, x, mask, offset, cache=None, attention=None):
         D, N, G, H, P = self.sizes
         Bsz, L, _ = x.shape
         valid = column_validity(cache, offset, L)

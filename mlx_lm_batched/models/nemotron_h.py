@@ -119,9 +119,7 @@ class Block(nn.Module):
 
     def __call__(self, x, mask, offset, cache):
         h = self.norm(x)
-        if self.kind == "mamba":
-            return x + self.mixer(h, offset, cache)
-        if self.kind == "attention":
+        if self.kind in ("mamba", "attention"):
             return x + self.mixer(h, mask, offset, cache)
         return x + self.mixer(h)
 
