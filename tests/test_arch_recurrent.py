@@ -20,6 +20,12 @@ MAMBA = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, state_size=8
              tie_word_embeddings=False)
 LFM2 = dict(BASE_SMALL, num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
             block_multiple_of=16)
+GRANITE_HYBRID = dict(BASE_SMALL, num_hidden_layers=3, intermediate_size=32,
+                      shared_intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
+                      mamba_n_heads=8, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=2,
+                      layer_types=["mamba", "attention", "mamba"], position_embedding_type="rope",
+                      embedding_multiplier=2.0, residual_multiplier=0.5,
+                      attention_multiplier=0.2, logits_scaling=3.0)
 JAMBA = dict(BASE_SMALL, num_hidden_layers=4, num_experts=4, num_experts_per_tok=2,
              attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
              expert_layer_offset=1, mamba_d_state=8, mamba_dt_rank=8)
@@ -42,6 +48,9 @@ FAMILIES = {
     "mamba-tied": (dict(MAMBA, tie_word_embeddings=True, conv_kernel=3),
                    {"model_type": "mamba", "layouts": ("transformers5",)}),
     "falcon_mamba": (MAMBA, {"layouts": ("transformers5",)}),
+    "granitemoehybrid": (GRANITE_HYBRID, {}),
+    "granitemoehybrid-nope": (dict(GRANITE_HYBRID, position_embedding_type=None),
+                              {"model_type": "granitemoehybrid", "layouts": ("transformers5",)}),
     "jamba": (JAMBA, {"layouts": ("transformers5",)}),
     "lfm2": (LFM2, {}),
     "lfm2_moe": (LFM2_MOE, {}),

@@ -27,6 +27,7 @@ MODEL_TYPES = {
     "gpt_oss": "gpt_oss",
     "granite": "granite",
     "granitemoe": "granitemoe",
+    "granitemoehybrid": "granitemoehybrid",
     "helium": "helium",
     "hunyuan_v1_dense": "hunyuan_v1_dense",
     "jamba": "jamba",
