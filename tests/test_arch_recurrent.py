@@ -36,6 +36,11 @@ QWEN3_NEXT = dict(BASE_SMALL, num_hidden_layers=4, head_dim=16, moe_intermediate
                   linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
                   linear_value_head_dim=8, mlp_only_layers=[1],
                   layer_types=["linear_attention", "full_attention"] * 2)
+QWEN3_5 = dict(BASE_SMALL, num_hidden_layers=4, head_dim=16, linear_num_value_heads=4,
+               linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+               layer_types=["linear_attention", "full_attention"] * 2)
+QWEN3_5_MOE = dict(QWEN3_5, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                   num_experts=4, num_experts_per_tok=2)
 NEMOTRON_H = dict(BASE_SMALL, head_dim=16, mamba_num_heads=8, mamba_head_dim=8, ssm_state_size=8,
                   n_groups=2, layers_block_type=["linear_attention", "full_attention", "mlp", "moe"],
                   n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
@@ -56,6 +61,8 @@ FAMILIES = {
     "lfm2_moe": (LFM2_MOE, {}),
     "qwen3_next": (QWEN3_NEXT, {}),
     "nemotron_h": (NEMOTRON_H, {"layouts": ("transformers5",)}),
+    "qwen3_5_text": (QWEN3_5, {}),
+    "qwen3_5_moe_text": (QWEN3_5_MOE, {}),
     "mamba2": (dict(MAMBA, num_heads=8, head_dim=16, n_groups=2, chunk_size=8),
                {"layouts": ("transformers5",)}),
 }
@@ -245,3 +252,27 @@ def test_lfm2_moe_expert_bias_matches_transformers():
     for i, p in enumerate(prompts):
         np.testing.assert_allclose(np.array(logits[i, padding[i]:]), hf_logits(hf, p),
                                    atol=ATOL, rtol=ATOL)
+
+
+@pytest.mark.parametrize("text_type, vlm_type, config", [
+    ("qwen3_5_text", "qwen3_5", QWEN3_5), ("qwen3_5_moe_text", "qwen3_5_moe", QWEN3_5_MOE)])
+def test_qwen3_5_multimodal_checkpoint_layout(text_type, vlm_type, config, tmp_path):
+    # The hub's Qwen3.5 checkpoints are multimodal: text settings under text_config,
+    # the language model under model.language_model., a vision tower to ignore.
+    import json
+
+    hf = build_hf_model(text_type, config)
+    save_hf_model(hf, tmp_path / "text", "transformers5")
+    text_model = load_model(tmp_path / "text")[0]
+    text_config = json.loads((tmp_path / "text" / "config.json").read_text())
+    weights = mx.load(str(tmp_path / "text" / "model.safetensors"))
+    vlm = {k.replace("model.", "model.language_model.", 1): v for k, v in weights.items()}
+    vlm["model.visual.patch_embed.proj.weight"] = mx.zeros((4, 4))
+    (tmp_path / "vlm").mkdir()
+    mx.save_safetensors(str(tmp_path / "vlm" / "model.safetensors"), vlm)
+    (tmp_path / "vlm" / "config.json").write_text(json.dumps(
+        {"model_type": vlm_type, "text_config": text_config,
+         "vision_config": {"depth": 1}, "tie_word_embeddings": False}))
+    vlm_model = load_model(tmp_path / "vlm")[0]
+    tokens = mx.array(make_prompts((9,), seed=13))
+    assert mx.allclose(vlm_model(tokens), text_model(tokens), atol=1e-6).item()

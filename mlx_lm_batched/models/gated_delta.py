@@ -42,17 +42,26 @@ def gated_delta_rule(q, k, v, g, beta, state, valid):
 
 
 class GatedDeltaNet(nn.Module):
-    """Qwen3-Next's linear-attention layer: projections (fused per key head in
-    Qwen3-Next's ``in_proj_qkvz``/``in_proj_ba`` layout), conv, gated delta rule,
-    gated RMS norm per value head, output projection. Its ``StateCache`` holds
-    ``[conv inputs, delta state]``."""
+    """Qwen3-Next's and Qwen3.5's linear-attention layer: projections, conv, gated
+    delta rule, gated RMS norm per value head, output projection. Its ``StateCache``
+    holds ``[conv inputs, delta state]``.
 
-    def __init__(self, hidden_size, n_k_heads, n_v_heads, k_dim, v_dim, kernel, eps):
+    ``fused``: Qwen3-Next's ``in_proj_qkvz``/``in_proj_ba`` (grouped per key head);
+    else Qwen3.5's separate ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``."""
+
+    def __init__(self, hidden_size, n_k_heads, n_v_heads, k_dim, v_dim, kernel, eps, fused=True):
         super().__init__()
         self.sizes = (n_k_heads, n_v_heads, k_dim, v_dim)
+        self.fused = fused
         key_dim, value_dim = n_k_heads * k_dim, n_v_heads * v_dim
-        self.in_proj_qkvz = nn.Linear(hidden_size, 2 * key_dim + 2 * value_dim, bias=False)
-        self.in_proj_ba = nn.Linear(hidden_size, 2 * n_v_heads, bias=False)
+        if fused:
+            self.in_proj_qkvz = nn.Linear(hidden_size, 2 * key_dim + 2 * value_dim, bias=False)
+            self.in_proj_ba = nn.Linear(hidden_size, 2 * n_v_heads, bias=False)
+        else:
+            self.in_proj_qkv = nn.Linear(hidden_size, 2 * key_dim + value_dim, bias=False)
+            self.in_proj_z = nn.Linear(hidden_size, value_dim, bias=False)
+            self.in_proj_b = nn.Linear(hidden_size, n_v_heads, bias=False)
+            self.in_proj_a = nn.Linear(hidden_size, n_v_heads, bias=False)
         self.conv1d = CausalConv1d(2 * key_dim + value_dim, kernel, bias=False)
         self.dt_bias = mx.ones((n_v_heads,))
         self.A_log = mx.zeros((n_v_heads,))
@@ -63,6 +72,9 @@ class GatedDeltaNet(nn.Module):
         """``(qkv (B, L, 2*Kd + Vd), z (B, L, Hv, Dv), b, a (B, L, Hv))``."""
         Hk, Hv, Dk, Dv = self.sizes
         B, L, _ = x.shape
+        if not self.fused:
+            z = self.in_proj_z(x).reshape(B, L, Hv, Dv)
+            return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
         r = Hv // Hk
         qkvz = self.in_proj_qkvz(x).reshape(B, L, Hk, 2 * Dk + 2 * r * Dv)
         q, k, v, z = mx.split(qkvz, [Dk, 2 * Dk, 2 * Dk + r * Dv], axis=-1)

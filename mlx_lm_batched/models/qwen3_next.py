@@ -65,6 +65,8 @@ class GatedAttention(Attention):
 
 
 class Model(CausalLM):
+    fused_projections = True  # Qwen3-Next's in_proj_qkvz/in_proj_ba (Qwen3.5: split)
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         norm = lambda dims=args.hidden_size: RMSNorm(dims, args.rms_norm_eps, zero_centered=True)
@@ -85,7 +87,7 @@ class Model(CausalLM):
                 mixer = GatedDeltaNet(args.hidden_size, args.linear_num_key_heads,
                                       args.linear_num_value_heads, args.linear_key_head_dim,
                                       args.linear_value_head_dim, args.linear_conv_kernel_dim,
-                                      args.rms_norm_eps)
+                                      args.rms_norm_eps, fused=self.fused_projections)
                 names = ("linear_attn", "mlp", "input_layernorm", "post_attention_layernorm")
             else:
                 mixer = GatedAttention(args.hidden_size, args.num_attention_heads,
