@@ -26,6 +26,7 @@ GRANITE_HYBRID = dict(BASE_SMALL, num_hidden_layers=3, intermediate_size=32,
                       layer_types=["mamba", "attention", "mamba"], position_embedding_type="rope",
                       embedding_multiplier=2.0, residual_multiplier=0.5,
                       attention_multiplier=0.2, logits_scaling=3.0)
+RECURRENT_GEMMA = dict(BASE_SMALL, num_hidden_layers=3, head_dim=16, attention_window_size=8)
 JAMBA = dict(BASE_SMALL, num_hidden_layers=4, num_experts=4, num_experts_per_tok=2,
              attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
              expert_layer_offset=1, mamba_d_state=8, mamba_dt_rank=8)
@@ -56,6 +57,7 @@ FAMILIES = {
     "granitemoehybrid": (GRANITE_HYBRID, {}),
     "granitemoehybrid-nope": (dict(GRANITE_HYBRID, position_embedding_type=None),
                               {"model_type": "granitemoehybrid", "layouts": ("transformers5",)}),
+    "recurrent_gemma": (RECURRENT_GEMMA, {"lengths": (11, 3, 20, 9), "gen_lengths": (5, 14, 1)}),
     "jamba": (JAMBA, {"layouts": ("transformers5",)}),
     "lfm2": (LFM2, {}),
     "lfm2_moe": (LFM2_MOE, {}),
@@ -98,6 +100,11 @@ def lfm2():
 
 
 @pytest.fixture(scope="module")
+def recurrent_gemma():
+    return _load("recurrent_gemma", RECURRENT_GEMMA)
+
+
+@pytest.fixture(scope="module")
 def qwen3_next():
     return _load("qwen3_next", QWEN3_NEXT)
 
@@ -113,7 +120,7 @@ def _states(engine):
     return [[np.array(a) for a in c.arrays] for c in engine.cache if isinstance(c, StateCache)]
 
 
-@pytest.mark.parametrize("family", ["mamba", "lfm2", "qwen3_next"])
+@pytest.mark.parametrize("family", ["mamba", "lfm2", "qwen3_next", "recurrent_gemma"])
 def test_padded_rows_state_equals_row_alone(family, request):
     model = request.getfixturevalue(family)
     # Very different lengths: the short rows are mostly padding.

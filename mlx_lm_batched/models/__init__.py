@@ -54,6 +54,7 @@ MODEL_TYPES = {
     "qwen3_5_text": "qwen3_5",
     "qwen3_moe": "qwen3_moe",
     "qwen3_next": "qwen3_next",
+    "recurrent_gemma": "recurrent_gemma",
     "seed_oss": "seed_oss",
     "smollm3": "smollm3",
     "stablelm": "stablelm",

@@ -201,3 +201,25 @@ class HybridBlock(nn.Module):
         if not self.has_mlp:
             return h
         return h + getattr(self, mlp)(getattr(self, norm2)(h))
+
+
+def rg_lru_scan(x, log_a, positions, state, valid):
+    """Griffin's RG-LRU recurrence ``h = a * h + sqrt(1 - a^2) * x`` (reset at position
+    0: ``h = x``), vectorised over rows, sequential over time.
+
+    ``x``: ``(B, L, W)`` gated inputs; ``log_a``: ``(B, L, W)`` log of the recurrent
+    gate; ``positions``: ``(B, L)``; ``state``: ``(B, W)`` or None. Padding columns keep
+    the state (``a = 1``, no input). Returns ``(y (B, L, W) float32, state)``."""
+    B, L, W = x.shape
+    log_a = log_a.astype(mx.float32)
+    reset = (positions == 0)[..., None]
+    keep = valid[..., None]
+    scale = mx.where(reset, 1.0, mx.sqrt(mx.maximum(1.0 - mx.exp(2 * log_a), 0.0)))
+    x = mx.where(keep, x.astype(mx.float32) * scale, 0.0)
+    a = mx.where(keep & ~reset, mx.exp(log_a), mx.where(keep, 0.0, 1.0))
+    h = mx.zeros((B, W), mx.float32) if state is None else state
+    ys = []
+    for t in range(L):
+        h = a[:, t] * h + x[:, t]
+        ys.append(h)
+    return mx.stack(ys, axis=1), h
