@@ -27,6 +27,11 @@ GRANITE_HYBRID = dict(BASE_SMALL, num_hidden_layers=3, intermediate_size=32,
                       embedding_multiplier=2.0, residual_multiplier=0.5,
                       attention_multiplier=0.2, logits_scaling=3.0)
 RECURRENT_GEMMA = dict(BASE_SMALL, num_hidden_layers=3, head_dim=16, attention_window_size=8)
+FALCON_H1 = dict(BASE_SMALL, mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8, mamba_n_groups=2,
+                 mamba_d_state=8, lm_head_multiplier=0.5, embedding_multiplier=2.0,
+                 mlp_multipliers=[0.7, 1.3], key_multiplier=0.8, attention_out_multiplier=0.9,
+                 attention_in_multiplier=1.1, ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.9],
+                 ssm_in_multiplier=1.2, ssm_out_multiplier=0.6)
 JAMBA = dict(BASE_SMALL, num_hidden_layers=4, num_experts=4, num_experts_per_tok=2,
              attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
              expert_layer_offset=1, mamba_d_state=8, mamba_dt_rank=8)
@@ -58,6 +63,9 @@ FAMILIES = {
     "granitemoehybrid-nope": (dict(GRANITE_HYBRID, position_embedding_type=None),
                               {"model_type": "granitemoehybrid", "layouts": ("transformers5",)}),
     "recurrent_gemma": (RECURRENT_GEMMA, {"lengths": (11, 3, 20, 9), "gen_lengths": (5, 14, 1)}),
+    "falcon_h1": (FALCON_H1, {}),
+    "falcon_h1-gated-norm": (dict(FALCON_H1, mamba_rms_norm=True, mamba_norm_before_gate=False),
+                             {"model_type": "falcon_h1", "layouts": ("transformers5",)}),
     "jamba": (JAMBA, {"layouts": ("transformers5",)}),
     "lfm2": (LFM2, {}),
     "lfm2_moe": (LFM2_MOE, {}),
@@ -105,6 +113,11 @@ def recurrent_gemma():
 
 
 @pytest.fixture(scope="module")
+def falcon_h1():
+    return _load("falcon_h1", FALCON_H1)
+
+
+@pytest.fixture(scope="module")
 def qwen3_next():
     return _load("qwen3_next", QWEN3_NEXT)
 
@@ -120,7 +133,8 @@ def _states(engine):
     return [[np.array(a) for a in c.arrays] for c in engine.cache if isinstance(c, StateCache)]
 
 
-@pytest.mark.parametrize("family", ["mamba", "lfm2", "qwen3_next", "recurrent_gemma"])
+@pytest.mark.parametrize("family", ["mamba", "lfm2", "qwen3_next", "recurrent_gemma",
+                                    "falcon_h1"])
 def test_padded_rows_state_equals_row_alone(family, request):
     model = request.getfixturevalue(family)
     # Very different lengths: the short rows are mostly padding.
@@ -151,7 +165,7 @@ def _solo_tokens(model, prompt, n):
     return [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=n)]
 
 
-@pytest.mark.parametrize("family", ["mamba", "lfm2"])
+@pytest.mark.parametrize("family", ["mamba", "lfm2", "falcon_h1"])
 def test_rows_joining_generator_match_solo(family, request):
     model = request.getfixturevalue(family)
     n = 8

@@ -14,6 +14,7 @@ MODEL_TYPES = {
     "ernie4_5": "ernie4_5",
     "ernie4_5_moe": "ernie4_5_moe",
     "exaone4": "exaone4",
+    "falcon_h1": "falcon_h1",
     "falcon_mamba": "mamba",
     "gemma": "gemma",
     "gemma2": "gemma2",

@@ -31,7 +31,11 @@ class Mamba2Mixer(nn.Module):
     Granite 4's and Falcon-H1's); ``from_args`` reads Mamba-2's config names."""
 
     def __init__(self, hidden_size, heads, head_dim, state_size, groups, kernel, eps,
-                 bias=False, conv_bias=True, dt_limit=None):
+                 bias=False, conv_bias=True, dt_limit=None, out_bias=None, rms_norm=True,
+                 norm_before_gate=False, in_scale=None):
+        """``rms_norm``: gated RMS norm of the scan output (else ``y * silu(gate)``);
+        ``in_scale``: a vector multiplying the input projection (Falcon-H1's MuP
+        multipliers); ``out_bias``: ``out_proj``'s bias (default ``bias``)."""
         super().__init__()
         D, N, G, H = heads * head_dim, state_size, groups, heads
         self.sizes = (D, N, G, H, head_dim)
@@ -41,8 +45,10 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = mx.ones((H,))
         self.A_log = mx.zeros((H,))
         self.D = mx.ones((H,))
-        self.norm = GatedRMSNorm(D, groups=G, eps=eps)
-        self.out_proj = nn.Linear(D, hidden_size, bias=bias)
+        if rms_norm:
+            self.norm = GatedRMSNorm(D, groups=G, eps=eps, norm_before_gate=norm_before_gate)
+        self.out_proj = nn.Linear(D, hidden_size, bias=bias if out_bias is None else out_bias)
+        self._in_scale = in_scale  # not a parameter (leading underscore)
         low, high = dt_limit or (0.0, float("inf"))
         self._dt_limit = (_as_float(low), _as_float(high))
 
@@ -61,7 +67,10 @@ class Mamba2Mixer(nn.Module):
         valid = column_validity(cache, offset, L)
         state = base_cache(cache)
         conv_state, ssm_state = (None, None) if state is None else (state[0], state[1])
-        gate, xbc, dt = mx.split(self.in_proj(x), [D, 2 * D + 2 * G * N], axis=-1)
+        proj = self.in_proj(x)
+        if self._in_scale is not None:
+            proj = proj * self._in_scale.astype(proj.dtype)
+        gate, xbc, dt = mx.split(proj, [D, 2 * D + 2 * G * N], axis=-1)
         xbc, conv_state = self.conv1d(xbc, conv_state, valid)
         xbc = nn.silu(xbc)
         xs, Bm, Cm = mx.split(xbc, [D, D + G * N], axis=-1)
@@ -70,7 +79,11 @@ class Mamba2Mixer(nn.Module):
         A = -mx.exp(self.A_log.astype(mx.float32))
         y, ssm_state = ssd_scan(xs.reshape(Bsz, L, H, P), dt, A, Bm.reshape(Bsz, L, G, N),
                                 Cm.reshape(Bsz, L, G, N), self.D, ssm_state, valid)
-        y = self.norm(y.reshape(Bsz, L, D).astype(x.dtype), gate)
+        y = y.reshape(Bsz, L, D)
+        if "norm" in self:
+            y = self.norm(y.astype(x.dtype), gate)
+        else:
+            y = (y * nn.silu(gate.astype(mx.float32))).astype(x.dtype)
         if state is not None:
             state[0], state[1] = conv_state, ssm_state
             state.advance(L)
