@@ -32,6 +32,12 @@ FALCON_H1 = dict(BASE_SMALL, mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8, ma
                  mlp_multipliers=[0.7, 1.3], key_multiplier=0.8, attention_out_multiplier=0.9,
                  attention_in_multiplier=1.1, ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.9],
                  ssm_in_multiplier=1.2, ssm_out_multiplier=0.6)
+KIMI_LINEAR = dict(BASE_SMALL, num_hidden_layers=3, num_key_value_heads=4,
+                   layer_types=["linear_attention", "full_attention", "linear_attention"],
+                   mlp_layer_types=["dense", "sparse", "sparse"], moe_intermediate_size=32,
+                   num_experts=4, num_experts_per_token=2, kv_lora_rank=16, qk_rope_head_dim=8,
+                   qk_nope_head_dim=16, v_head_dim=16, linear_head_dim=16, linear_num_heads=4,
+                   routed_scaling_factor=1.5, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 JAMBA = dict(BASE_SMALL, num_hidden_layers=4, num_experts=4, num_experts_per_tok=2,
              attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
              expert_layer_offset=1, mamba_d_state=8, mamba_dt_rank=8)
@@ -66,6 +72,7 @@ FAMILIES = {
     "falcon_h1": (FALCON_H1, {}),
     "falcon_h1-gated-norm": (dict(FALCON_H1, mamba_rms_norm=True, mamba_norm_before_gate=False),
                              {"model_type": "falcon_h1", "layouts": ("transformers5",)}),
+    "kimi_linear": (KIMI_LINEAR, {"layouts": ("transformers5",)}),
     "jamba": (JAMBA, {"layouts": ("transformers5",)}),
     "lfm2": (LFM2, {}),
     "lfm2_moe": (LFM2_MOE, {}),
@@ -118,6 +125,11 @@ def falcon_h1():
 
 
 @pytest.fixture(scope="module")
+def kimi_linear():
+    return _load("kimi_linear", KIMI_LINEAR)
+
+
+@pytest.fixture(scope="module")
 def qwen3_next():
     return _load("qwen3_next", QWEN3_NEXT)
 
@@ -134,7 +146,7 @@ def _states(engine):
 
 
 @pytest.mark.parametrize("family", ["mamba", "lfm2", "qwen3_next", "recurrent_gemma",
-                                    "falcon_h1"])
+                                    "falcon_h1", "kimi_linear"])
 def test_padded_rows_state_equals_row_alone(family, request):
     model = request.getfixturevalue(family)
     # Very different lengths: the short rows are mostly padding.

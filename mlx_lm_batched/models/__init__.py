@@ -32,6 +32,7 @@ MODEL_TYPES = {
     "helium": "helium",
     "hunyuan_v1_dense": "hunyuan_v1_dense",
     "jamba": "jamba",
+    "kimi_linear": "kimi_linear",
     "lfm2": "lfm2",
     "lfm2_moe": "lfm2_moe",
     "llama": "llama",

@@ -20,14 +20,18 @@ def gated_delta_rule(q, k, v, g, beta, state, valid):
     """Run the recurrence, vectorised over rows and heads, sequential over time.
 
     ``q``, ``k``: ``(B, L, Hv, Dk)`` (already repeated to the value heads and
-    L2-normalised); ``v``: ``(B, L, Hv, Dv)``; ``g`` (log decay), ``beta``: ``(B, L, Hv)``;
+    L2-normalised); ``v``: ``(B, L, Hv, Dv)``; ``beta``: ``(B, L, Hv)``; ``g`` (log
+    decay): ``(B, L, Hv)`` per head, or ``(B, L, Hv, Dk)`` per key channel (Kimi);
     ``state``: ``(B, Hv, Dk, Dv)`` or None. Returns ``(out (B, L, Hv, Dv), state)``
     in float32."""
     B, L, H, Dk = k.shape
     q = q.astype(mx.float32) * (Dk ** -0.5)
     k, v = k.astype(mx.float32), v.astype(mx.float32)
     keep = valid[..., None]
-    decay = mx.exp(mx.where(keep, g.astype(mx.float32), 0.0))[..., None, None]
+    if g.ndim == 4:  # per key channel: decays the rows of each head's state
+        decay = mx.exp(mx.where(keep[..., None], g.astype(mx.float32), 0.0))[..., None]
+    else:
+        decay = mx.exp(mx.where(keep, g.astype(mx.float32), 0.0))[..., None, None]
     beta = mx.where(keep, beta.astype(mx.float32), 0.0)[..., None]
     S = mx.zeros((B, H, Dk, v.shape[-1]), mx.float32) if state is None else state
     outs = []
@@ -105,3 +109,51 @@ class GatedDeltaNet(nn.Module):
             state[0], state[1] = conv_state, delta_state
             state.advance(L)
         return self.out_proj(out.reshape(B, L, -1))
+
+
+class KimiDeltaAttention(nn.Module):
+    """Kimi Linear's KDA layer: q/k/v projections, conv, a gated delta rule with a
+    per-channel forget gate (low-rank ``f_a_proj``/``f_b_proj``), an RMS norm gated by
+    ``sigmoid`` of a low-rank output gate. ``StateCache``: ``[conv inputs, state]``."""
+
+    def __init__(self, hidden_size, heads, head_dim, kernel, eps):
+        super().__init__()
+        self.sizes = (heads, head_dim)
+        dim = heads * head_dim
+        self.q_proj = nn.Linear(hidden_size, dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, dim, bias=False)
+        self.conv1d = CausalConv1d(3 * dim, kernel, bias=False)
+        self.forget_gate = nn.Module()
+        self.forget_gate.f_a_proj = nn.Linear(hidden_size, head_dim, bias=False)
+        self.forget_gate.f_b_proj = nn.Linear(head_dim, dim, bias=False)
+        self.forget_gate.dt_bias = mx.zeros((dim,))
+        self.forget_gate.A_log = mx.zeros((1, 1, heads, 1))
+        self.b_proj = nn.Linear(hidden_size, heads, bias=False)
+        self.g_a_proj = nn.Linear(hidden_size, head_dim, bias=False)
+        self.g_b_proj = nn.Linear(head_dim, dim, bias=False)
+        self.o_norm = GatedRMSNorm(head_dim, eps=eps, norm_before_gate=True, gate_act=mx.sigmoid)
+        self.o_proj = nn.Linear(dim, hidden_size, bias=False)
+
+    def __call__(self, x, mask, offset, cache=None, attention=None):
+        H, Dk = self.sizes
+        B, L, _ = x.shape
+        valid = column_validity(cache, offset, L)
+        state = base_cache(cache)
+        conv_state, delta_state = (None, None) if state is None else (state[0], state[1])
+        qkv = mx.concatenate([self.q_proj(x), self.k_proj(x), self.v_proj(x)], axis=-1)
+        qkv, conv_state = self.conv1d(qkv, conv_state, valid)
+        q, k, v = (t.reshape(B, L, H, Dk) for t in mx.split(nn.silu(qkv), 3, axis=-1))
+        fg = self.forget_gate
+        g = fg.f_b_proj(fg.f_a_proj(x)).astype(mx.float32) + fg.dt_bias.astype(mx.float32)
+        g = -mx.exp(fg.A_log.astype(mx.float32)) * nn.softplus(g.reshape(B, L, H, Dk))
+        beta = mx.sigmoid(self.b_proj(x).astype(mx.float32))
+        out, delta_state = gated_delta_rule(l2_normalize(q.astype(mx.float32)),
+                                            l2_normalize(k.astype(mx.float32)), v, g, beta,
+                                            delta_state, valid)
+        gate = self.g_b_proj(self.g_a_proj(x)).reshape(B, L, H, Dk)
+        out = self.o_norm(out, gate).astype(x.dtype)
+        if state is not None:
+            state[0], state[1] = conv_state, delta_state
+            state.advance(L)
+        return self.o_proj(out.reshape(B, L, -1))

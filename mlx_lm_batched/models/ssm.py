@@ -133,18 +133,20 @@ def ssd_scan(x, dt, A, Bm, Cm, D, state, valid):
 class GatedRMSNorm(nn.Module):
     """RMS norm over groups of ``dims // groups`` channels gated by ``silu(gate)``:
     ``weight * rms_norm(x * silu(gate))`` (Mamba-2, ``norm_before_gate=False``) or
-    ``weight * rms_norm(x) * silu(gate)`` (Qwen3-Next's linear attention)."""
+    ``weight * rms_norm(x) * silu(gate)`` (Qwen3-Next's linear attention).
+    ``gate_act``: the gate's activation (Kimi Linear: ``sigmoid``)."""
 
-    def __init__(self, dims, groups=1, eps=1e-6, norm_before_gate=False):
+    def __init__(self, dims, groups=1, eps=1e-6, norm_before_gate=False, gate_act=nn.silu):
         super().__init__()
         self.weight = mx.ones((dims,))
         self.groups, self.eps = groups, eps
         self.norm_before_gate = norm_before_gate
+        self._gate_act = gate_act
 
     def __call__(self, x, gate=None):
         dtype = x.dtype
         x = x.astype(mx.float32)
-        silu_gate = None if gate is None else nn.silu(gate.astype(mx.float32))
+        silu_gate = None if gate is None else self._gate_act(gate.astype(mx.float32))
         if silu_gate is not None and not self.norm_before_gate:
             x = x * silu_gate
         shape = x.shape
