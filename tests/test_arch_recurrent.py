@@ -309,3 +309,15 @@ def test_qwen3_5_multimodal_checkpoint_layout(text_type, vlm_type, config, tmp_p
     vlm_model = load_model(tmp_path / "vlm")[0]
     tokens = mx.array(make_prompts((9,), seed=13))
     assert mx.allclose(vlm_model(tokens), text_model(tokens), atol=1e-6).item()
+
+
+def test_kimi_linear_reads_hub_layer_lists():
+    from mlx_lm_batched.models.kimi_linear import ModelArgs
+    hub = ModelArgs.from_dict(dict(
+        model_type="kimi_linear", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4,
+        intermediate_size=96, num_attention_heads=4, first_k_dense_replace=2,
+        linear_attn_config={"full_attn_layers": [2, 4], "kda_layers": [1, 3], "head_dim": 16,
+                            "num_heads": 4, "short_conv_kernel_size": 3}))
+    assert hub.layer_types == ["linear_attention", "full_attention"] * 2
+    assert hub.mlp_layer_types == ["dense", "dense", "sparse", "sparse"]
+    assert (hub.linear_head_dim, hub.linear_num_heads, hub.linear_conv_kernel_dim) == (16, 4, 3)

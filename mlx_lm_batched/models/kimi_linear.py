@@ -28,8 +28,10 @@ class ModelArgs(BaseModelArgs):
     num_hidden_layers: int
     intermediate_size: int
     num_attention_heads: int
-    layer_types: List[str]
+    layer_types: Optional[List[str]] = None
     mlp_layer_types: Optional[List[str]] = None
+    linear_attn_config: Optional[dict] = None  # the hub checkpoints' layout
+    first_k_dense_replace: int = 1
     moe_intermediate_size: int = 1024
     num_experts: int = 256
     num_experts_per_token: int = 8
@@ -51,8 +53,22 @@ class ModelArgs(BaseModelArgs):
     tie_word_embeddings: bool = False
 
     def __post_init__(self):
+        lac = self.linear_attn_config or {}
+        self.linear_head_dim = lac.get("head_dim", self.linear_head_dim)
+        self.linear_num_heads = lac.get("num_heads", self.linear_num_heads)
+        self.linear_conv_kernel_dim = lac.get("short_conv_kernel_size", self.linear_conv_kernel_dim)
+        n = self.num_hidden_layers
+        if self.layer_types is None:
+            if "full_attn_layers" in lac and "kda_layers" in lac:  # 1-indexed layer lists
+                full = {i - 1 for i in lac["full_attn_layers"]}
+                self.layer_types = ["full_attention" if i in full else "linear_attention"
+                                    for i in range(n)]
+            else:
+                self.layer_types = ["full_attention" if i and i % 4 == 0 else "linear_attention"
+                                    for i in range(n)]
         if self.mlp_layer_types is None:
-            self.mlp_layer_types = ["sparse"] * self.num_hidden_layers
+            self.mlp_layer_types = ["dense" if i < self.first_k_dense_replace else "sparse"
+                                    for i in range(n)]
         # the names DeepSeek V3's router reads
         self.n_routed_experts, self.num_experts_per_tok = self.num_experts, self.num_experts_per_token
         self.n_group, self.norm_topk_prob = self.num_expert_group, self.moe_renormalize
