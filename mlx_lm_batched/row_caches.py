@@ -11,7 +11,7 @@ import copy
 
 import mlx.core as mx
 
-from .models.cache import KVCache, RotatingKVCache, make_prompt_cache
+from .models.cache import KVCache, RotatingKVCache, StateCache, make_prompt_cache
 
 
 def new_cache(model, max_kv_size=None):
@@ -21,7 +21,8 @@ def new_cache(model, max_kv_size=None):
 
 def check_cache(cache, name):
     """Raise ``TypeError`` unless ``cache`` is a list of this package's layer caches."""
-    if not isinstance(cache, (list, tuple)) or not all(isinstance(c, KVCache) for c in cache):
+    if not isinstance(cache, (list, tuple)) or not all(
+            isinstance(c, (KVCache, StateCache)) for c in cache):
         raise TypeError(
             f"{name} must be a prompt cache from mlx_lm_batched (make_prompt_cache, "
             f"extract_cache or a finished Response), got {type(cache).__name__}"
@@ -33,7 +34,7 @@ def cache_length(cache):
     if not cache:
         return 0
     c = cache[0]
-    return 0 if getattr(c, "keys", None) is None else int(c.size)
+    return 0 if c.empty() else int(c.size)
 
 
 def cache_nbytes(cache):
@@ -58,6 +59,8 @@ def copy_cache(cache):
 
 
 def _empty_like(c):
+    if isinstance(c, StateCache):
+        return StateCache(len(c))
     if isinstance(c, RotatingKVCache):
         return RotatingKVCache(c.max_size)
     return KVCache()
@@ -79,6 +82,15 @@ def _row_of_rotating(c, row, pad):
     return new
 
 
+def _row_of_state(c, row, pad):
+    # Padding never entered the state: the row's arrays are its state alone.
+    new = StateCache(len(c))
+    if not c.empty() and c.size - pad > 0:
+        new.arrays = [mx.contiguous(a[row : row + 1]) for a in c.arrays]
+        new.size = c.size - pad
+    return new
+
+
 def extract_row(caches, row, pad):
     """Row ``row`` of a batch's layer caches as a one-row cache without padding.
 
@@ -87,7 +99,9 @@ def extract_row(caches, row, pad):
     """
     out = []
     for c in caches:
-        if c.keys is None or c.size - pad <= 0:
+        if isinstance(c, StateCache):
+            out.append(_row_of_state(c, row, pad))
+        elif c.keys is None or c.size - pad <= 0:
             out.append(_empty_like(c))
         elif isinstance(c, RotatingKVCache):
             out.append(_row_of_rotating(c, row, pad))

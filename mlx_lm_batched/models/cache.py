@@ -4,6 +4,7 @@ saving, loading and trimming it (``prompt_cache.py``)."""
 
 from .cache_views import RowsView, ShiftedView  # noqa: F401
 from .kv_cache import KVCache, RotatingKVCache  # noqa: F401
+from .state_cache import StateCache  # noqa: F401
 from .prompt_cache import (  # noqa: F401
     PromptCache,
     as_prompt_cache,

@@ -17,8 +17,12 @@ import os
 import mlx.core as mx
 
 from .kv_cache import KVCache, RotatingKVCache
+from .state_cache import StateCache
 
 PADDING_KEY = "mlx_lm_batched_padding"  # user-metadata key of the rows' padding
+# user-metadata key of the state caches' slot counts ("layer:slots,..."), which
+# mlx-lm's ``ArraysCache`` does not keep
+STATE_SLOTS_KEY = "mlx_lm_batched_state_slots"
 
 
 class PromptCache(list):
@@ -117,11 +121,18 @@ class PromptCache(list):
     def _rows(self):
         if self.padding is not None:
             return len(self.padding)
-        return next((c.keys.shape[0] for c in self if getattr(c, "keys", None) is not None), 0)
+        return next((n for n in (_batch_rows(c) for c in self) if n), 0)
 
     @property
     def nbytes(self):
         return sum(c.nbytes for c in self)
+
+
+def _batch_rows(c):
+    """Rows a layer cache holds (0 when empty)."""
+    if isinstance(c, StateCache):
+        return c.batch_size
+    return 0 if getattr(c, "keys", None) is None else c.keys.shape[0]
 
 
 def as_prompt_cache(cache):
@@ -147,7 +158,23 @@ def _layer_state(c):
         k, v = c.ordered()
         n = 0 if k is None else k.shape[2]
         return [k, v, c.size, 0, c.max_size, n]
-    raise ValueError(f"cannot save a {type(c).__name__} cache (KVCache and RotatingKVCache only)")
+    if type(c) is StateCache:  # mlx-lm's ArraysCache: (arrays, left_padding, lengths)
+        return [list(c.arrays), None, None]
+    raise ValueError(f"cannot save a {type(c).__name__} cache "
+                     "(KVCache, RotatingKVCache and StateCache only)")
+
+
+def _flat_state(c):
+    """``(key suffix, value)`` pairs of a layer's state as mlx-lm tree-flattens it."""
+    for j, value in enumerate(_layer_state(c)):
+        if isinstance(value, list):
+            for k, a in enumerate(value):
+                yield f"{j}.{k}", a
+        else:
+            yield str(j), value
+
+
+_CLASS_NAMES = {StateCache: "ArraysCache"}  # mlx-lm's name for the same layout
 
 
 def save_prompt_cache(file_name, cache, metadata=None):
@@ -157,7 +184,7 @@ def save_prompt_cache(file_name, cache, metadata=None):
     the user metadata)."""
     arrays, scalars = {}, []
     for i, c in enumerate(cache):
-        for j, value in enumerate(_layer_state(c)):
+        for j, value in _flat_state(c):
             key = f"{i}.{j}"
             if value is None:
                 arrays[key] = mx.array([])
@@ -171,7 +198,10 @@ def save_prompt_cache(file_name, cache, metadata=None):
     padding = getattr(cache, "padding", None)
     if padding is not None and any(padding):  # unpadded rows need no record
         info[f"0.{PADDING_KEY}"] = ",".join(map(str, padding))
-    info.update({f"1.{i}": type(c).__name__ for i, c in enumerate(cache)})
+    slots = [f"{i}:{c.size}" for i, c in enumerate(cache) if type(c) is StateCache]
+    if slots:
+        info[f"0.{STATE_SLOTS_KEY}"] = ",".join(slots)
+    info.update({f"1.{i}": _CLASS_NAMES.get(type(c), type(c).__name__) for i, c in enumerate(cache)})
     info["2.0"] = ""  # mlx-lm keeps the scalar list non-empty with this entry
     for n, (key, kind) in enumerate(scalars, start=1):
         info[f"2.{n}.0"], info[f"2.{n}.1"] = key, kind
@@ -217,17 +247,34 @@ def _parse(arrays, info):
     for key, a in arrays.items():
         kind = kinds.get(key)
         values[key] = None if kind == "none" else int(a.item()) if kind == "scalar" else a
-    cache = [_build(classes[i], [values.get(f"{i}.{j}") for j in range(6)], i)
-             for i in range(len(classes))]
     user = {k[2:]: v for k, v in info.items() if k.startswith("0.")}
+    state_slots = dict(tuple(map(int, p.split(":")))
+                       for p in user.pop(STATE_SLOTS_KEY, "").split(",") if p)
+    cache = [_build_state(values, i, state_slots.get(i, 0)) if classes[i] == "ArraysCache"
+             else _build(classes[i], [values.get(f"{i}.{j}") for j in range(6)], i)
+             for i in range(len(classes))]
     padding = user.pop(PADDING_KEY, None)
     if padding is not None:
         padding = [int(p) for p in padding.split(",")] if padding else []
-        rows = next((c.keys.shape[0] for c in cache if c.keys is not None), len(padding))
+        rows = next((n for n in map(_batch_rows, cache) if n), len(padding))
         slots = cache[0].size
         if len(padding) != rows or any(p < 0 or p > slots for p in padding):
             raise ValueError(f"row padding {padding} does not fit {rows} rows of {slots} slots")
     return cache, padding, user
+
+
+def _build_state(values, i, slots):
+    """A ``StateCache`` from mlx-lm's ``ArraysCache`` entries ``i.0.k``."""
+    n = 0
+    while f"{i}.0.{n}" in values:
+        n += 1
+    c = StateCache(n)
+    c.arrays = [values[f"{i}.0.{k}"] for k in range(n)]
+    if values.get(f"{i}.1") is not None or values.get(f"{i}.2") is not None:
+        raise ValueError(f"layer {i}: ArraysCache saved mid-batch by mlx-lm (left_padding "
+                         "or lengths set) is not supported")
+    c.size = slots
+    return c
 
 
 def _build(name, state, i):
@@ -251,7 +298,8 @@ def _build(name, state, i):
             held = min(offset, max_size)
             c.load_ordered(order(keys)[..., -held:, :], order(values)[..., -held:, :], offset)
         return c
-    raise ValueError(f"layer {i}: {name} caches are not supported (KVCache and RotatingKVCache only)")
+    raise ValueError(f"layer {i}: {name} caches are not supported "
+                     "(KVCache, RotatingKVCache and ArraysCache only)")
 
 
 def can_trim_prompt_cache(cache):
