@@ -8,7 +8,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from arch_harness import (VOCAB, build_hf_model, check_architecture, greedy_tokens, make_prompts,
+from arch_harness import (VOCAB, build_hf_model, run_family, greedy_tokens, make_prompts,
                           save_hf_model)
 from mlx_lm_batched.convert import convert
 from mlx_lm_batched.utils import load_model
@@ -33,6 +33,9 @@ FAMILIES = {
                      residual_multiplier=0.5, logits_scaling=4.0, attention_bias=True), {}),
     "helium": (dict(BASE, head_dim=16, attention_bias=True, mlp_bias=True), {}),
     "olmo2": (dict(BASE), {}),
+    # clip_qkv low enough that the clamps act on std-0.3 projections.
+    "olmo": (dict(BASE, clip_qkv=1.5, tie_word_embeddings=False), {}),
+    "internlm3": (dict(BASE, head_dim=16, qkv_bias=True, bias=True), {}),
     # YaRN on the global layer only; layer types: sliding, sliding, full.
     "olmo3": (dict(BASE, num_hidden_layers=3, sliding_window=8,
                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
@@ -69,10 +72,7 @@ FAMILIES = {
 @pytest.mark.parametrize("layout", ["transformers4", "transformers5"])
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_family_matches_transformers_and_batches_exactly(name, layout):
-    config, options = FAMILIES[name]
-    options = dict(options)
-    model_type = options.pop("model_type", name)
-    check_architecture(model_type, config, layout=layout, **options)
+    run_family(name, FAMILIES[name], layout)
 
 
 def test_quantized_gemma2_batches_exactly():

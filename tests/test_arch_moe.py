@@ -4,7 +4,7 @@ exactly (gather_qmm)."""
 
 import pytest
 
-from arch_harness import VOCAB, check_architecture
+from arch_harness import VOCAB, run_family
 
 BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
@@ -27,6 +27,8 @@ FAMILIES = {
                                      "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 9.0],
                                      "short_mscale": 1.2, "long_mscale": 1.2,
                                      "original_max_position_embeddings": 64}), WINDOWED),
+    "olmoe": (dict(BASE, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+                   clip_qkv=1.5), {}),
     "granitemoe": (dict(BASE, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
                         embedding_multiplier=1.5, residual_multiplier=0.7,
                         attention_multiplier=0.2, logits_scaling=2.0, attention_bias=True,
@@ -52,10 +54,7 @@ FAMILIES = {
 @pytest.mark.parametrize("layout", ["transformers4", "transformers5"])
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_moe_family_matches_transformers_and_batches_exactly(name, layout):
-    config, options = FAMILIES[name]
-    options = dict(options)
-    model_type = options.pop("model_type", name)
-    check_architecture(model_type, config, layout=layout, **options)
+    run_family(name, FAMILIES[name], layout)
 
 
 def test_moe_4bit_conversion_batches_exactly(tmp_path):

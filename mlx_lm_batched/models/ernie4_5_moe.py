@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .base import BaseModelArgs
-from .common import config_rope, init_causal_lm
+from .common import attention_dims, config_rope, init_causal_lm
 from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm, activation
 from .moe import SparseMoE, softmax_topk, stack_experts
 
@@ -44,8 +44,7 @@ class ModelArgs(BaseModelArgs):
     def __post_init__(self):
         if self.moe_layer_end_index in (None, -1):
             self.moe_layer_end_index = self.num_hidden_layers - 1
-        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
-        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
+        self.num_key_value_heads, self.head_dim = attention_dims(self)
 
     def is_moe_layer(self, i):
         return (self.moe_num_experts and (i + 1) % self.moe_layer_interval == 0

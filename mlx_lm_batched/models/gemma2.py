@@ -7,7 +7,7 @@ from typing import List, Optional
 
 from .base import BaseModelArgs
 from .gemma import gemma_activation
-from .common import attention_dims, config_rope, init_causal_lm
+from .common import attention_dims, config_rope, init_causal_lm, type_windows
 from .layers import MLP, Attention, CausalLM, RMSNorm, SandwichBlock
 
 
@@ -60,7 +60,5 @@ class Model(CausalLM):
             )
             for _ in range(args.num_hidden_layers)
         ]
-        windows = [args.sliding_window if t == "sliding_attention" else None
-                   for t in args.layer_types]
-        init_causal_lm(self, args, layers, norm(), windows, embed_scale=args.hidden_size**0.5)
+        init_causal_lm(self, args, layers, norm(), type_windows(args.layer_types, args.sliding_window), embed_scale=args.hidden_size**0.5)
         self.final_logit_softcap = args.final_logit_softcapping

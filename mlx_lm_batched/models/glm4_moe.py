@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from .base import BaseModelArgs
-from .common import config_rope, init_causal_lm
+from .common import attention_dims, config_rope, init_causal_lm, type_windows
 from .deepseek_v2 import DeepseekMoE
 from .deepseek_v3 import SigmoidGate
 from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
@@ -49,15 +49,14 @@ class ModelArgs(BaseModelArgs):
     layer_types: Optional[List[str]] = None  # dots1
 
     def __post_init__(self):
-        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
-        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
+        self.num_key_value_heads, self.head_dim = attention_dims(self)
 
     def is_moe_layer(self, i):
         return bool(self.n_routed_experts) and i >= self.first_k_dense_replace
 
     def layer_windows(self):
         types = self.layer_types or ["full_attention"] * self.num_hidden_layers
-        return [self.sliding_window if t == "sliding_attention" else None for t in types]
+        return type_windows(types, self.sliding_window)
 
 
 class Model(CausalLM):

@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .base import BaseModelArgs
-from .common import config_rope, init_causal_lm
+from .common import attention_dims, config_rope, init_causal_lm, type_windows
 from .layers import Attention, CausalLM, PreNormBlock, RMSNorm
 from .moe import SwitchGLU, combine_experts, softmax_topk
 
@@ -45,7 +45,7 @@ class ModelArgs(BaseModelArgs):
     tie_word_embeddings: bool = False
 
     def __post_init__(self):
-        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
+        self.num_key_value_heads, _ = attention_dims(self)
         if self.layer_types is None:
             self.layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention"
                                 for i in range(self.num_hidden_layers)]
@@ -90,8 +90,7 @@ class Model(CausalLM):
             for _ in range(args.num_hidden_layers)
         ]
         init_causal_lm(self, args, layers, norm(),
-                       [args.sliding_window if t == "sliding_attention" else None
-                        for t in args.layer_types])
+                       type_windows(args.layer_types, args.sliding_window))
 
     def sanitize(self, weights):
         weights = super().sanitize(weights)
