@@ -15,8 +15,8 @@ import mlx.nn as nn
 
 from .base import BaseModelArgs
 from .layers import Attention, CausalLM, DecoderStack, LayerNorm, PreNormBlock, activation
-from .mixtral import MIXTRAL_EXPERT_NAMES
-from .moe import SparseMoE, stack_experts
+from .mixtral import stack_mixtral_experts
+from .moe import SparseMoE
 from .rope import make_rope
 
 
@@ -103,8 +103,4 @@ class Model(CausalLM):
         self.layer_windows = [args.sliding_window] * args.num_hidden_layers
 
     def sanitize(self, weights):
-        weights = super().sanitize(weights)
-        for i in range(self.args.num_hidden_layers):
-            stack_experts(weights, f"model.layers.{i}.block_sparse_moe",
-                          self.args.num_local_experts, MIXTRAL_EXPERT_NAMES)
-        return weights
+        return stack_mixtral_experts(super().sanitize(weights), self.args)
