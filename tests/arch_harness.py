@@ -25,7 +25,7 @@ import mlx.core as mx
 import numpy as np
 import torch
 from mlx.utils import tree_flatten
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from mlx_lm_batched.batching import BatchEngine, left_pad
 from mlx_lm_batched.scheduler import BatchGenerator
@@ -41,6 +41,8 @@ BASE_SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hi
 def to_transformers4_layout(config):
     """Move ``rope_parameters`` to the top-level keys transformers 4 wrote."""
     config = dict(config)
+    if isinstance(config.get("text_config"), dict):  # multimodal: the text model's keys
+        config["text_config"] = to_transformers4_layout(config["text_config"])
     params = config.pop("rope_parameters", None)
     if not isinstance(params, dict):
         return config
@@ -65,7 +67,10 @@ def to_transformers4_layout(config):
 def build_hf_model(model_type, config_kwargs, seed=0, std=0.3):
     torch.manual_seed(seed)
     config = AutoConfig.for_model(model_type, **config_kwargs)
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32).eval()
+    # Multimodal checkpoints (text_config + vision_config) without a causal-LM class.
+    auto = (AutoModelForCausalLM if type(config) in AutoModelForCausalLM._model_mapping
+            else AutoModelForImageTextToText)
+    model = auto.from_config(config, torch_dtype=torch.float32).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.normal_(0.0, std)

@@ -35,6 +35,11 @@ FAMILIES = {
     "olmo2": (dict(BASE), {}),
     # clip_qkv low enough that the clamps act on std-0.3 projections.
     "olmo": (dict(BASE, clip_qkv=1.5, tie_word_embeddings=False), {}),
+    "ministral3": (dict(BASE, head_dim=16, sliding_window=8, max_position_embeddings=64,
+                        rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+        "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+        "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5}), WINDOWED),
     "internlm3": (dict(BASE, head_dim=16, qkv_bias=True, bias=True), {}),
     # YaRN on the global layer only; layer types: sliding, sliding, full.
     "olmo3": (dict(BASE, num_hidden_layers=3, sliding_window=8,

@@ -1,0 +1,39 @@
+"""The language model of multimodal checkpoints (nested ``text_config``,
+``language_model.`` weights, vision towers ignored) against transformers' full
+multimodal model run on text only, in both config layouts."""
+
+import pytest
+
+from arch_harness import VOCAB, run_family
+
+TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            max_position_embeddings=256)
+# A one-layer vision tower: its weights are in the checkpoint and must be ignored.
+VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+              image_size=28, patch_size=14)
+# Yarn with Llama 4's query temperature (beta 0.5 from position 16 on).
+MINISTRAL3 = dict(TEXT, num_hidden_layers=2, max_position_embeddings=64, rope_parameters={
+    "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+    "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+    "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5})
+WINDOWED = {"lengths": (11, 3, 20, 9), "gen_lengths": (5, 14, 1)}
+
+FAMILIES = {
+    "gemma3": (dict(text_config=dict(TEXT, sliding_window=8, query_pre_attn_scalar=16,
+                                     layer_types=["sliding_attention", "sliding_attention",
+                                                  "full_attention"]),
+                    vision_config=VISION, mm_tokens_per_image=4), WINDOWED),
+    # Mistral 3 around a Ministral 3 text model (query temperature from position 16).
+    "mistral3": (dict(text_config=dict(MINISTRAL3, model_type="ministral3"),
+                      vision_config=dict(VISION, head_dim=16, image_size=28), spatial_merge_size=1),
+                 WINDOWED),
+    "llava": (dict(text_config=dict(TEXT, model_type="llama"), vision_config=VISION,
+                   vision_feature_layer=-1), {}),
+}
+
+
+@pytest.mark.parametrize("layout", ["transformers4", "transformers5"])
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_multimodal_text_matches_transformers_and_batches_exactly(name, layout):
+    run_family(name, FAMILIES[name], layout)
