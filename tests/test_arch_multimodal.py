@@ -17,6 +17,11 @@ MINISTRAL3 = dict(TEXT, num_hidden_layers=2, max_position_embeddings=64, rope_pa
     "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
     "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
     "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5})
+MROPE = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
+QWEN_TEXT = dict(TEXT, num_hidden_layers=2, rope_parameters=MROPE, bos_token_id=1,
+                 eos_token_id=2)
+QWEN_VISION = dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=64,
+                   num_heads=2, fullatt_block_indexes=[0])
 WINDOWED = {"lengths": (11, 3, 20, 9), "gen_lengths": (5, 14, 1)}
 
 FAMILIES = {
@@ -28,6 +33,14 @@ FAMILIES = {
     "mistral3": (dict(text_config=dict(MINISTRAL3, model_type="ministral3"),
                       vision_config=dict(VISION, head_dim=16, image_size=28), spatial_merge_size=1),
                  WINDOWED),
+    # M-RoPE sections over text positions: the plain rotation.
+    "qwen2_vl": (dict(text_config=QWEN_TEXT, vision_config=dict(
+        depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, spatial_merge_size=2)),
+        {}),
+    "qwen2_5_vl": (dict(text_config=QWEN_TEXT, vision_config=QWEN_VISION), {}),
+    "qwen3_vl": (dict(text_config=dict(QWEN_TEXT, head_dim=16, rope_parameters=dict(
+        MROPE, mrope_interleaved=True)), vision_config=dict(
+        QWEN_VISION, deepstack_visual_indexes=[0], num_position_embeddings=16)), {}),
     "llava": (dict(text_config=dict(TEXT, model_type="llama"), vision_config=VISION,
                    vision_feature_layer=-1), {}),
 }
@@ -37,3 +50,16 @@ FAMILIES = {
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_multimodal_text_matches_transformers_and_batches_exactly(name, layout):
     run_family(name, FAMILIES[name], layout)
+
+
+def test_hub_mrope_scaling_is_plain_rope():
+    """Qwen 2 VL hub configs (transformers 4) carry ``rope_scaling`` of type mrope:
+    on text that is the plain rotation, not an unknown RoPE type."""
+    from mlx_lm_batched.models import qwen2_vl
+
+    config = dict(QWEN_TEXT, model_type="qwen2_vl", rope_theta=10000.0,
+                  rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+    config.pop("rope_parameters")
+    args = qwen2_vl.ModelArgs.from_dict(config)
+    assert args.rope_scaling is None
+    qwen2_vl.Model(args)  # builds with the plain rotation

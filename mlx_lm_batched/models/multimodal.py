@@ -60,6 +60,20 @@ class TextConfigArgs:
         return super().from_dict(text_config(params))
 
 
+def text_rope_scaling(scaling):
+    """Multimodal RoPE reduced to the text case: with text only, every position
+    component (time, height, width) equals the token position, so M-RoPE (Qwen-VL's
+    ``mrope_section`` / ``"type": "mrope"``) is the plain rotation. Other scalings
+    are kept; the M-RoPE keys are dropped."""
+    if not isinstance(scaling, dict):
+        return scaling
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in ("mrope", "default", None):
+        return None
+    return {k: v for k, v in scaling.items()
+            if k not in ("mrope_section", "mrope_interleaved")}
+
+
 def check_text_model_type(args, allowed):
     """ValueError unless the nested text model is one this family implements."""
     found = getattr(args, "text_model_type", None)
