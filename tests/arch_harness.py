@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 import mlx_lm_batched  # noqa: F401
+import mlx_lm_oracle
 import mlx.core as mx
 import numpy as np
 import torch
@@ -156,18 +157,27 @@ def joined_tokens(model, prompts, n_tokens, max_kv_size=None):
 
 def check_architecture(model_type, config_kwargs, layout="transformers5", lengths=(7, 1, 12, 4),
                        gen_lengths=None, new_tokens=16, max_kv_size=None, std=0.3,
-                       saved_model_type=None, hf_hook=None):
+                       saved_model_type=None, hf_hook=None, oracle="transformers"):
     """Run the four parity checks; returns the loaded MLX model for extra checks.
 
     ``std``: weight scale; larger values sharpen attention so that position
     details (RoPE variants) move the logits well past the tolerance.
     ``saved_model_type``: load the checkpoint under this alias of ``model_type``.
-    ``hf_hook``: called on the transformers model before saving (sharpen weights)."""
-    hf = build_hf_model(model_type, config_kwargs, std=std)
-    if hf_hook is not None:
-        hf_hook(hf)
+    ``hf_hook``: called on the transformers model before saving (sharpen weights).
+    ``oracle="mlx_lm"``: mlx-lm's module of ``model_type`` is the reference (families
+    transformers has no model for; ``config_kwargs`` then in the flat layout)."""
     with tempfile.TemporaryDirectory() as d:
-        save_hf_model(hf, d, layout, saved_model_type)
+        if oracle == "mlx_lm":
+            ref = mlx_lm_oracle.build_mlx_lm_model(model_type, config_kwargs, std=std)
+            mlx_lm_oracle.save_mlx_lm_model(
+                ref, dict(config_kwargs, model_type=saved_model_type or model_type), d, layout)
+            reference = lambda prompt: mlx_lm_oracle.mlx_lm_logits(ref, prompt)
+        else:
+            hf = build_hf_model(model_type, config_kwargs, std=std)
+            if hf_hook is not None:
+                hf_hook(hf)
+            save_hf_model(hf, d, layout, saved_model_type)
+            reference = lambda prompt: hf_logits(hf, prompt)
         model, _ = load_model(d)
     model_type = saved_model_type or model_type
 
@@ -183,8 +193,8 @@ def check_architecture(model_type, config_kwargs, layout="transformers5", length
     logits = model(tokens, offset=mx.array([-p for p in padding]))
     for i, p in enumerate(prompts):
         ours = np.array(logits[i, padding[i]:])
-        np.testing.assert_allclose(ours, hf_logits(hf, p), atol=ATOL, rtol=ATOL,
-                                   err_msg=f"{model_type} row {i} vs transformers")
+        np.testing.assert_allclose(ours, reference(p), atol=ATOL, rtol=ATOL,
+                                   err_msg=f"{model_type} row {i} vs {oracle}")
 
     # 2. Greedy generation: each padded row equals the prompt alone.
     gen_prompts = make_prompts(gen_lengths or lengths, seed=2)

@@ -40,6 +40,9 @@ FAMILIES = {
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
         "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
         "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5}), WINDOWED),
+    # mlx-lm as the oracle (transformers has no MiMo); flat (mlx-lm) config keys.
+    "mimo": (dict(BASE, rms_norm_eps=1e-6, rope_theta=10000.0, num_nextn_predict_layers=1),
+             {"oracle": "mlx_lm"}),
     "internlm3": (dict(BASE, head_dim=16, qkv_bias=True, bias=True), {}),
     # YaRN on the global layer only; layer types: sliding, sliding, full.
     "olmo3": (dict(BASE, num_hidden_layers=3, sliding_window=8,

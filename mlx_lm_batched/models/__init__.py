@@ -35,6 +35,7 @@ MODEL_TYPES = {
     "kimi_k2": "deepseek_v3",
     "llama": "llama",
     "llava": "mistral3",
+    "mimo": "mimo",
     "ministral3": "ministral3",
     "mistral": "llama",
     "mistral3": "mistral3",
