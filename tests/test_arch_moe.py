@@ -29,6 +29,9 @@ FAMILIES = {
                                      "original_max_position_embeddings": 64}), WINDOWED),
     "olmoe": (dict(BASE, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
                    clip_qkv=1.5), {}),
+    # mlx-lm as the oracle (no transformers model); its own config names.
+    "phixtral": (dict(num_vocab=VOCAB, model_dim=64, num_heads=4, num_layers=2, rotary_dim=8,
+                      num_local_experts=4, num_experts_per_tok=2), {"oracle": "mlx_lm"}),
     "granitemoe": (dict(BASE, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
                         embedding_multiplier=1.5, residual_multiplier=0.7,
                         attention_multiplier=0.2, logits_scaling=2.0, attention_bias=True,

@@ -48,6 +48,7 @@ MODEL_TYPES = {
     "phi": "phi",
     "phi3": "phi3",
     "phimoe": "phimoe",
+    "phixtral": "phixtral",
     "qwen2": "qwen2",
     "qwen2_5_vl": "qwen2_vl",
     "qwen2_moe": "qwen2_moe",

@@ -258,10 +258,13 @@ class SparseMoE(nn.Module):
     ``route(x) -> (indices, weights)``."""
 
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k, activation=nn.silu,
-                 normalize=False, shared=None, shared_name="shared_expert", shared_gate=False):
+                 normalize=False, shared=None, shared_name="shared_expert", shared_gate=False,
+                 switch=None):
+        """``switch``: the expert layer (default: gated ``SwitchGLU`` experts)."""
         super().__init__()
         self.gate = nn.Linear(hidden_size, num_experts, bias=False)
-        self.switch_mlp = SwitchGLU(hidden_size, intermediate_size, num_experts, activation)
+        self.switch_mlp = switch or SwitchGLU(hidden_size, intermediate_size, num_experts,
+                                              activation)
         self.top_k = top_k
         self.normalize = normalize
         self.shared_name = shared_name if shared is not None else None
