@@ -43,6 +43,8 @@ FAMILIES = {
     # mlx-lm as the oracle (transformers has no MiMo); flat (mlx-lm) config keys.
     "mimo": (dict(BASE, rms_norm_eps=1e-6, rope_theta=10000.0, num_nextn_predict_layers=1),
              {"oracle": "mlx_lm"}),
+    # mlx-lm as the oracle: grouped wqkv rows (2 query heads per kv head), biases.
+    "internlm2": (dict(BASE, rms_norm_eps=1e-6, bias=True), {"oracle": "mlx_lm"}),
     "internlm3": (dict(BASE, head_dim=16, qkv_bias=True, bias=True), {}),
     # YaRN on the global layer only; layer types: sliding, sliding, full.
     "olmo3": (dict(BASE, num_hidden_layers=3, sliding_window=8,

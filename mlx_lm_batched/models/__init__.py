@@ -28,6 +28,7 @@ MODEL_TYPES = {
     "granite": "granite",
     "granitemoe": "granitemoe",
     "helium": "helium",
+    "internlm2": "internlm2",
     "internlm3": "internlm3",
     "iquestcoder": "llama",
     "hunyuan_v1_dense": "hunyuan_v1_dense",
