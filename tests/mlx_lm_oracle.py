@@ -31,7 +31,9 @@ def build_mlx_lm_model(model_type, config, seed=0, std=0.3):
 def to_rope_parameters(config):
     """The transformers-5 layout of a flat config: RoPE keys under ``rope_parameters``."""
     config = dict(config)
-    params = {"rope_theta": config.pop("rope_theta", 10000.0)}
+    if "rope_theta" not in config:  # the family's own default stays in force
+        return config
+    params = {"rope_theta": config.pop("rope_theta")}
     scaling = config.pop("rope_scaling", None) or {"rope_type": "default"}
     params.update(scaling)
     config["rope_parameters"] = params

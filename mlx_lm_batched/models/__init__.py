@@ -37,6 +37,7 @@ MODEL_TYPES = {
     "llama": "llama",
     "llava": "mistral3",
     "mimo": "mimo",
+    "minicpm": "minicpm",
     "ministral3": "ministral3",
     "mistral": "llama",
     "mistral3": "mistral3",
