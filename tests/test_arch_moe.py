@@ -32,6 +32,10 @@ FAMILIES = {
     # mlx-lm as the oracle (no transformers model); its own config names.
     "phixtral": (dict(num_vocab=VOCAB, model_dim=64, num_heads=4, num_layers=2, rotary_dim=8,
                       num_local_experts=4, num_experts_per_tok=2), {"oracle": "mlx_lm"}),
+    # mlx-lm as the oracle (no transformers model): layer 0 dense, 1 and 2 MoE.
+    "deepseek": (dict(BASE, num_hidden_layers=3, moe_intermediate_size=32, n_routed_experts=4,
+                      num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                      rope_theta=10000.0), {"oracle": "mlx_lm"}),
     "granitemoe": (dict(BASE, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
                         embedding_multiplier=1.5, residual_multiplier=0.7,
                         attention_multiplier=0.2, logits_scaling=2.0, attention_bias=True,
