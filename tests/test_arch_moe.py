@@ -36,6 +36,11 @@ FAMILIES = {
     "deepseek": (dict(BASE, num_hidden_layers=3, moe_intermediate_size=32, n_routed_experts=4,
                       num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
                       rope_theta=10000.0), {"oracle": "mlx_lm"}),
+    # Per-layer top-k; NTK-alpha RoPE as in the dense family.
+    "hunyuan_v1_moe": (dict(BASE, head_dim=16, intermediate_size=32, num_experts=4,
+                            moe_topk=[2, 1], rope_parameters={
+                                "rope_type": "dynamic", "alpha": 50.0, "factor": 1.0,
+                                "rope_theta": 10000.0}), {}),
     "granitemoe": (dict(BASE, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
                         embedding_multiplier=1.5, residual_multiplier=0.7,
                         attention_multiplier=0.2, logits_scaling=2.0, attention_bias=True,

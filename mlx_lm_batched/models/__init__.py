@@ -33,6 +33,7 @@ MODEL_TYPES = {
     "internlm3": "internlm3",
     "iquestcoder": "llama",
     "hunyuan_v1_dense": "hunyuan_v1_dense",
+    "hunyuan_v1_moe": "hunyuan_v1_moe",
     "joyai_llm_flash": "deepseek_v3",
     "kimi_k2": "deepseek_v3",
     "llama": "llama",
