@@ -48,6 +48,10 @@ FAMILIES = {
     "v3-yarn-not-interleaved": (dict(MLA, n_group=2, topk_group=2, rope_scaling=YARN,
                                      rope_interleave=False, norm_topk_prob=False),
                                 dict(model_type="deepseek_v3", hf_hook=sharpen)),
+    # Per-layer dense/sparse choice.
+    "glm4_moe_lite": (dict(MLA, n_group=1, topk_group=1, routed_scaling_factor=1.8,
+                           mlp_layer_types=["sparse", "dense", "sparse"]),
+                      dict(hf_hook=sharpen)),
     # mlx-lm's aliases of DeepSeek V3 checkpoints (Kimi K2, JoyAI LLM Flash).
     "kimi_k2": (V3, dict(model_type="deepseek_v3", saved_model_type="kimi_k2", hf_hook=sharpen)),
     "joyai_llm_flash": (V3, dict(model_type="deepseek_v3", saved_model_type="joyai_llm_flash",

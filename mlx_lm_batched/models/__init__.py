@@ -22,6 +22,7 @@ MODEL_TYPES = {
     "glm": "glm",
     "glm4": "glm4",
     "glm4_moe": "glm4_moe",
+    "glm4_moe_lite": "glm4_moe_lite",
     "gpt2": "gpt2",
     "gpt_bigcode": "gpt_bigcode",
     "gpt_neox": "gpt_neox",
