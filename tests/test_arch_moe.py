@@ -41,6 +41,9 @@ FAMILIES = {
                             moe_topk=[2, 1], rope_parameters={
                                 "rope_type": "dynamic", "alpha": 50.0, "factor": 1.0,
                                 "rope_theta": 10000.0}), {}),
+    # Half the head rotated; the correction bias is randomised by the harness.
+    "minimax_m2": (dict(BASE, head_dim=16, intermediate_size=32, num_local_experts=4,
+                        num_experts_per_tok=2, partial_rotary_factor=0.5), {}),
     "granitemoe": (dict(BASE, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
                         embedding_multiplier=1.5, residual_multiplier=0.7,
                         attention_multiplier=0.2, logits_scaling=2.0, attention_bias=True,

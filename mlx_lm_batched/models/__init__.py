@@ -41,6 +41,7 @@ MODEL_TYPES = {
     "llava": "mistral3",
     "mimo": "mimo",
     "minicpm": "minicpm",
+    "minimax_m2": "minimax_m2",
     "ministral3": "ministral3",
     "mistral": "llama",
     "mistral3": "mistral3",
