@@ -47,6 +47,8 @@ FAMILIES = {
     "internlm2": (dict(BASE, rms_norm_eps=1e-6, bias=True), {"oracle": "mlx_lm"}),
     "minicpm": (dict(BASE, rms_norm_eps=1e-6, rope_theta=5000.0, scale_emb=2.0, scale_depth=1.4, dim_model_base=16,
                      tie_word_embeddings=False), {"oracle": "mlx_lm"}),
+    # GPT-2-style weight names in the saved checkpoint.
+    "exaone": (dict(BASE, head_dim=16, eos_token_id=2), {}),
     "internlm3": (dict(BASE, head_dim=16, qkv_bias=True, bias=True), {}),
     # YaRN on the global layer only; layer types: sliding, sliding, full.
     "olmo3": (dict(BASE, num_hidden_layers=3, sliding_window=8,

@@ -14,6 +14,7 @@ MODEL_TYPES = {
     "dots1": "dots1",
     "ernie4_5": "ernie4_5",
     "ernie4_5_moe": "ernie4_5_moe",
+    "exaone": "exaone",
     "exaone4": "exaone4",
     "gemma": "gemma",
     "gemma2": "gemma2",
