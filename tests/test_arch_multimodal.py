@@ -22,6 +22,8 @@ QWEN_TEXT = dict(TEXT, num_hidden_layers=2, rope_parameters=MROPE, bos_token_id=
                  eos_token_id=2)
 QWEN_VISION = dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=64,
                    num_heads=2, fullatt_block_indexes=[0])
+QWEN3_MOE_TEXT = dict(QWEN_TEXT, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=16, rope_parameters=dict(MROPE, mrope_interleaved=True))
 WINDOWED = {"lengths": (11, 3, 20, 9), "gen_lengths": (5, 14, 1)}
 
 FAMILIES = {
@@ -40,6 +42,8 @@ FAMILIES = {
     "qwen2_5_vl": (dict(text_config=QWEN_TEXT, vision_config=QWEN_VISION), {}),
     "qwen3_vl": (dict(text_config=dict(QWEN_TEXT, head_dim=16, rope_parameters=dict(
         MROPE, mrope_interleaved=True)), vision_config=dict(
+        QWEN_VISION, deepstack_visual_indexes=[0], num_position_embeddings=16)), {}),
+    "qwen3_vl_moe": (dict(text_config=QWEN3_MOE_TEXT, vision_config=dict(
         QWEN_VISION, deepstack_visual_indexes=[0], num_position_embeddings=16)), {}),
     "llava": (dict(text_config=dict(TEXT, model_type="llama"), vision_config=VISION,
                    vision_feature_layer=-1), {}),
@@ -63,3 +67,27 @@ def test_hub_mrope_scaling_is_plain_rope():
     args = qwen2_vl.ModelArgs.from_dict(config)
     assert args.rope_scaling is None
     qwen2_vl.Model(args)  # builds with the plain rotation
+
+
+def test_qwen3_vl_moe_hub_expert_layout_loads():
+    """The hub's transposed fused experts give the same model as transformers' layout."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from mlx_lm_batched.models import qwen3_vl_moe
+
+    config = dict(model_type="qwen3_vl_moe", text_config=QWEN3_MOE_TEXT, tie_word_embeddings=False)
+    model = qwen3_vl_moe.Model(qwen3_vl_moe.ModelArgs.from_dict(config))
+    E, H, I = 4, 64, 16
+    gate_up = mx.random.normal((E, 2 * I, H), key=mx.random.key(0))
+    down = mx.random.normal((E, H, I), key=mx.random.key(1))
+    prefix = "model.language_model.layers.0.mlp.experts"
+    ours = model.sanitize({f"{prefix}.gate_up_proj": gate_up, f"{prefix}.down_proj": down})
+    hub = model.sanitize({f"{prefix}.gate_up_proj": gate_up.swapaxes(1, 2),
+                          f"{prefix}.down_proj": down.swapaxes(1, 2)})
+    assert sorted(ours) == sorted(hub) == [f"model.layers.0.mlp.switch_mlp.{n}.weight"
+                                           for n in ("down_proj", "gate_proj", "up_proj")]
+    for k in ours:
+        assert mx.array_equal(ours[k], hub[k]), k
+    shapes = dict(tree_flatten(model.parameters()))
+    assert all(ours[k].shape == shapes[k].shape for k in ours)

@@ -63,6 +63,7 @@ MODEL_TYPES = {
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3_moe",
     "qwen3_vl": "qwen3_vl",
+    "qwen3_vl_moe": "qwen3_vl_moe",
     "seed_oss": "seed_oss",
     "smollm3": "smollm3",
     "stablelm": "stablelm",
