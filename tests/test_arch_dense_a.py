@@ -49,6 +49,8 @@ FAMILIES = {
                      tie_word_embeddings=False), {"oracle": "mlx_lm"}),
     # GPT-2-style weight names in the saved checkpoint.
     "exaone": (dict(BASE, head_dim=16, eos_token_id=2), {}),
+    "qwen": (dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+                  intermediate_size=192, kv_channels=16, no_bias=True), {"oracle": "mlx_lm"}),
     "internlm3": (dict(BASE, head_dim=16, qkv_bias=True, bias=True), {}),
     # YaRN on the global layer only; layer types: sliding, sliding, full.
     "olmo3": (dict(BASE, num_hidden_layers=3, sliding_window=8,

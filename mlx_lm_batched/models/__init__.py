@@ -56,6 +56,7 @@ MODEL_TYPES = {
     "phi3": "phi3",
     "phimoe": "phimoe",
     "phixtral": "phixtral",
+    "qwen": "qwen",
     "qwen2": "qwen2",
     "qwen2_5_vl": "qwen2_vl",
     "qwen2_moe": "qwen2_moe",
