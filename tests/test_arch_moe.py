@@ -44,6 +44,11 @@ FAMILIES = {
     # Half the head rotated; the correction bias is randomised by the harness.
     "minimax_m2": (dict(BASE, head_dim=16, intermediate_size=32, num_local_experts=4,
                         num_experts_per_tok=2, partial_rotary_factor=0.5), {}),
+    # Nested configs; L2-normalised router weights, clamped qkv.
+    "dbrx": (dict(vocab_size=VOCAB, d_model=64, n_heads=4, n_layers=2, max_seq_len=256,
+                  attn_config=dict(clip_qkv=1.5, kv_n_heads=2, rope_theta=10000.0),
+                  ffn_config=dict(ffn_hidden_size=32, moe_num_experts=4, moe_top_k=2,
+                                  moe_normalize_expert_weights=2.0)), {}),
     "granitemoe": (dict(BASE, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
                         embedding_multiplier=1.5, residual_multiplier=0.7,
                         attention_multiplier=0.2, logits_scaling=2.0, attention_bias=True,

@@ -8,6 +8,7 @@ MODEL_TYPES = {
     "apertus": "apertus",
     "cohere": "cohere",
     "cohere2": "cohere2",
+    "dbrx": "dbrx",
     "deepseek": "deepseek",
     "deepseek_v2": "deepseek_v2",
     "deepseek_v3": "deepseek_v3",
