@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import arch_harness
-from arch_harness import VOCAB, check_architecture
+from arch_harness import VOCAB, run_family
 
 MLA = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
            num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
@@ -18,47 +18,51 @@ MLA = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_la
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8}
 
-CONFIGS = {
-    "v2-greedy-no-q-lora": ("deepseek_v2", dict(MLA, q_lora_rank=None, routed_scaling_factor=1.5)),
-    "v2-group-limited-yarn": ("deepseek_v2", dict(MLA, topk_method="group_limited_greedy",
-                                                  n_group=2, topk_group=1, rope_scaling=YARN)),
-    "v3": ("deepseek_v3", dict(MLA, n_group=2, topk_group=1, routed_scaling_factor=2.5)),
-    "v3-yarn-not-interleaved": ("deepseek_v3", dict(MLA, n_group=2, topk_group=2,
-                                                    rope_scaling=YARN, rope_interleave=False,
-                                                    norm_topk_prob=False)),
+def sharpen(model):
+    """Make the oracle's weights exercise what the harness's weights hide.
+
+    Tripling the query/key projections sharpens attention so that a wrong softmax
+    scale moves the logits well past the tolerance. V3's correction bias is a
+    buffer: randomise it with its own seed so it changes routing.
+    """
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if any(f"self_attn.{n}." in name for n in ("q_proj", "q_b_proj", "kv_b_proj",
+                                                        "kv_a_proj_with_mqa")):
+                p.mul_(3.0)
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(torch.randn(buf.shape, generator=gen) * 0.2)
+    return model
+
+
+V3 = dict(MLA, n_group=2, topk_group=1, routed_scaling_factor=2.5)
+FAMILIES = {
+    "v2-greedy-no-q-lora": (dict(MLA, q_lora_rank=None, routed_scaling_factor=1.5),
+                            dict(model_type="deepseek_v2", hf_hook=sharpen)),
+    "v2-group-limited-yarn": (dict(MLA, topk_method="group_limited_greedy", n_group=2,
+                                   topk_group=1, rope_scaling=YARN),
+                              dict(model_type="deepseek_v2", hf_hook=sharpen)),
+    "v3": (V3, dict(model_type="deepseek_v3", hf_hook=sharpen)),
+    "v3-yarn-not-interleaved": (dict(MLA, n_group=2, topk_group=2, rope_scaling=YARN,
+                                     rope_interleave=False, norm_topk_prob=False),
+                                dict(model_type="deepseek_v3", hf_hook=sharpen)),
+    # Per-layer dense/sparse choice.
+    "glm4_moe_lite": (dict(MLA, n_group=1, topk_group=1, routed_scaling_factor=1.8,
+                           mlp_layer_types=["sparse", "dense", "sparse"]),
+                      dict(hf_hook=sharpen)),
+    # mlx-lm's aliases of DeepSeek V3 checkpoints (Kimi K2, JoyAI LLM Flash).
+    "kimi_k2": (V3, dict(model_type="deepseek_v3", saved_model_type="kimi_k2", hf_hook=sharpen)),
+    "joyai_llm_flash": (V3, dict(model_type="deepseek_v3", saved_model_type="joyai_llm_flash",
+                                 hf_hook=sharpen)),
 }
 
 
-def _sharpen(build):
-    """Make the oracle's weights exercise what std-0.1 weights hide.
-
-    With the harness's weights the attention logits are ~0.2, so attention is nearly
-    uniform and a wrong softmax scale moves the logits by < 1e-4; tripling the
-    query/key projections gives logits of a few units. V3's correction bias is a
-    buffer, which the harness leaves at zero: randomise it so it changes routing.
-    """
-    def wrapped(*args, **kwargs):
-        model = build(*args, **kwargs)
-        gen = torch.Generator().manual_seed(3)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if any(f"self_attn.{n}." in name for n in ("q_proj", "q_b_proj", "kv_b_proj",
-                                                            "kv_a_proj_with_mqa")):
-                    p.mul_(3.0)
-            for name, buf in model.named_buffers():
-                if name.endswith("e_score_correction_bias"):
-                    buf.copy_(torch.randn(buf.shape, generator=gen) * 0.2)
-        return model
-    return wrapped
-
-
 @pytest.mark.parametrize("layout", ["transformers4", "transformers5"])
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_deepseek_matches_transformers_and_batches_exactly(name, layout, monkeypatch):
-    model_type, config = CONFIGS[name]
-    monkeypatch.setattr(arch_harness, "build_hf_model",
-                        _sharpen(arch_harness.build_hf_model))
-    check_architecture(model_type, config, layout=layout)
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_deepseek_matches_transformers_and_batches_exactly(name, layout):
+    run_family(name, FAMILIES[name], layout)
 
 
 @pytest.mark.parametrize("extra", [{}, {"truncate": False}, {"factor": None}])
@@ -85,8 +89,7 @@ def test_sanitize_fused_experts_and_mtp_layers():
 
     from mlx_lm_batched.models import deepseek_v3
 
-    model_type, config = CONFIGS["v3"]
-    hf = _sharpen(arch_harness.build_hf_model)(model_type, config)
+    hf = sharpen(arch_harness.build_hf_model("deepseek_v3", V3))
     weights = {k: mx.array(v.numpy()) for k, v in hf.state_dict().items()}
     assert "model.layers.1.mlp.experts.gate_up_proj" in weights
     weights["model.layers.3.mlp.gate.weight"] = mx.zeros((4, 64))  # an MTP layer

@@ -8,7 +8,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from arch_harness import (VOCAB, build_hf_model, check_architecture, greedy_tokens, make_prompts,
+from arch_harness import (VOCAB, build_hf_model, run_family, greedy_tokens, make_prompts,
                           save_hf_model)
 from mlx_lm_batched.convert import convert
 from mlx_lm_batched.utils import load_model
@@ -33,6 +33,25 @@ FAMILIES = {
                      residual_multiplier=0.5, logits_scaling=4.0, attention_bias=True), {}),
     "helium": (dict(BASE, head_dim=16, attention_bias=True, mlp_bias=True), {}),
     "olmo2": (dict(BASE), {}),
+    # clip_qkv low enough that the clamps act on std-0.3 projections.
+    "olmo": (dict(BASE, clip_qkv=1.5, tie_word_embeddings=False), {}),
+    "ministral3": (dict(BASE, head_dim=16, sliding_window=8, max_position_embeddings=64,
+                        rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+        "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+        "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5}), WINDOWED),
+    # mlx-lm as the oracle (transformers has no MiMo); flat (mlx-lm) config keys.
+    "mimo": (dict(BASE, rms_norm_eps=1e-6, rope_theta=10000.0, num_nextn_predict_layers=1),
+             {"oracle": "mlx_lm"}),
+    # mlx-lm as the oracle: grouped wqkv rows (2 query heads per kv head), biases.
+    "internlm2": (dict(BASE, rms_norm_eps=1e-6, bias=True), {"oracle": "mlx_lm"}),
+    "minicpm": (dict(BASE, rms_norm_eps=1e-6, rope_theta=5000.0, scale_emb=2.0, scale_depth=1.4, dim_model_base=16,
+                     tie_word_embeddings=False), {"oracle": "mlx_lm"}),
+    # GPT-2-style weight names in the saved checkpoint.
+    "exaone": (dict(BASE, head_dim=16, eos_token_id=2), {}),
+    "qwen": (dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+                  intermediate_size=192, kv_channels=16, no_bias=True), {"oracle": "mlx_lm"}),
+    "internlm3": (dict(BASE, head_dim=16, qkv_bias=True, bias=True), {}),
     # YaRN on the global layer only; layer types: sliding, sliding, full.
     "olmo3": (dict(BASE, num_hidden_layers=3, sliding_window=8,
                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
@@ -69,10 +88,7 @@ FAMILIES = {
 @pytest.mark.parametrize("layout", ["transformers4", "transformers5"])
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_family_matches_transformers_and_batches_exactly(name, layout):
-    config, options = FAMILIES[name]
-    options = dict(options)
-    model_type = options.pop("model_type", name)
-    check_architecture(model_type, config, layout=layout, **options)
+    run_family(name, FAMILIES[name], layout)
 
 
 def test_quantized_gemma2_batches_exactly():

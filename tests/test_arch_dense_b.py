@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from arch_harness import (VOCAB, ATOL, build_hf_model, check_architecture, make_prompts,
+from arch_harness import (VOCAB, ATOL, build_hf_model, make_prompts, run_family,
                           reset_hf_rope, save_hf_model)
-from mlx.utils import tree_flatten
 from mlx_lm_batched.batching import BatchEngine, left_pad
 from mlx_lm_batched.utils import load_model
 
@@ -115,16 +114,7 @@ FAMILIES = {
 @pytest.mark.parametrize("layout", ["transformers4", "transformers5"])
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_family_matches_transformers_and_batches_exactly(name, layout):
-    config, options = FAMILIES[name]
-    options = dict(options)
-    model_type = options.pop("model_type", name)
-    options.pop("decode", None)
-    model = check_architecture(model_type, config, layout=layout, std=STD, **options)
-    # A converted model saves our own names: sanitize must leave them as they are.
-    params = dict(tree_flatten(model.parameters()))
-    again = model.sanitize(dict(params))
-    assert sorted(again) == sorted(params)
-    assert all(mx.array_equal(again[k], params[k]) for k in params)
+    run_family(name, FAMILIES[name], layout, ignore=("decode",))
 
 
 def hf_decode_logprobs(hf, prompt, continuation):

@@ -4,7 +4,7 @@ exactly (gather_qmm)."""
 
 import pytest
 
-from arch_harness import VOCAB, check_architecture
+from arch_harness import VOCAB, run_family
 
 BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
@@ -27,6 +27,28 @@ FAMILIES = {
                                      "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 9.0],
                                      "short_mscale": 1.2, "long_mscale": 1.2,
                                      "original_max_position_embeddings": 64}), WINDOWED),
+    "olmoe": (dict(BASE, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+                   clip_qkv=1.5), {}),
+    # mlx-lm as the oracle (no transformers model); its own config names.
+    "phixtral": (dict(num_vocab=VOCAB, model_dim=64, num_heads=4, num_layers=2, rotary_dim=8,
+                      num_local_experts=4, num_experts_per_tok=2), {"oracle": "mlx_lm"}),
+    # mlx-lm as the oracle (no transformers model): layer 0 dense, 1 and 2 MoE.
+    "deepseek": (dict(BASE, num_hidden_layers=3, moe_intermediate_size=32, n_routed_experts=4,
+                      num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                      rope_theta=10000.0), {"oracle": "mlx_lm"}),
+    # Per-layer top-k; NTK-alpha RoPE as in the dense family.
+    "hunyuan_v1_moe": (dict(BASE, head_dim=16, intermediate_size=32, num_experts=4,
+                            moe_topk=[2, 1], rope_parameters={
+                                "rope_type": "dynamic", "alpha": 50.0, "factor": 1.0,
+                                "rope_theta": 10000.0}), {}),
+    # Half the head rotated; the correction bias is randomised by the harness.
+    "minimax_m2": (dict(BASE, head_dim=16, intermediate_size=32, num_local_experts=4,
+                        num_experts_per_tok=2, partial_rotary_factor=0.5), {}),
+    # Nested configs; L2-normalised router weights, clamped qkv.
+    "dbrx": (dict(vocab_size=VOCAB, d_model=64, n_heads=4, n_layers=2, max_seq_len=256,
+                  attn_config=dict(clip_qkv=1.5, kv_n_heads=2, rope_theta=10000.0),
+                  ffn_config=dict(ffn_hidden_size=32, moe_num_experts=4, moe_top_k=2,
+                                  moe_normalize_expert_weights=2.0)), {}),
     "granitemoe": (dict(BASE, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
                         embedding_multiplier=1.5, residual_multiplier=0.7,
                         attention_multiplier=0.2, logits_scaling=2.0, attention_bias=True,
@@ -52,10 +74,7 @@ FAMILIES = {
 @pytest.mark.parametrize("layout", ["transformers4", "transformers5"])
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_moe_family_matches_transformers_and_batches_exactly(name, layout):
-    config, options = FAMILIES[name]
-    options = dict(options)
-    model_type = options.pop("model_type", name)
-    check_architecture(model_type, config, layout=layout, **options)
+    run_family(name, FAMILIES[name], layout)
 
 
 def test_moe_4bit_conversion_batches_exactly(tmp_path):

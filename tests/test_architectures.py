@@ -3,7 +3,7 @@ config layouts (transformers 4 top-level rope keys, transformers 5 rope_paramete
 
 import pytest
 
-from arch_harness import VOCAB, check_architecture
+from arch_harness import VOCAB, run_family
 
 BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
@@ -12,6 +12,8 @@ BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_l
 # window of 8 and prompts long enough to cross it.
 FAMILIES = {
     "llama": (dict(BASE, tie_word_embeddings=False), {}),
+    # mlx-lm's alias: IQuest-Coder checkpoints are llama ones under another name.
+    "iquestcoder": (BASE, {"model_type": "llama", "saved_model_type": "iquestcoder"}),
     "llama-llama3-rope": (
         dict(BASE, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
@@ -33,7 +35,4 @@ FAMILIES = {
 @pytest.mark.parametrize("layout", ["transformers4", "transformers5"])
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_family_matches_transformers_and_batches_exactly(name, layout):
-    config, options = FAMILIES[name]
-    options = dict(options)
-    model_type = options.pop("model_type", name)
-    check_architecture(model_type, config, layout=layout, **options)
+    run_family(name, FAMILIES[name], layout)

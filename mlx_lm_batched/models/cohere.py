@@ -3,27 +3,14 @@ interleaved RoPE, optional per-head QK LayerNorm, tied output scaled by
 ``logit_scale``."""
 
 from dataclasses import dataclass
-from typing import Optional
-
-from .base import BaseModelArgs
-from .common import attention_dims, config_rope, init_causal_lm
+from .common import DecoderArgs, config_rope, init_causal_lm
 from .layers import MLP, Attention, CausalLM, HeadwiseLayerNorm, LayerNorm, ParallelBlock
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    vocab_size: int
-    num_key_value_heads: Optional[int] = None
-    hidden_act: str = "silu"
+class ModelArgs(DecoderArgs):
     layer_norm_eps: float = 1e-5
     max_position_embeddings: int = 8192
-    rope_theta: float = 10000.0
-    rope_scaling: Optional[dict] = None
     logit_scale: float = 0.0625
     use_qk_norm: bool = False
     attention_bias: bool = False
@@ -36,7 +23,7 @@ class Model(CausalLM):
         with windows given only windowed layers are rotated (Cohere 2's global
         layers use no position encoding)."""
         super().__init__()
-        n_kv, head_dim = attention_dims(args)
+        n_kv, head_dim = args.num_key_value_heads, args.head_dim
         rope = config_rope(args, head_dim, traditional=True)
         norm = lambda: LayerNorm(args.hidden_size, args.layer_norm_eps, bias=False)
         qk_norm = None
@@ -55,6 +42,4 @@ class Model(CausalLM):
             for w in layer_windows
         ]
         init_causal_lm(self, args, layers, norm(), layer_windows)
-
-    def __call__(self, *args, **kwargs):
-        return super().__call__(*args, **kwargs) * self.args.logit_scale
+        self.logit_scale = args.logit_scale

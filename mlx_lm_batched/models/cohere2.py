@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from . import cohere
+from .common import type_windows
 
 
 @dataclass
@@ -15,6 +16,7 @@ class ModelArgs(cohere.ModelArgs):
     layer_types: Optional[List[str]] = None
 
     def __post_init__(self):
+        super().__post_init__()
         if self.layer_types is None:
             p = self.sliding_window_pattern
             self.layer_types = [
@@ -25,6 +27,4 @@ class ModelArgs(cohere.ModelArgs):
 
 class Model(cohere.Model):
     def __init__(self, args: ModelArgs):
-        windows = [args.sliding_window if t == "sliding_attention" else None
-                   for t in args.layer_types]
-        super().__init__(args, windows=windows)
+        super().__init__(args, windows=type_windows(args.layer_types, args.sliding_window))

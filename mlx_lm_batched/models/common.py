@@ -31,12 +31,23 @@ class DecoderArgs(BaseModelArgs):
     hidden_act: str = "silu"
     tie_word_embeddings: bool = False
 
+    def __post_init__(self):
+        # Hugging Face's defaults for absent head counts, computed here once; a
+        # subclass's own __post_init__ calls this first.
+        self.num_key_value_heads, self.head_dim = attention_dims(self)
+
 
 def attention_dims(args):
     """``(n_kv_heads, head_dim)`` with Hugging Face's defaults for absent fields."""
     n_kv = args.num_key_value_heads or args.num_attention_heads
     head_dim = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
     return n_kv, head_dim
+
+
+def type_windows(layer_types, sliding_window):
+    """Per-layer windows from Hugging Face's ``layer_types``: ``sliding_window`` on
+    ``"sliding_attention"`` layers, None (global) on the others."""
+    return [sliding_window if t == "sliding_attention" else None for t in layer_types]
 
 
 def config_rope(args, dims, traditional=False):

@@ -11,9 +11,10 @@ import mlx.nn as nn
 from .base import BaseModelArgs
 from .common import init_causal_lm
 from .layers import MLP, CausalLM, PreNormBlock, RMSNorm, activation
-from .mla import (MultiHeadLatentAttention, make_mla_rope, merge_absorbed_kv_b,
+from .mla import (MultiHeadLatentAttention, merge_absorbed_kv_b,
                   mla_softmax_scale)
-from .moe import SwitchGLU, stack_experts, topk_indices
+from .moe import SwitchGLU, combine_experts, stack_experts, topk_indices
+from .rope import make_rope
 
 
 @dataclass
@@ -131,8 +132,7 @@ class DeepseekMoE(nn.Module):
 
     def __call__(self, x):
         indices, weights = self.gate(x)
-        y = self.switch_mlp(x, indices)
-        y = (y * weights[..., None]).sum(axis=-2).astype(x.dtype)
+        y = combine_experts(self.switch_mlp(x, indices), weights, x.dtype)
         if "shared_experts" in self:
             y = y + self.shared_experts(x)
         return y
@@ -143,8 +143,11 @@ class Model(CausalLM):
         """``gate(args)`` builds each MoE layer's router (V3 passes its own)."""
         super().__init__()
         interleaved = args.rope_interleave or args.model_type == "deepseek_v2"
-        rope = make_mla_rope(args.qk_rope_head_dim, args.rope_theta, args.rope_scaling,
-                             args.max_position_embeddings, interleaved)
+        # DeepSeek rotates adjacent pairs (traditional). transformers' V3 de-interleaves
+        # them when rope_interleave, but queries and keys get the same permutation, so
+        # their dot products equal the traditional rotation.
+        rope = make_rope(args.qk_rope_head_dim, args.rope_theta, interleaved, args.rope_scaling,
+                         args.max_position_embeddings)
         scale = mla_softmax_scale(args.qk_nope_head_dim + args.qk_rope_head_dim, args.rope_scaling)
         norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps)
         layers = []
@@ -178,13 +181,6 @@ class Model(CausalLM):
             if not self.args.is_moe_layer(i):
                 continue
             prefix = f"model.layers.{i}.mlp"
+            # Per-expert and transformers 5's fused layouts alike.
             stack_experts(weights, prefix, self.args.n_routed_experts)
-            # transformers 5 in-memory layout: fused (E, 2I, H) gate/up, (E, H, I) down.
-            fused = weights.pop(f"{prefix}.experts.gate_up_proj", None)
-            if fused is not None:
-                gate, up = mx.split(fused, 2, axis=1)
-                weights[f"{prefix}.switch_mlp.gate_proj.weight"] = gate
-                weights[f"{prefix}.switch_mlp.up_proj.weight"] = up
-                weights[f"{prefix}.switch_mlp.down_proj.weight"] = weights.pop(
-                    f"{prefix}.experts.down_proj")
         return weights

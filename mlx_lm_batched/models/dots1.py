@@ -17,11 +17,10 @@ class ModelArgs(glm4_moe.ModelArgs):
     max_window_layers: Optional[int] = None
 
     def layer_windows(self):
-        if self.layer_types is None and self.sliding_window is not None:
-            start = self.num_hidden_layers if self.max_window_layers is None else self.max_window_layers
-            self.layer_types = ["sliding_attention" if i >= start else "full_attention"
-                                for i in range(self.num_hidden_layers)]
-        return super().layer_windows()
+        if self.layer_types is not None or self.sliding_window is None:
+            return super().layer_windows()
+        start = self.num_hidden_layers if self.max_window_layers is None else self.max_window_layers
+        return [self.sliding_window if i >= start else None for i in range(self.num_hidden_layers)]
 
 
 class Model(glm4_moe.Model):

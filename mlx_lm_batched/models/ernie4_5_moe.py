@@ -4,25 +4,17 @@ layer, and MoE layers (from ``moe_layer_start_index`` to ``moe_layer_end_index``
 shifted by ``moe_statics.e_score_correction_bias``, plus always-on shared experts."""
 
 from dataclasses import dataclass
-from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .base import BaseModelArgs
-from .common import config_rope, init_causal_lm
+from .common import DecoderArgs, config_rope, init_causal_lm
 from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm, activation
 from .moe import SparseMoE, softmax_topk, stack_experts
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    vocab_size: int
+class ModelArgs(DecoderArgs):
     moe_num_experts: int = 64
     moe_k: int = 6
     moe_intermediate_size: int = 1536
@@ -32,20 +24,14 @@ class ModelArgs(BaseModelArgs):
     moe_layer_interval: int = 1
     moe_norm_min: float = 1e-12
     rms_norm_eps: float = 1e-5
-    num_key_value_heads: Optional[int] = None
-    head_dim: Optional[int] = None
-    max_position_embeddings: Optional[int] = None
     rope_theta: float = 500000.0
-    rope_scaling: Optional[dict] = None
     use_bias: bool = False
     tie_word_embeddings: bool = True
-    hidden_act: str = "silu"
 
     def __post_init__(self):
+        super().__post_init__()
         if self.moe_layer_end_index in (None, -1):
             self.moe_layer_end_index = self.num_hidden_layers - 1
-        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
-        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
 
     def is_moe_layer(self, i):
         return (self.moe_num_experts and (i + 1) % self.moe_layer_interval == 0

@@ -4,8 +4,7 @@
 from dataclasses import dataclass
 from typing import Optional
 
-from .base import BaseModelArgs
-from .common import attention_dims, config_rope, init_causal_lm
+from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
 from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
 
 
@@ -17,18 +16,10 @@ def gemma_activation(hidden_activation, hidden_act):
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
+class ModelArgs(DecoderArgs):
     vocab_size: int = 256000
     head_dim: int = 256
-    num_key_value_heads: Optional[int] = None
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: Optional[dict] = None
     max_position_embeddings: int = 8192
     hidden_act: Optional[str] = None
     hidden_activation: Optional[str] = None

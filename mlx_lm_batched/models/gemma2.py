@@ -5,37 +5,22 @@ alternating with global ones (even layers slide unless ``layer_types`` says)."""
 from dataclasses import dataclass
 from typing import List, Optional
 
-from .base import BaseModelArgs
+from . import gemma
 from .gemma import gemma_activation
-from .common import attention_dims, config_rope, init_causal_lm
+from .common import attention_dims, config_rope, init_causal_lm, type_windows
 from .layers import MLP, Attention, CausalLM, RMSNorm, SandwichBlock
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    vocab_size: int = 256000
-    head_dim: int = 256
-    num_key_value_heads: Optional[int] = None
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: Optional[dict] = None
-    max_position_embeddings: int = 8192
-    hidden_act: Optional[str] = None
-    hidden_activation: Optional[str] = None
-    attention_bias: bool = False
+class ModelArgs(gemma.ModelArgs):
     query_pre_attn_scalar: float = 256
     sliding_window: Optional[int] = 4096
     layer_types: Optional[List[str]] = None
     attn_logit_softcapping: Optional[float] = 50.0
     final_logit_softcapping: Optional[float] = 30.0
-    tie_word_embeddings: bool = True
 
     def __post_init__(self):
+        super().__post_init__()
         if self.layer_types is None:
             self.layer_types = [
                 "sliding_attention" if (i + 1) % 2 else "full_attention"
@@ -60,7 +45,5 @@ class Model(CausalLM):
             )
             for _ in range(args.num_hidden_layers)
         ]
-        windows = [args.sliding_window if t == "sliding_attention" else None
-                   for t in args.layer_types]
-        init_causal_lm(self, args, layers, norm(), windows, embed_scale=args.hidden_size**0.5)
+        init_causal_lm(self, args, layers, norm(), type_windows(args.layer_types, args.sliding_window), embed_scale=args.hidden_size**0.5)
         self.final_logit_softcap = args.final_logit_softcapping

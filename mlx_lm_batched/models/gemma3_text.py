@@ -4,37 +4,29 @@ output, and five sliding-window layers per global layer with their own RoPE base
 from dataclasses import dataclass
 from typing import List, Optional
 
-from .base import BaseModelArgs
+from . import gemma
+from .common import type_windows
 from .layers import MLP, Attention, CausalLM, DecoderStack, RMSNorm, SandwichBlock
 from .rope import make_rope
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
+class ModelArgs(gemma.ModelArgs):
     vocab_size: int = 262144
-    head_dim: int = 256
     num_key_value_heads: int = 1
-    rms_norm_eps: float = 1e-6
     query_pre_attn_scalar: float = 256
     sliding_window: int = 512
     sliding_window_pattern: int = 6
     layer_types: Optional[List[str]] = None
     rope_theta: float = 1_000_000.0
     rope_local_base_freq: float = 10_000.0
-    rope_scaling: Optional[dict] = None
     max_position_embeddings: int = 32768
     hidden_activation: str = "gelu_pytorch_tanh"
-    attention_bias: bool = False
     attn_logit_softcapping: Optional[float] = None
     final_logit_softcapping: Optional[float] = None
-    tie_word_embeddings: bool = True
 
     def __post_init__(self):
+        super().__post_init__()
         if self.layer_types is None:
             p = self.sliding_window_pattern
             self.layer_types = [
@@ -65,6 +57,4 @@ class Model(CausalLM):
         self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm(),
                                   embed_scale=args.hidden_size**0.5)
         self.final_logit_softcap = args.final_logit_softcapping
-        self.layer_windows = [
-            None if kind == "full_attention" else args.sliding_window for kind in args.layer_types
-        ]
+        self.layer_windows = type_windows(args.layer_types, args.sliding_window)

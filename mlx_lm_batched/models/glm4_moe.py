@@ -8,8 +8,7 @@ the last decoder layer) are dropped."""
 from dataclasses import dataclass
 from typing import List, Optional
 
-from .base import BaseModelArgs
-from .common import config_rope, init_causal_lm
+from .common import DecoderArgs, config_rope, init_causal_lm, type_windows
 from .deepseek_v2 import DeepseekMoE
 from .deepseek_v3 import SigmoidGate
 from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
@@ -17,13 +16,7 @@ from .moe import stack_experts
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    vocab_size: int
+class ModelArgs(DecoderArgs):
     moe_intermediate_size: int = 1408
     n_routed_experts: int = 128
     n_shared_experts: int = 1
@@ -34,30 +27,19 @@ class ModelArgs(BaseModelArgs):
     norm_topk_prob: bool = True
     first_k_dense_replace: int = 1
     rms_norm_eps: float = 1e-5
-    num_key_value_heads: Optional[int] = None
-    head_dim: Optional[int] = None
     partial_rotary_factor: float = 0.5
-    max_position_embeddings: Optional[int] = None
-    rope_theta: float = 10000.0
-    rope_scaling: Optional[dict] = None
     attention_bias: bool = False
     use_qk_norm: bool = False
-    tie_word_embeddings: bool = False
-    hidden_act: str = "silu"
     mlp_bias: bool = False
     sliding_window: Optional[int] = None  # dots1
     layer_types: Optional[List[str]] = None  # dots1
-
-    def __post_init__(self):
-        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
-        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
 
     def is_moe_layer(self, i):
         return bool(self.n_routed_experts) and i >= self.first_k_dense_replace
 
     def layer_windows(self):
         types = self.layer_types or ["full_attention"] * self.num_hidden_layers
-        return [self.sliding_window if t == "sliding_attention" else None for t in types]
+        return type_windows(types, self.sliding_window)
 
 
 class Model(CausalLM):

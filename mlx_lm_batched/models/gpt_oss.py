@@ -15,37 +15,26 @@ from typing import List, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from .base import BaseModelArgs
-from .common import config_rope, init_causal_lm
+from .common import DecoderArgs, config_rope, init_causal_lm, type_windows
 from .layers import Attention, CausalLM, PreNormBlock, RMSNorm
 from .moe import SwitchGLU, combine_experts, softmax_topk
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    vocab_size: int
+class ModelArgs(DecoderArgs):
     num_local_experts: int = 128
     num_experts_per_tok: int = 4
     head_dim: int = 64
-    num_key_value_heads: Optional[int] = None
     sliding_window: int = 128
     layer_types: Optional[List[str]] = None
     rms_norm_eps: float = 1e-5
-    max_position_embeddings: Optional[int] = None
     rope_theta: float = 150000.0
-    rope_scaling: Optional[dict] = None
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     attention_bias: bool = True
-    tie_word_embeddings: bool = False
 
     def __post_init__(self):
-        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
+        super().__post_init__()
         if self.layer_types is None:
             self.layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention"
                                 for i in range(self.num_hidden_layers)]
@@ -90,8 +79,7 @@ class Model(CausalLM):
             for _ in range(args.num_hidden_layers)
         ]
         init_causal_lm(self, args, layers, norm(),
-                       [args.sliding_window if t == "sliding_attention" else None
-                        for t in args.layer_types])
+                       type_windows(args.layer_types, args.sliding_window))
 
     def sanitize(self, weights):
         weights = super().sanitize(weights)

@@ -25,7 +25,8 @@ def hunyuan_rope(dims, args):
 
 
 class Model(CausalLM):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, make_mlp=None):
+        """``make_mlp(i)``: layer ``i``'s MLP (Hunyuan MoE: routed plus shared experts)."""
         super().__init__()
         n_kv, head_dim = attention_dims(args)
         rope = hunyuan_rope(head_dim, args)
@@ -36,9 +37,10 @@ class Model(CausalLM):
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
                           bias=args.attention_bias, **(qk_norm if args.use_qk_norm else {})),
-                MLP(args.hidden_size, args.intermediate_size, args.hidden_act),
+                make_mlp(i) if make_mlp else MLP(args.hidden_size, args.intermediate_size,
+                                                 args.hidden_act),
                 norm,
             )
-            for _ in range(args.num_hidden_layers)
+            for i in range(args.num_hidden_layers)
         ]
         init_causal_lm(self, args, layers, norm())

@@ -128,11 +128,16 @@ class Attention(nn.Module):
         qk_norm_names=("q_norm", "k_norm"),
         fused_qkv=False,
         sinks=False,
+        clip_qkv=None,
+        position_scale=None,
     ):
         """``qk_norm_full``: norm the whole q/k projection, not each head (OLMo 2).
         ``qk_norm_after_rope``: norm the rotated q/k (Hunyuan). ``qk_norm_names``:
         the checkpoint's names for the two norms. ``fused_qkv``: one ``qkv_proj``
-        holding q, k then v (Phi 3; sanitize maps other fused layouts to it)."""
+        holding q, k then v (Phi 3; sanitize maps other fused layouts to it).
+        ``clip_qkv``: clamp the q/k/v projections to ``[-clip, clip]`` (OLMo, DBRX).
+        ``position_scale``: ``f(positions (B, L)) -> (B, L)`` factors on the rotated
+        queries (Llama 4's and Ministral 3's long-context temperature)."""
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.fused_qkv = fused_qkv
@@ -154,6 +159,8 @@ class Attention(nn.Module):
         self.rope = rope
         self.scale = scale if scale is not None else head_dim**-0.5
         self.softcap = softcap
+        self.clip_qkv = clip_qkv
+        self.position_scale = position_scale
         if sinks:  # per-head attention-sink logits (GPT-OSS)
             self.sinks = mx.zeros((n_heads,))
 
@@ -167,6 +174,8 @@ class Attention(nn.Module):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.has_qk_norm and self.qk_norm_full:
             q, k = self._qk_norm(q, k)
+        if self.clip_qkv is not None:  # after a whole-projection QK-norm (OLMoE)
+            q, k, v = (mx.clip(t, -self.clip_qkv, self.clip_qkv) for t in (q, k, v))
         q = q.reshape(B, L, self.n_heads, -1)
         k = k.reshape(B, L, self.n_kv_heads, -1)
         v = v.reshape(B, L, self.n_kv_heads, -1)
@@ -177,6 +186,11 @@ class Attention(nn.Module):
             q, k = self.rope(q, offset), self.rope(k, offset)
         if self.has_qk_norm and self.qk_norm_after_rope:
             q, k = self._qk_norm(q, k)
+        if self.position_scale is not None:
+            # Padding columns have negative positions: clamp them to 0 (a finite
+            # factor; their outputs are never read).
+            positions = mx.maximum(offset[:, None] + mx.arange(L), 0)
+            q = q * self.position_scale(positions)[:, None, :, None].astype(q.dtype)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
         sinks = self.sinks.astype(q.dtype) if "sinks" in self else None
@@ -345,6 +359,7 @@ class CausalLM(nn.Module):
     """
 
     final_logit_softcap = None
+    logit_scale = None  # a factor on the final logits (Cohere, Granite)
 
     def __call__(self, inputs, mask=None, offset=None, cache=None, input_embeddings=None,
                  attention=None):
@@ -362,6 +377,8 @@ class CausalLM(nn.Module):
             out = self.lm_head(h)
         else:
             out = self.model.embed_tokens.as_linear(h)
+        if self.logit_scale is not None:
+            out = out * self.logit_scale
         if self.final_logit_softcap is not None:
             out = mx.tanh(out / self.final_logit_softcap) * self.final_logit_softcap
         return out

@@ -22,7 +22,8 @@ class ModelArgs(DecoderArgs):
 
 
 class Model(CausalLM):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, attention_kwargs=None):
+        """``attention_kwargs``: extra options of every layer's ``Attention``."""
         super().__init__()
         n_kv, head_dim = attention_dims(args)
         rope = config_rope(args, head_dim, args.rope_traditional)
@@ -30,7 +31,8 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                          bias=args.attention_bias, o_bias=args.attention_out_bias),
+                          bias=args.attention_bias, o_bias=args.attention_out_bias,
+                          **(attention_kwargs or {})),
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act, args.mlp_bias),
                 norm,
             )

@@ -40,8 +40,12 @@ class Model(CausalLM):
                        [args.sliding_window] * args.num_hidden_layers)
 
     def sanitize(self, weights):
-        weights = super().sanitize(weights)
-        for i in range(self.args.num_hidden_layers):
-            stack_experts(weights, f"model.layers.{i}.block_sparse_moe",
-                          self.args.num_local_experts, MIXTRAL_EXPERT_NAMES)
-        return weights
+        return stack_mixtral_experts(super().sanitize(weights), self.args)
+
+
+def stack_mixtral_experts(weights, args):
+    """Stack each layer's ``block_sparse_moe.experts.{e}.w1/w3/w2`` (Mixtral, PhiMoE)."""
+    for i in range(args.num_hidden_layers):
+        stack_experts(weights, f"model.layers.{i}.block_sparse_moe", args.num_local_experts,
+                      MIXTRAL_EXPERT_NAMES)
+    return weights

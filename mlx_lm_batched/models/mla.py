@@ -16,7 +16,6 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .layers import RMSNorm, scaled_dot_product_attention
-from .rope import make_rope
 
 # DeepSeek's latent norms use this eps whatever rms_norm_eps says.
 LATENT_NORM_EPS = 1e-6
@@ -40,18 +39,6 @@ def mla_softmax_scale(qk_head_dim, rope_scaling=None):
             m = _yarn_mscale(rope_scaling["factor"], mscale_all_dim)
             scale = scale * m * m
     return scale
-
-
-def make_mla_rope(qk_rope_head_dim, rope_theta, rope_scaling, max_position_embeddings,
-                  interleaved=True):
-    """RoPE over the decoupled rotary dims.
-
-    DeepSeek rotates adjacent pairs ``(x0, x1), (x2, x3) ...`` (``traditional``).
-    Transformers' V3 returns the rotated pairs de-interleaved, but queries and keys
-    get the same permutation, so their dot products equal the traditional rotation.
-    """
-    return make_rope(qk_rope_head_dim, rope_theta, interleaved, rope_scaling,
-                     max_position_embeddings)
 
 
 class MultiHeadLatentAttention(nn.Module):

@@ -228,8 +228,9 @@ def topk_indices(scores, k):
     return mx.stop_gradient(mx.argpartition(-scores, kth=k - 1, axis=-1)[..., :k])
 
 
-def softmax_topk(logits, k, normalize=False, choice_bias=None, norm_min=0.0):
+def softmax_topk(logits, k, normalize=False, choice_bias=None, norm_min=0.0, sigmoid=False):
     """Softmax router: top-k experts by probability, their probabilities as weights.
+    ``sigmoid``: independent sigmoid scores instead of the softmax (MiniMax-M2).
 
     ``normalize`` rescales the k weights to sum to 1 (Mixtral; equal to a softmax
     over the top-k logits, as GPT-OSS and Granite compute it); ``norm_min`` bounds
@@ -237,7 +238,8 @@ def softmax_topk(logits, k, normalize=False, choice_bias=None, norm_min=0.0):
     not the weights (Ernie's ``e_score_correction_bias``). Computed in float32.
     Returns ``(indices, weights)``, both ``(..., k)``.
     """
-    probs = mx.softmax(logits.astype(mx.float32), axis=-1, precise=True)
+    logits = logits.astype(mx.float32)
+    probs = mx.sigmoid(logits) if sigmoid else mx.softmax(logits, axis=-1, precise=True)
     choice = probs if choice_bias is None else probs + choice_bias.astype(mx.float32)
     indices = topk_indices(choice, k)
     weights = mx.take_along_axis(probs, indices, axis=-1)
@@ -258,10 +260,13 @@ class SparseMoE(nn.Module):
     ``route(x) -> (indices, weights)``."""
 
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k, activation=nn.silu,
-                 normalize=False, shared=None, shared_name="shared_expert", shared_gate=False):
+                 normalize=False, shared=None, shared_name="shared_expert", shared_gate=False,
+                 switch=None):
+        """``switch``: the expert layer (default: gated ``SwitchGLU`` experts)."""
         super().__init__()
         self.gate = nn.Linear(hidden_size, num_experts, bias=False)
-        self.switch_mlp = SwitchGLU(hidden_size, intermediate_size, num_experts, activation)
+        self.switch_mlp = switch or SwitchGLU(hidden_size, intermediate_size, num_experts,
+                                              activation)
         self.top_k = top_k
         self.normalize = normalize
         self.shared_name = shared_name if shared is not None else None

@@ -2,30 +2,18 @@
 and dense projections, partial rotary, an ungated MLP and a biased output head."""
 
 from dataclasses import dataclass
-from typing import Optional
 
-from .base import BaseModelArgs
-from .common import attention_dims, config_rope, init_causal_lm
+from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
 from .layers import Attention, CausalLM, DenseMLP, LayerNorm, ParallelBlock
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    vocab_size: int
-    num_key_value_heads: Optional[int] = None
+class ModelArgs(DecoderArgs):
     hidden_act: str = "gelu_new"
     layer_norm_eps: float = 1e-5
     max_position_embeddings: int = 2048
-    rope_theta: float = 10000.0
-    rope_scaling: Optional[dict] = None
     partial_rotary_factor: float = 0.5
     qk_layernorm: bool = False
-    tie_word_embeddings: bool = False
 
 
 class Model(CausalLM):

@@ -5,31 +5,20 @@ partial rotary and an optional sliding window on every layer."""
 from dataclasses import dataclass
 from typing import Optional
 
-from .base import BaseModelArgs
-from .common import attention_dims, config_rope, init_causal_lm
+from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
 from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    vocab_size: int
-    num_key_value_heads: Optional[int] = None
+class ModelArgs(DecoderArgs):
     rms_norm_eps: float = 1e-5
     max_position_embeddings: int = 4096
     original_max_position_embeddings: Optional[int] = None
-    rope_theta: float = 10000.0
-    rope_scaling: Optional[dict] = None
     partial_rotary_factor: float = 1.0
-    hidden_act: str = "silu"
-    tie_word_embeddings: bool = False
     sliding_window: Optional[int] = None
 
     def __post_init__(self):
+        super().__post_init__()
         scaling = self.rope_scaling
         if scaling and scaling.get("rope_type", scaling.get("type")) in ("su", "yarn", "longrope"):
             # transformers reads every Phi 3 scaling type as longrope, and the

@@ -13,34 +13,22 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from .base import BaseModelArgs
+from .common import DecoderArgs
 from .layers import Attention, CausalLM, DecoderStack, LayerNorm, PreNormBlock, activation
-from .mixtral import MIXTRAL_EXPERT_NAMES
-from .moe import SparseMoE, stack_experts
+from .mixtral import stack_mixtral_experts
+from .moe import SparseMoE
 from .rope import make_rope
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    vocab_size: int
+class ModelArgs(DecoderArgs):
     num_local_experts: int = 16
     num_experts_per_tok: int = 2
     router_jitter_noise: float = 0.01
     rms_norm_eps: float = 1e-5  # the LayerNorms' eps
-    num_key_value_heads: Optional[int] = None
-    head_dim: Optional[int] = None
-    max_position_embeddings: Optional[int] = None
     rope_theta: float = 1e6
-    rope_scaling: Optional[dict] = None
     attention_bias: bool = False
     lm_head_bias: bool = False
-    tie_word_embeddings: bool = False
-    hidden_act: str = "silu"
     sliding_window: Optional[int] = None
 
 
@@ -103,8 +91,4 @@ class Model(CausalLM):
         self.layer_windows = [args.sliding_window] * args.num_hidden_layers
 
     def sanitize(self, weights):
-        weights = super().sanitize(weights)
-        for i in range(self.args.num_hidden_layers):
-            stack_experts(weights, f"model.layers.{i}.block_sparse_moe",
-                          self.args.num_local_experts, MIXTRAL_EXPERT_NAMES)
-        return weights
+        return stack_mixtral_experts(super().sanitize(weights), self.args)

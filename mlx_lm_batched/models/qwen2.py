@@ -7,7 +7,7 @@ The optional sliding window applies only to layers from ``max_window_layers`` on
 from dataclasses import dataclass
 from typing import List, Optional
 
-from .common import DecoderArgs, config_rope, init_causal_lm
+from .common import DecoderArgs, config_rope, init_causal_lm, type_windows
 from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
 
 
@@ -20,10 +20,6 @@ class ModelArgs(DecoderArgs):
     max_window_layers: int = 0
     layer_types: Optional[List[str]] = None
 
-    def __post_init__(self):
-        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
-        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
-
     def layer_windows(self):
         if not (self.use_sliding_window and self.sliding_window):
             return [None] * self.num_hidden_layers
@@ -31,7 +27,7 @@ class ModelArgs(DecoderArgs):
             "sliding_attention" if i >= self.max_window_layers else "full_attention"
             for i in range(self.num_hidden_layers)
         ]
-        return [self.sliding_window if t == "sliding_attention" else None for t in types]
+        return type_windows(types, self.sliding_window)
 
 
 class Model(CausalLM):

@@ -5,20 +5,13 @@ softmax top-k MoE plus a shared expert scaled by a sigmoid gate. Layers listed i
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from .base import BaseModelArgs
-from .common import config_rope, init_causal_lm
+from .common import DecoderArgs, config_rope, init_causal_lm, type_windows
 from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm, activation
 from .moe import SparseMoE, stack_experts
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    vocab_size: int
+class ModelArgs(DecoderArgs):
     num_experts: Optional[int] = None
     num_local_experts: Optional[int] = None  # transformers 5's name for num_experts
     num_experts_per_tok: int = 4
@@ -28,13 +21,7 @@ class ModelArgs(BaseModelArgs):
     decoder_sparse_step: int = 1
     mlp_only_layers: List[int] = field(default_factory=list)
     rms_norm_eps: float = 1e-6
-    num_key_value_heads: Optional[int] = None
-    head_dim: Optional[int] = None
-    max_position_embeddings: Optional[int] = None
     rope_theta: float = 1e6
-    rope_scaling: Optional[dict] = None
-    tie_word_embeddings: bool = False
-    hidden_act: str = "silu"
     attention_bias: bool = False  # Qwen 3 MoE's bias flag (all four projections)
     use_sliding_window: bool = False
     sliding_window: Optional[int] = None
@@ -42,9 +29,8 @@ class ModelArgs(BaseModelArgs):
     layer_types: Optional[List[str]] = None
 
     def __post_init__(self):
+        super().__post_init__()
         self.num_experts = self.num_experts or self.num_local_experts
-        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
-        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
 
     def is_moe_layer(self, i):
         return (i not in (self.mlp_only_layers or []) and self.num_experts
@@ -57,7 +43,7 @@ class ModelArgs(BaseModelArgs):
             "sliding_attention" if (i + 1) % 2 and i < self.max_window_layers else "full_attention"
             for i in range(self.num_hidden_layers)
         ]
-        return [self.sliding_window if t == "sliding_attention" else None for t in types]
+        return type_windows(types, self.sliding_window)
 
 
 class Model(CausalLM):

@@ -4,35 +4,22 @@ an optional parallel residual (one norm feeding attention and MLP)."""
 
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 import mlx.core as mx
 
-from .base import BaseModelArgs
-from .common import attention_dims, config_rope, init_causal_lm
+from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
 from .layers import (MLP, Attention, CausalLM, HeadwiseLayerNorm, LayerNorm, ParallelBlock,
                      PreNormBlock)
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    vocab_size: int
-    num_key_value_heads: Optional[int] = None
-    hidden_act: str = "silu"
+class ModelArgs(DecoderArgs):
     layer_norm_eps: float = 1e-5
     max_position_embeddings: int = 4096
-    rope_theta: float = 10000.0
-    rope_scaling: Optional[dict] = None
     partial_rotary_factor: float = 0.25
     use_qkv_bias: bool = False
     qk_layernorm: bool = False
     use_parallel_residual: bool = False
-    tie_word_embeddings: bool = False
 
 
 class Model(CausalLM):

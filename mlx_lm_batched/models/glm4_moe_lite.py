@@ -1,0 +1,24 @@
+"""GLM-4.7-Flash (``glm4_moe_lite``): DeepSeek V3's latent attention and sigmoid
+group router, with dense or sparse MLPs chosen per layer by ``mlp_layer_types``
+(default: the first layer dense, the rest sparse)."""
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+from . import deepseek_v3
+
+
+@dataclass
+class ModelArgs(deepseek_v3.ModelArgs):
+    n_group: Optional[int] = 1
+    topk_group: Optional[int] = 1
+    routed_scaling_factor: float = 1.8
+    mlp_layer_types: Optional[List[str]] = None
+
+    def is_moe_layer(self, i):
+        if self.mlp_layer_types is None:
+            return bool(self.n_routed_experts) and i >= 1
+        return self.mlp_layer_types[i] == "sparse"
+
+
+Model = deepseek_v3.Model

@@ -1,0 +1,30 @@
+"""OLMoE: Qwen 3 MoE blocks (softmax top-k router, no shared expert) whose RMS QK-norm
+covers the whole q/k projections, experts of ``intermediate_size``, and optional
+``clip_qkv`` clamping."""
+
+from dataclasses import dataclass
+from typing import Optional
+
+from . import qwen2_moe
+from .layers import RMSNorm
+
+
+@dataclass
+class ModelArgs(qwen2_moe.ModelArgs):
+    num_experts: Optional[int] = 64
+    num_experts_per_tok: int = 8
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    clip_qkv: Optional[float] = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.moe_intermediate_size = self.intermediate_size  # every expert's width
+
+
+class Model(qwen2_moe.Model):
+    def __init__(self, args: ModelArgs):
+        super().__init__(args, shared_expert=False, attention_kwargs=dict(
+            bias=args.attention_bias, clip_qkv=args.clip_qkv, qk_norm_full=True,
+            qk_norm=lambda dims: RMSNorm(dims, args.rms_norm_eps),
+        ))

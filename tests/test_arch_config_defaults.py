@@ -1,0 +1,50 @@
+"""Each family's config defaults against transformers' config class: our
+``ModelArgs`` built from ``ConfigClass().to_dict()`` derive the same head sizes,
+key/value heads, RoPE base and per-layer windows as transformers does.
+
+The models are built lazily (MLX allocates nothing until evaluated), so the
+full-size default configs cost only Python time."""
+
+import pytest
+from transformers import AutoConfig
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+from mlx_lm_batched.models import MODEL_TYPES, get_model_module
+from mlx_lm_batched.models.layers import Attention
+
+TYPES = sorted(t for t in MODEL_TYPES if t in CONFIG_MAPPING_NAMES)
+
+
+def hf_expectations(config):
+    """(head_dim, kv heads, rope theta, windows) the way transformers derives them."""
+    text = config.get_text_config()
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    n_kv = getattr(text, "num_key_value_heads", None) or heads
+    params = getattr(text, "rope_parameters", None) or {}
+    if params and all(isinstance(v, dict) for v in params.values()):
+        params = params.get("full_attention") or next(iter(params.values()))
+    theta = params.get("rope_theta", getattr(text, "rope_theta", None))
+    window = getattr(text, "sliding_window", None)
+    types = getattr(text, "layer_types", None)
+    if types is None:
+        windows = [window] * text.num_hidden_layers
+    else:
+        windows = [window if t == "sliding_attention" else None for t in types]
+    return head_dim, n_kv, theta, windows
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_defaults_match_transformers_config(model_type):
+    config = AutoConfig.for_model(model_type)
+    if not hasattr(config.get_text_config(), "num_attention_heads"):
+        pytest.skip(f"{model_type}: no num_attention_heads in transformers' config")
+    module = get_model_module(model_type)
+    model = module.Model(module.ModelArgs.from_dict(config.to_dict()))
+    head_dim, n_kv, theta, windows = hf_expectations(config)
+    attn = model.layers[0].self_attn
+    if isinstance(attn, Attention):  # latent attention (DeepSeek) has other sizes
+        assert (attn.head_dim, attn.n_kv_heads) == (head_dim, n_kv), model_type
+    if theta is not None:
+        assert model.args.rope_theta == pytest.approx(theta), model_type
+    assert model.layer_windows == windows, model_type
