@@ -80,6 +80,11 @@ FAMILIES = {
     "nemotron_h": (NEMOTRON_H, {"layouts": ("transformers5",)}),
     "qwen3_5_text": (QWEN3_5, {}),
     "qwen3_5_moe_text": (QWEN3_5_MOE, {}),
+    # The multimodal model_types load a flat text config saved under their name too (their
+    # nested checkpoint layout: test_qwen3_5_multimodal_checkpoint_layout below).
+    "qwen3_5-flat": (QWEN3_5, {"model_type": "qwen3_5_text", "saved_model_type": "qwen3_5"}),
+    "qwen3_5_moe-flat": (QWEN3_5_MOE, {"model_type": "qwen3_5_moe_text",
+                                       "saved_model_type": "qwen3_5_moe"}),
     "mamba2": (dict(MAMBA, num_heads=8, head_dim=16, n_groups=2, chunk_size=8),
                {"layouts": ("transformers5",)}),
 }
