@@ -259,6 +259,10 @@ class BatchGenerator:
         g = self._groups[0]
         start, width = g.col, g.tokens.shape[1]
         end = min(start + self.prefill_step_size, width, *[c for c in g.cuts if c > start] or [width])
+        if start == 0:
+            # The engine takes each row's left padding with the first chunk, which must
+            # hold at least one real token of every row (prompts are right-aligned).
+            end = max(end, min(width, max(g.padding) + 1))
         last = end == width
         g.ops.active = last  # earlier chunks' sampled tokens are discarded
         if last:

@@ -299,3 +299,25 @@ def test_max_kv_size_rotating_caches_match_solo(float_models):
     while len(second) < n:
         second += [r.token for r in gen.next_generated()]
     assert second == alone(held + prompts[3])
+
+
+def test_prefill_chunks_shorter_than_a_rows_padding():
+    """A group whose padding is longer than one prefill chunk (a 7-token and a 1-token
+    prompt, chunks of 5) still prefills exactly: every row equals its prompt alone."""
+    from mlx_lm_batched.models import llama
+
+    args = llama.ModelArgs.from_dict(dict(model_type="llama", hidden_size=64, num_hidden_layers=2,
+                                          intermediate_size=96, num_attention_heads=4,
+                                          num_key_value_heads=2, vocab_size=100))
+    model = llama.Model(args)
+    mx.eval(model.parameters())
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12], [13, 14]]
+    gen = BatchGenerator(model, max_tokens=6, prefill_step_size=5)
+    uids = gen.insert(prompts)
+    out = {u: [] for u in uids}
+    while any(len(v) < 6 for v in out.values()):
+        for r in gen.next_generated():
+            out[r.uid].append(r.token)
+    for uid, prompt in zip(uids, prompts):
+        solo = [t for t, _ in generate_step(mx.array(prompt), model, max_tokens=6)]
+        assert out[uid] == solo
