@@ -6,14 +6,17 @@ sharded; rank 0 also runs the unsharded model as the oracle, compares, and write
 
 - ``tensor``: padded batch of mixed lengths (logits within 1e-4, greedy tokens equal),
   then rows joining a running ``BatchGenerator`` (tokens and logprobs equal);
-- ``die``: rank 1 dies after loading; rank 0's next step must fail with a clear error.
+- ``die``: rank 1 dies after loading (``os._exit``); ``stall``: rank 1 stops taking part.
+  Rank 0's guarded steps must then exit with a clear error, not hang.
 """
 
 import json
 import os
 import sys
+import time
 import traceback
 
+import mlx_lm_batched  # noqa: F401  (loads the fast BLAS before mlx.core)
 import mlx.core as mx
 import numpy as np
 
@@ -89,11 +92,15 @@ def main():
     rank = group.rank()
     model, _ = sharded_load(model_dir)
     out = {"size": group.size(), "rank": rank}
-    if mode == "die":
+    if mode in ("die", "stall"):
         if rank == 1:
+            if mode == "stall":
+                time.sleep(600)  # alive, its sockets open, but never joins a collective
             os._exit(7)
-        with guard_collectives(timeout=30):
-            greedy(model, prompts(100, (3,), 0), 4)
+        with guard_collectives(timeout=10) as guard:
+            for _ in range(4):
+                greedy(model, prompts(100, (3,), 0), 2)
+                guard.tick()
         out["passed"] = ["no error after a rank died"]  # guard_collectives exits before this
     else:
         vocab = model.model.embed_tokens.weight.shape[0]

@@ -1,0 +1,137 @@
+"""Tensor parallelism over 2 local ranks (``mlx.launch --backend ring -n 2``) against the
+single-process model: real SmolLM2 (9 heads, 3 KV heads: uneven KV groups) float32 and
+4-bit, real Gemma 3 (1 KV head: replicated, its query heads split), and tiny random
+DeepSeek V3 (MLA + MoE experts + shared experts) and Qwen 2 MoE (GQA with 3 KV heads,
+experts, shared expert) checkpoints. Each run is one ``tests/dist_worker.py`` per rank;
+rank 0 compares and writes a JSON result."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import arch_harness
+from conftest import model_dir
+
+WORKER = Path(__file__).parent / "dist_worker.py"
+TIMEOUT = 240
+pytestmark = pytest.mark.skipif(shutil.which("mlx.launch") is None,
+                                reason="mlx.launch (from the mlx wheel) is not on PATH")
+
+
+def launch(mode, directory, timeout=TIMEOUT):
+    """Run the worker on 2 ring ranks; ``(result dict or None, output, seconds)``."""
+    with tempfile.TemporaryDirectory() as d:
+        result = Path(d) / "result.json"
+        cmd = ["mlx.launch", "-n", "2", "--backend", "ring", "--", sys.executable, str(WORKER),
+               mode, str(directory), str(result)]
+        tic = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        out = proc.stdout + proc.stderr
+        data = json.loads(result.read_text()) if result.exists() else None
+        return data, out, time.monotonic() - tic
+
+
+def assert_tensor_parallel_exact(directory, heads):
+    data, out, _ = launch("tensor", directory)
+    assert data is not None, out[-3000:]
+    assert "failure" not in data, data.get("failure")
+    assert data["size"] == 2
+    assert data["passed"] == ["padded logits", "greedy tokens", "rows joining BatchGenerator"]
+    assert data["heads"] == heads  # rank 0's query heads after sharding, and before
+
+
+@pytest.mark.parametrize("name,options,heads", [
+    ("smollm2", dict(dtype="float32"), [6, 9]),  # KV heads [0, 2) of 3: uneven whole groups
+    ("gemma3", dict(dtype="float32"), [2, 4]),  # 1 KV head, replicated; query heads split
+    ("smollm2", dict(quantize=True, q_bits=4, q_group_size=64), [6, 9]),
+])
+def test_tensor_parallel_real_models(name, options, heads):
+    assert_tensor_parallel_exact(model_dir(name, **options), heads)
+
+
+TINY = {
+    "deepseek_v3": (dict(vocab_size=arch_harness.VOCAB, hidden_size=64, intermediate_size=96,
+                         num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=3,
+                         max_position_embeddings=256, kv_lora_rank=16, q_lora_rank=24,
+                         qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+                         moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                         n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1),
+                    [2, 3]),
+    "qwen2_moe": (dict(vocab_size=arch_harness.VOCAB, hidden_size=48, intermediate_size=96,
+                       num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=3,
+                       max_position_embeddings=256, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=48),
+                  [4, 6]),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_tensor_parallel_tiny_moe_and_mla(model_type, tmp_path):
+    config, heads = TINY[model_type]
+    hf = arch_harness.build_hf_model(model_type, config)
+    arch_harness.save_hf_model(hf, tmp_path, "transformers5")
+    _tiny_tokenizer(tmp_path)
+    assert_tensor_parallel_exact(tmp_path, heads)
+
+
+def _tiny_tokenizer(directory):
+    """A byte-level tokenizer so ``load`` finds one (the worker feeds token ids)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(arch_harness.VOCAB)}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, "t0")),
+                                  eos_token="t1", unk_token="t0")
+    tok.save_pretrained(directory)
+
+
+def _free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def launch_by_hand(mode, directory, tmp_path, timeout):
+    """Start the 2 ring ranks ourselves (what ``mlx.launch`` does: a hostfile and
+    ``MLX_RANK``), so a dying rank is not cleaned up by the launcher: rank 0 must notice
+    on its own. Returns rank 0's ``(exit status, output, seconds)``."""
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in _free_ports(2)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), MLX_HOSTFILE=str(hostfile))
+    cmd = [sys.executable, str(WORKER), mode, str(directory), str(tmp_path / "result.json")]
+    tic = time.monotonic()
+    ranks = [subprocess.Popen(cmd, env=dict(env, MLX_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    try:
+        out, _ = ranks[0].communicate(timeout=timeout)
+        return ranks[0].returncode, out, time.monotonic() - tic
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+
+
+@pytest.mark.parametrize("mode,message", [
+    ("die", "[rank 0] error: lost a peer of the distributed group"),
+    ("stall", "[rank 0] error: no progress from the distributed group for 10 s"),
+])
+def test_lost_rank_makes_the_other_exit_with_a_clear_error(mode, message, tmp_path):
+    status, out, seconds = launch_by_hand(mode, model_dir("smollm2", dtype="float32"),
+                                          tmp_path, timeout=150)
+    assert status == 1, out[-3000:]
+    assert message in out, out[-3000:]
+    assert not (tmp_path / "result.json").exists()  # rank 0 did not carry on as if all was well
