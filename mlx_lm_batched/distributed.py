@@ -217,6 +217,51 @@ def shard_model(model, group=None):
     return model
 
 
+MODES = ("auto", "tensor", "pipeline", "off")
+# Seconds a CLI/server step may take before the watchdog decides a peer is gone.
+STEP_TIMEOUT = 300.0
+
+
+def group_for(mode="auto"):
+    """The group to shard over for ``mode`` (the CLI's ``--distributed``), or None.
+
+    ``auto``: the group of ``mx.distributed.init()`` when it has more than one rank (as
+    under ``mlx.launch``); ``tensor``: that group, required; ``off``: None. ``pipeline``
+    raises ``NotImplementedError`` (not built yet).
+    """
+    if mode not in MODES:
+        raise ValueError(f"distributed mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "off":
+        return None
+    if mode == "pipeline":
+        raise NotImplementedError("pipeline parallelism is not implemented yet; use tensor")
+    group = mx.distributed.init()
+    if group.size() > 1:
+        return group
+    if mode == "tensor":
+        raise ValueError("tensor parallelism needs more than one rank: start the command "
+                         "with `mlx.launch -n 2 --backend ring -- ...`")
+    return None
+
+
+def finish_sharding(model, group):
+    """Shard ``model`` (weights may be lazy) over ``group``, materialise this rank's slices
+    and wait until every rank has; returns ``model``."""
+    shard_model(model, group)
+    mx.eval(model.parameters())
+    mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu, group=group))
+    return model
+
+
+def shared_seed(group, seed=None):
+    """``seed``, or rank 0's random seed, identical on every rank (sampling must agree)."""
+    if seed is None:
+        seed = int.from_bytes(os.urandom(4), "little") >> 1 if group.rank() == 0 else 0
+        seed = mx.distributed.all_sum(mx.array(seed if group.rank() == 0 else 0, mx.int32),
+                                      stream=mx.cpu, group=group).item()
+    return seed
+
+
 class guard_collectives:
     """Context manager that turns a lost or stalled peer into a clear exit, not a hang.
 

@@ -321,7 +321,7 @@ def sharded_load(repo, pipeline_group=None, tensor_group=None, return_config=Fal
     implemented: a ``pipeline_group`` of more than one rank raises ``NotImplementedError``.
     Returns ``(model, tokenizer)``, plus the config when ``return_config``.
     """
-    from .distributed import shard_model
+    from .distributed import finish_sharding
 
     if pipeline_group is not None and pipeline_group.size() > 1:
         raise NotImplementedError("pipeline parallelism is not implemented; use tensor_group")
@@ -329,9 +329,5 @@ def sharded_load(repo, pipeline_group=None, tensor_group=None, return_config=Fal
         tensor_group = mx.distributed.init()
     model, tokenizer, config = load(repo, tokenizer_config=tokenizer_config, lazy=True,
                                     return_config=True, trust_remote_code=trust_remote_code)
-    if tensor_group is not None:
-        shard_model(model, tensor_group)
-    mx.eval(model.parameters())
-    # Every rank has its shard before the first collective of generation.
-    mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu, group=tensor_group))
+    finish_sharding(model, tensor_group)
     return (model, tokenizer, config) if return_config else (model, tokenizer)
