@@ -135,3 +135,89 @@ def test_lost_rank_makes_the_other_exit_with_a_clear_error(mode, message, tmp_pa
     assert status == 1, out[-3000:]
     assert message in out, out[-3000:]
     assert not (tmp_path / "result.json").exists()  # rank 0 did not carry on as if all was well
+
+
+def test_cli_under_mlx_launch_prints_once_and_matches_one_process(tmp_path):
+    directory = model_dir("smollm2", dtype="float32")
+    for name, text in (("a.txt", "The capital of France is"), ("b.txt", "Write a haiku.")):
+        (tmp_path / name).write_text(text)
+    args = ["-m", "mlx_lm_batched.generate", "--model", str(directory), "--prompts", "a.txt",
+            "b.txt", "--max-tokens", "6", "--no-progress"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = dict(capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path, env=env)
+    solo = subprocess.run([sys.executable, *args], **run)
+    ranks = subprocess.run(["mlx.launch", "-n", "2", "--backend", "ring", "--", sys.executable,
+                            *args], **run)
+    assert solo.returncode == 0 and ranks.returncode == 0, ranks.stderr[-2000:]
+    assert solo.stdout.count("==== a.txt ====") == 1
+    assert ranks.stdout == solo.stdout  # rank 1 printed nothing, rank 0 the same texts
+    assert ranks.stderr.count("[summary]") == 1
+
+
+@pytest.mark.parametrize("mode,message", [
+    ("tensor", "--distributed tensor: tensor parallelism needs more than one rank"),
+    ("pipeline", "--distributed pipeline: pipeline parallelism is not implemented"),
+])
+def test_cli_distributed_flag_errors(mode, message):
+    proc = subprocess.run([sys.executable, "-m", "mlx_lm_batched.generate", "--prompt", "hi",
+                           "--distributed", mode], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_head_ranges_cover_every_query_head_once():
+    from mlx_lm_batched.distributed import head_ranges
+
+    # SmolLM2 (9 heads, 3 KV) over 2 ranks: whole KV groups, uneven.
+    assert [head_ranges(9, 3, 2, r) for r in range(2)] == [((0, 6), (0, 2)), ((6, 9), (2, 3))]
+    # Gemma 3 270M (4 heads, 1 KV) over 2 ranks: the KV head on both, query heads split.
+    assert [head_ranges(4, 1, 2, r) for r in range(2)] == [((0, 2), (0, 1)), ((2, 4), (0, 1))]
+    for heads, kv, size in ((8, 2, 4), (8, 2, 3), (12, 4, 8), (6, 3, 5), (32, 8, 3)):
+        ranges = [head_ranges(heads, kv, size, r) for r in range(size)]
+        queries = [h for (qa, qb), _ in ranges for h in range(qa, qb)]
+        assert sorted(set(queries)) == list(range(heads)) and all(qb > qa for (qa, qb), _ in ranges)
+        for (qa, qb), (ka, kb) in ranges:  # each rank holds the KV heads of its queries
+            assert {q // (heads // kv) for q in range(qa, qb)} == set(range(ka, kb))
+    with pytest.raises(ValueError, match="at most 4 ranks"):
+        head_ranges(4, 1, 5, 0)
+
+
+class _TwoRanks:
+    """Stands in for rank 0 of a 2-rank group where sharding needs no collective."""
+
+    def size(self):
+        return 2
+
+    def rank(self):
+        return 0
+
+
+def test_a_layer_the_sharder_does_not_know_is_named():
+    import mlx.nn as nn
+
+    from mlx_lm_batched.distributed import shard_model
+    from mlx_lm_batched.models.layers import MLP
+
+    class OddBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp = MLP(8, 16)
+            self.mixer = nn.Linear(8, 8)
+
+    model = nn.Module()
+    model.layers = [OddBlock()]
+    with pytest.raises(ValueError, match=r"cannot shard layer 'layers\.0\.mixer' of OddBlock"):
+        shard_model(model, _TwoRanks())
+
+
+def test_quantized_layer_split_off_group_boundaries_is_refused():
+    import mlx.nn as nn
+
+    from mlx_lm_batched.distributed import shard_model
+    from mlx_lm_batched.models.layers import Attention
+
+    model = nn.Module()
+    model.attn = Attention(128, 6, 2, 64)  # rank 0 gets 3 heads = 192 columns of o_proj
+    nn.quantize(model, group_size=128, bits=4)
+    with pytest.raises(ValueError, match=r"'attn.o_proj'.*quantization groups of 128"):
+        shard_model(model, _TwoRanks())
