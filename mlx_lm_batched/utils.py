@@ -329,5 +329,8 @@ def sharded_load(repo, pipeline_group=None, tensor_group=None, return_config=Fal
         tensor_group = mx.distributed.init()
     model, tokenizer, config = load(repo, tokenizer_config=tokenizer_config, lazy=True,
                                     return_config=True, trust_remote_code=trust_remote_code)
-    finish_sharding(model, tensor_group)
+    if tensor_group is not None:
+        finish_sharding(model, tensor_group)
+    else:  # a pipeline group of one rank: the whole model here
+        mx.eval(model.parameters())
     return (model, tokenizer, config) if return_config else (model, tokenizer)
