@@ -23,8 +23,16 @@ from conftest import model_dir
 
 WORKER = Path(__file__).parent / "dist_worker.py"
 TIMEOUT = 240
-pytestmark = pytest.mark.skipif(shutil.which("mlx.launch") is None,
-                                reason="mlx.launch (from the mlx wheel) is not on PATH")
+def launcher():
+    """``mlx.launch`` on 2 local ring ranks, starting at a port free now (not the fixed
+    default, which a concurrent run could hold)."""
+    port = str(_free_ports(1)[0])
+    return [LAUNCH, "-n", "2", "--backend", "ring", "--starting-port", port, "--"]
+
+
+# The mlx wheel's launcher, beside this interpreter (a venv need not be on PATH).
+_BESIDE = Path(sys.executable).with_name("mlx.launch")
+LAUNCH = str(_BESIDE) if _BESIDE.exists() else shutil.which("mlx.launch") or "mlx.launch"
 
 
 def run_group(cmd, timeout, **kwargs):
@@ -46,8 +54,7 @@ def launch(mode, directory, timeout=TIMEOUT):
     """Run the worker on 2 ring ranks; ``(result dict or None, output, seconds)``."""
     with tempfile.TemporaryDirectory() as d:
         result = Path(d) / "result.json"
-        cmd = ["mlx.launch", "-n", "2", "--backend", "ring", "--", sys.executable, str(WORKER),
-               mode, str(directory), str(result)]
+        cmd = [*launcher(), sys.executable, str(WORKER), mode, str(directory), str(result)]
         tic = time.monotonic()
         _, out, err = run_group(cmd, timeout)
         data = json.loads(result.read_text()) if result.exists() else None
@@ -160,8 +167,7 @@ def test_cli_under_mlx_launch_prints_once_and_matches_one_process(tmp_path):
     args = ["-m", "mlx_lm_batched.generate", "--model", str(directory), "--prompts", "a.txt",
             "b.txt", "--max-tokens", "6", "--no-progress"]
     solo = run_group([sys.executable, *args], TIMEOUT, cwd=tmp_path)
-    ranks = run_group(["mlx.launch", "-n", "2", "--backend", "ring", "--", sys.executable, *args],
-                      TIMEOUT, cwd=tmp_path)
+    ranks = run_group([*launcher(), sys.executable, *args], TIMEOUT, cwd=tmp_path)
     assert solo[0] == 0 and ranks[0] == 0, ranks[2][-2000:]
     assert solo[1].count("==== a.txt ====") == 1
     assert ranks[1] == solo[1]  # rank 1 printed nothing, rank 0 the same texts
