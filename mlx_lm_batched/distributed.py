@@ -218,8 +218,9 @@ def shard_model(model, group=None):
 
 
 MODES = ("auto", "tensor", "pipeline", "off")
-# Seconds a CLI/server step may take before the watchdog decides a peer is gone.
-STEP_TIMEOUT = 300.0
+# Seconds the CLI may go without a generated token before the watchdog decides a peer is
+# gone (a long prefill chunk counts too); MLX_LM_BATCHED_DIST_TIMEOUT overrides it.
+STEP_TIMEOUT = float(os.environ.get("MLX_LM_BATCHED_DIST_TIMEOUT", "") or 300.0)
 
 
 def group_for(mode="auto"):
