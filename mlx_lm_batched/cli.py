@@ -28,6 +28,7 @@ from .cli_model import (
     FALLBACK_CONTEXT,
     blas_name,
     context_length,
+    join_group,
     load_model,
     prefill_step,
     set_stop_tokens,
@@ -100,6 +101,8 @@ def run(args, state):
         make_sampler(**sampling)
     except (ValueError, TypeError) as e:
         raise CliError(f"invalid sampling value: {one_line(e)}") from None
+    state.stage = "joining the distributed group"
+    join_group(args)
     state.stage = "reading the prompts"
     sources, texts, numbers, errors = read_prompts(args)
     for e in errors:
@@ -142,8 +145,15 @@ def run(args, state):
     state.total = len(prompts)
     rows = min(args.batch_size, len(prompts))
     state.stage = "generating"
-    stats = generate_all(args, model, tokenizer, prompts, limits, sampler, outputs,
-                         prefill_step(args, model, rows))
+    if args.group is None:
+        stats = generate_all(args, model, tokenizer, prompts, limits, sampler, outputs,
+                             prefill_step(args, model, rows))
+    else:  # a lost or stalled rank ends the run with an error instead of a hang
+        from .distributed import STEP_TIMEOUT, guard_collectives
+
+        with guard_collectives(STEP_TIMEOUT, args.group) as guard:
+            stats = generate_all(args, model, tokenizer, prompts, limits, sampler, outputs,
+                                 prefill_step(args, model, rows), guard.tick)
     outputs.close()
     if args.verbose:
         print(f"Prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.3f} tokens-per-sec")
@@ -157,8 +167,9 @@ def run(args, state):
     return EXIT_SOME_FAILED if errors else EXIT_OK
 
 
-def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step_size):
-    """Generate every prompt; each is handed to ``outputs`` the moment it finishes."""
+def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step_size, tick=None):
+    """Generate every prompt; each is handed to ``outputs`` the moment it finishes.
+    ``tick`` (optional) is called after every generated token."""
     # generate before batch: batch.py imports generate.py, which imports batch.py last.
     from .generate import BatchStats, stream_batch_generate
 
@@ -180,6 +191,8 @@ def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step
                                        completion_batch_size=args.batch_size,
                                        prefill_step_size=step_size, max_kv_size=args.max_kv_size,
                                        stats=stats, logprobs=False):
+            if tick is not None:
+                tick()
             if r.finish_reason != "stop":
                 tokens[r.index].append(r.token)
             if r.finish_reason is None:

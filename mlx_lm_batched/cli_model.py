@@ -28,15 +28,46 @@ def load_model(model_path, args):
 
     from .utils import dequantize_model, load
 
-    model, tokenizer = load(model_path, trust_remote_code=args.trust_remote_code)
+    group = getattr(args, "group", None)
+    model, tokenizer = load(model_path, trust_remote_code=args.trust_remote_code,
+                            lazy=group is not None)
     quantized = is_quantized(model)
     dequantize = args.dequantize if args.dequantize is not None else mx.default_device() == mx.cpu
     if quantized and dequantize:
         dequantize_model(model)
+    if group is not None:  # after dequantizing: the float layers are the ones split
+        from .distributed import finish_sharding
+
+        finish_sharding(model, group)
     weights = "float" if not quantized else "dequantized" if dequantize else "quantized"
     if quantized and args.dequantize is None:
         weights += " (default on " + ("the CPU)" if dequantize else "a GPU)")
     return model, tokenizer, weights
+
+
+def join_group(args):
+    """``--distributed``: set ``args.group`` (None: a single process). On ranks other than 0
+    stdout and stderr go to /dev/null and no output files are written: rank 0 does the I/O.
+    Every rank gets rank 0's seed, so sampling agrees."""
+    import os
+    import sys
+
+    from .distributed import group_for, shared_seed
+
+    try:
+        args.group = group_for(getattr(args, "distributed", "auto"))
+    except (ValueError, NotImplementedError) as e:
+        raise CliError(f"--distributed {args.distributed}: {one_line(e)}") from None
+    if args.group is None:
+        return
+    args.seed = shared_seed(args.group, args.seed)
+    if args.group.rank() != 0:
+        null = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+            os.dup2(null, stream.fileno())
+        args.output_dir = args.jsonl = None
+        args.no_progress = True
 
 
 def set_stop_tokens(tokenizer, args):

@@ -430,3 +430,29 @@ def dequantize_model(model, dtype=None):
         model.update_modules(tree_unflatten(layers))
         mx.eval(model.parameters())
     return model
+
+
+def sharded_load(repo, pipeline_group=None, tensor_group=None, return_config=False, *,
+                 tokenizer_config=None, trust_remote_code=False):
+    """Load a model sharded over ``mx.distributed`` groups (mlx-lm's ``sharded_load``).
+
+    ``tensor_group`` splits attention heads and MLP/expert columns over its ranks (see
+    :mod:`mlx_lm_batched.distributed`); with neither group given, tensor parallelism over
+    ``mx.distributed.init()``. The weights are read lazily and sliced before they are
+    evaluated, so each rank materialises only its shard. Pipeline parallelism is not
+    implemented: a ``pipeline_group`` of more than one rank raises ``NotImplementedError``.
+    Returns ``(model, tokenizer)``, plus the config when ``return_config``.
+    """
+    from .distributed import finish_sharding
+
+    if pipeline_group is not None and pipeline_group.size() > 1:
+        raise NotImplementedError("pipeline parallelism is not implemented; use tensor_group")
+    if pipeline_group is None and tensor_group is None:
+        tensor_group = mx.distributed.init()
+    model, tokenizer, config = load(repo, tokenizer_config=tokenizer_config, lazy=True,
+                                    return_config=True, trust_remote_code=trust_remote_code)
+    if tensor_group is not None:
+        finish_sharding(model, tensor_group)
+    else:  # a pipeline group of one rank: the whole model here
+        mx.eval(model.parameters())
+    return (model, tokenizer, config) if return_config else (model, tokenizer)

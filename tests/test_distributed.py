@@ -1,0 +1,243 @@
+"""Tensor parallelism over 2 local ranks (``mlx.launch --backend ring -n 2``) against the
+single-process model: real SmolLM2 (9 heads, 3 KV heads: uneven KV groups) float32 and
+4-bit, real Gemma 3 (1 KV head: replicated, its query heads split), and tiny random
+DeepSeek V3 (MLA + MoE experts + shared experts) and Qwen 2 MoE (GQA with 3 KV heads,
+experts, shared expert) checkpoints. Each run is one ``tests/dist_worker.py`` per rank;
+rank 0 compares and writes a JSON result."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import arch_harness
+from conftest import model_dir
+
+WORKER = Path(__file__).parent / "dist_worker.py"
+TIMEOUT = 240
+def launcher():
+    """``mlx.launch`` on 2 local ring ranks, starting at a port free now (not the fixed
+    default, which a concurrent run could hold)."""
+    port = str(_free_ports(1)[0])
+    return [LAUNCH, "-n", "2", "--backend", "ring", "--starting-port", port, "--"]
+
+
+# The mlx wheel's launcher, beside this interpreter (a venv need not be on PATH).
+_BESIDE = Path(sys.executable).with_name("mlx.launch")
+LAUNCH = str(_BESIDE) if _BESIDE.exists() else shutil.which("mlx.launch") or "mlx.launch"
+
+
+def run_group(cmd, timeout, **kwargs):
+    """Run ``cmd`` in a session of its own; on timeout kill the whole session (the launcher
+    and its ranks), so no rank outlives the test."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True,
+                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)), **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return proc.returncode, out, err
+
+
+def launch(mode, directory, timeout=TIMEOUT):
+    """Run the worker on 2 ring ranks; ``(result dict or None, output, seconds)``."""
+    with tempfile.TemporaryDirectory() as d:
+        result = Path(d) / "result.json"
+        cmd = [*launcher(), sys.executable, str(WORKER), mode, str(directory), str(result)]
+        tic = time.monotonic()
+        _, out, err = run_group(cmd, timeout)
+        data = json.loads(result.read_text()) if result.exists() else None
+        return data, out + err, time.monotonic() - tic
+
+
+def assert_tensor_parallel_exact(directory, heads, mode="tensor"):
+    data, out, _ = launch(mode, directory)
+    assert data is not None, out[-3000:]
+    assert "failure" not in data, data.get("failure")
+    assert data["size"] == 2
+    checks = ["padded logits", "greedy tokens", "rows joining BatchGenerator"]
+    assert data["passed"] == (checks if mode == "tensor" else checks[:2])
+    assert data["heads"] == heads  # rank 0's query heads after sharding, and before
+
+
+@pytest.mark.parametrize("name,options,heads,mode", [
+    ("smollm2", dict(dtype="float32"), [6, 9], "tensor"),  # KV heads [0, 2) of 3: uneven groups
+    ("gemma3", dict(dtype="float32"), [2, 4], "tensor"),  # 1 KV head, replicated; queries split
+    # 4-bit: split in whole quantization groups (MLX's CPU quantized matmul is slow: no joins)
+    ("smollm2", dict(quantize=True, q_bits=4, q_group_size=64), [6, 9], "tensor-quick"),
+])
+def test_tensor_parallel_real_models(name, options, heads, mode):
+    assert_tensor_parallel_exact(model_dir(name, **options), heads, mode)
+
+
+TINY = {
+    "deepseek_v3": (dict(vocab_size=arch_harness.VOCAB, hidden_size=64, intermediate_size=96,
+                         num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=3,
+                         max_position_embeddings=256, kv_lora_rank=16, q_lora_rank=24,
+                         qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+                         moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                         n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1),
+                    [2, 3]),
+    "qwen2_moe": (dict(vocab_size=arch_harness.VOCAB, hidden_size=48, intermediate_size=96,
+                       num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=3,
+                       max_position_embeddings=256, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=48),
+                  [4, 6]),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_tensor_parallel_tiny_moe_and_mla(model_type, tmp_path):
+    config, heads = TINY[model_type]
+    hf = arch_harness.build_hf_model(model_type, config)
+    arch_harness.save_hf_model(hf, tmp_path, "transformers5")
+    _tiny_tokenizer(tmp_path)
+    assert_tensor_parallel_exact(tmp_path, heads)
+
+
+def _tiny_tokenizer(directory):
+    """A byte-level tokenizer so ``load`` finds one (the worker feeds token ids)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(arch_harness.VOCAB)}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, "t0")),
+                                  eos_token="t1", unk_token="t0")
+    tok.save_pretrained(directory)
+
+
+def _free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def launch_by_hand(mode, directory, tmp_path, timeout):
+    """Start the 2 ring ranks ourselves (what ``mlx.launch`` does: a hostfile and
+    ``MLX_RANK``), so a dying rank is not cleaned up by the launcher: rank 0 must notice
+    on its own. Returns rank 0's ``(exit status, output, seconds)``."""
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in _free_ports(2)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), MLX_HOSTFILE=str(hostfile))
+    cmd = [sys.executable, str(WORKER), mode, str(directory), str(tmp_path / "result.json")]
+    tic = time.monotonic()
+    ranks = [subprocess.Popen(cmd, env=dict(env, MLX_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    try:
+        out, _ = ranks[0].communicate(timeout=timeout)
+        return ranks[0].returncode, out, time.monotonic() - tic
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+
+
+@pytest.mark.parametrize("mode,message", [
+    ("die", "[rank 0] error: lost a peer of the distributed group"),
+    ("stall", "[rank 0] error: no progress from the distributed group for 10 s"),
+])
+def test_lost_rank_makes_the_other_exit_with_a_clear_error(mode, message, tmp_path):
+    status, out, seconds = launch_by_hand(mode, model_dir("smollm2", dtype="float32"),
+                                          tmp_path, timeout=150)
+    assert status == 1, out[-3000:]
+    assert message in out, out[-3000:]
+    assert not (tmp_path / "result.json").exists()  # rank 0 did not carry on as if all was well
+
+
+def test_cli_under_mlx_launch_prints_once_and_matches_one_process(tmp_path):
+    directory = model_dir("smollm2", dtype="float32")
+    for name, text in (("a.txt", "The capital of France is"), ("b.txt", "Write a haiku.")):
+        (tmp_path / name).write_text(text)
+    args = ["-m", "mlx_lm_batched.generate", "--model", str(directory), "--prompts", "a.txt",
+            "b.txt", "--max-tokens", "6", "--no-progress"]
+    solo = run_group([sys.executable, *args], TIMEOUT, cwd=tmp_path)
+    ranks = run_group([*launcher(), sys.executable, *args], TIMEOUT, cwd=tmp_path)
+    assert solo[0] == 0 and ranks[0] == 0, ranks[2][-2000:]
+    assert solo[1].count("==== a.txt ====") == 1
+    assert ranks[1] == solo[1]  # rank 1 printed nothing, rank 0 the same texts
+    assert ranks[2].count("[summary]") == 1
+
+
+@pytest.mark.parametrize("mode,message", [
+    ("tensor", "--distributed tensor: tensor parallelism needs more than one rank"),
+    ("pipeline", "--distributed pipeline: pipeline parallelism is not implemented"),
+])
+def test_cli_distributed_flag_errors(mode, message):
+    proc = subprocess.run([sys.executable, "-m", "mlx_lm_batched.generate", "--prompt", "hi",
+                           "--distributed", mode], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_head_ranges_cover_every_query_head_once():
+    from mlx_lm_batched.distributed import head_ranges
+
+    # SmolLM2 (9 heads, 3 KV) over 2 ranks: whole KV groups, uneven.
+    assert [head_ranges(9, 3, 2, r) for r in range(2)] == [((0, 6), (0, 2)), ((6, 9), (2, 3))]
+    # Gemma 3 270M (4 heads, 1 KV) over 2 ranks: the KV head on both, query heads split.
+    assert [head_ranges(4, 1, 2, r) for r in range(2)] == [((0, 2), (0, 1)), ((2, 4), (0, 1))]
+    for heads, kv, size in ((8, 2, 4), (8, 2, 3), (12, 4, 8), (6, 3, 5), (32, 8, 3)):
+        ranges = [head_ranges(heads, kv, size, r) for r in range(size)]
+        queries = [h for (qa, qb), _ in ranges for h in range(qa, qb)]
+        assert sorted(set(queries)) == list(range(heads)) and all(qb > qa for (qa, qb), _ in ranges)
+        for (qa, qb), (ka, kb) in ranges:  # each rank holds the KV heads of its queries
+            assert {q // (heads // kv) for q in range(qa, qb)} == set(range(ka, kb))
+    with pytest.raises(ValueError, match="at most 4 ranks"):
+        head_ranges(4, 1, 5, 0)
+
+
+class _TwoRanks:
+    """Stands in for rank 0 of a 2-rank group where sharding needs no collective."""
+
+    def size(self):
+        return 2
+
+    def rank(self):
+        return 0
+
+
+def test_a_layer_the_sharder_does_not_know_is_named():
+    import mlx.nn as nn
+
+    from mlx_lm_batched.distributed import shard_model
+    from mlx_lm_batched.models.layers import MLP
+
+    class OddBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp = MLP(8, 16)
+            self.mixer = nn.Linear(8, 8)
+
+    model = nn.Module()
+    model.layers = [OddBlock()]
+    with pytest.raises(ValueError, match=r"cannot shard layer 'layers\.0\.mixer' of OddBlock"):
+        shard_model(model, _TwoRanks())
+
+
+def test_quantized_layer_split_off_group_boundaries_is_refused():
+    import mlx.nn as nn
+
+    from mlx_lm_batched.distributed import shard_model
+    from mlx_lm_batched.models.layers import Attention
+
+    model = nn.Module()
+    model.attn = Attention(128, 6, 2, 64)  # rank 0 gets 3 heads = 192 columns of o_proj
+    nn.quantize(model, group_size=128, bits=4)
+    with pytest.raises(ValueError, match=r"'attn.o_proj'.*quantization groups of 128"):
+        shard_model(model, _TwoRanks())
