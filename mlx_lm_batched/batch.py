@@ -11,7 +11,13 @@ import time
 import mlx.core as mx
 
 from . import validation as V
-from .batch_scheduled import check_prompt_caches, needs_scheduler, row_samplers, stream_scheduled
+from .batch_scheduled import (
+    check_prompt_caches,
+    needs_scheduler,
+    per_row_lists,
+    row_samplers,
+    stream_scheduled,
+)
 from .batching import BatchEngine, left_pad
 from .row_caches import cache_length
 from .text_stops import check_stops, cut_at_stop
@@ -123,7 +129,7 @@ def _stream(model, tokenizer, prompts, max_tokens, sampler, logits_processors,
     max_kv_size = V.check_optional_int("max_kv_size", max_kv_size, 1, V.INT32_MAX)
     if not isinstance(sampler, (list, tuple)):
         V.check_callable("sampler", sampler)
-    if logits_processors and isinstance(logits_processors[0], (list, tuple)):
+    if per_row_lists(logits_processors):
         logits_processors = [V.check_processors(p) for p in logits_processors]
     else:
         logits_processors = V.check_processors(logits_processors)
@@ -139,7 +145,7 @@ def _stream(model, tokenizer, prompts, max_tokens, sampler, logits_processors,
     limits = _row_limits(model, encoded, max_tokens, cached)
     stats = stats if stats is not None else BatchStats()
     if needs_scheduler(prompt_caches, want_caches, sampler, logits_processors, stops, seeds):
-        if logits_processors and isinstance(logits_processors[0], list) and len(logits_processors) != n:
+        if per_row_lists(logits_processors) and len(logits_processors) != n:
             raise ValueError(f"logits_processors must have one list per prompt: expected {n}, "
                              f"got {len(logits_processors)}")
         yield from stream_scheduled(

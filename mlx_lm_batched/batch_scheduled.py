@@ -52,10 +52,16 @@ def row_samplers(sampler, n):
     return [sampler] * n
 
 
+def per_row_lists(logits_processors):
+    """Whether ``logits_processors`` is one list of processors per prompt."""
+    return (isinstance(logits_processors, (list, tuple)) and len(logits_processors) > 0
+            and isinstance(logits_processors[0], (list, tuple)))
+
+
 def needs_scheduler(prompt_caches, return_prompt_caches, sampler, logits_processors, stops,
                     seeds):
     """Whether a call needs per-row state (else the faster static batches serve it)."""
-    per_row_processors = bool(logits_processors) and isinstance(logits_processors[0], (list, tuple))
+    per_row_processors = per_row_lists(logits_processors)
     return (prompt_caches is not None or return_prompt_caches or seeds is not None
             or isinstance(sampler, (list, tuple)) or getattr(sampler, "rows", None) is not None
             or per_row_processors or any(stops))
@@ -70,7 +76,7 @@ def stream_scheduled(model, tokenizer, encoded, limits, indices, *, prompt_cache
     one list of stop strings per row; ``seeds`` None or one int (or None) per row.
     """
     n = len(encoded)
-    per_row = bool(logits_processors) and isinstance(logits_processors[0], (list, tuple))
+    per_row = per_row_lists(logits_processors)
     gen = BatchGenerator(
         model, stop_tokens=[[t] for t in tokenizer.eos_token_ids],
         logits_processors=None if per_row else logits_processors,
