@@ -1,6 +1,7 @@
-"""mlx-lm's model-writing helpers (``save_model``, ``save_config``, ``save``,
-``quantize_model``), re-exported by ``utils``, on this package's own weight writer
-(``convert._save_weights``: shards and index as ``convert`` writes them)."""
+"""mlx-lm's ``utils`` helpers for writing models (``save_model``, ``save_config``,
+``save``, ``quantize_model``, on this package's own weight writer
+``convert._save_weights``), loading a tokenizer and counting parameters.
+``mlx_lm_batched.utils`` resolves these names here on first use."""
 
 import json
 import shutil
@@ -11,6 +12,41 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
 from .convert import TOKENIZER_FILES, _save_weights
+from .utils import get_model_path
+
+
+def load_tokenizer(model_path, tokenizer_config_extra=None, eos_token_ids=None):
+    """Load the tokenizer of a model directory or hub repo (mlx-lm's ``utils.load_tokenizer``):
+    a ``TokenizerWrapper`` with a streaming detokenizer; ``eos_token_ids`` (int or list)
+    are stop ids in addition to the tokenizer's own EOS token."""
+    from .tokenizer_utils import load_tokenizer as load
+
+    return load(get_model_path(str(model_path)), tokenizer_config_extra,
+                eos_token_ids=eos_token_ids)
+
+
+def common_prefix_len(list1, list2):
+    """Length of the common prefix of two sequences (mlx-lm's helper)."""
+    n = 0
+    for a, b in zip(list1, list2):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def get_total_parameters(model):
+    """Number of parameters of ``model``; quantized layers count their unpacked weights
+    (and not their scales and biases)."""
+    total = 0
+    for _, module in tree_flatten(model.leaf_modules(), is_leaf=lambda m: isinstance(m, nn.Module)):
+        params = dict(tree_flatten(module.parameters()))
+        bits = getattr(module, "bits", None)
+        if bits:  # packed: 32 // bits values per uint32; scales/biases are overhead
+            total += params["weight"].size * 32 // bits + (params["bias"].size if "bias" in params else 0)
+        else:
+            total += sum(v.size for v in params.values())
+    return total
 
 
 def save_model(save_path, model, *, donate_model=False):

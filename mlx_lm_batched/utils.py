@@ -432,68 +432,16 @@ def dequantize_model(model, dtype=None):
     return model
 
 
-# mlx-lm's names for writing models and loading tokenizers (the implementations
-# live in model_io.py / tokenizer_utils.py, which import this module).
-def load_tokenizer(model_path, tokenizer_config_extra=None, eos_token_ids=None):
-    """Load the tokenizer of a model directory or hub repo (mlx-lm's ``utils.load_tokenizer``):
-    a ``TokenizerWrapper`` with a streaming detokenizer; ``eos_token_ids`` (int or list)
-    are stop ids in addition to the tokenizer's own EOS token."""
-    from .tokenizer_utils import load_tokenizer as _load
 
-    return _load(get_model_path(str(model_path)), tokenizer_config_extra,
-                 eos_token_ids=eos_token_ids)
+# mlx-lm's names for writing models, loading tokenizers and counting parameters live
+# in model_io.py, which imports this module (through convert.py): resolved on first use.
+_MODEL_IO = ("load_tokenizer", "save", "save_model", "save_config", "quantize_model",
+             "common_prefix_len", "get_total_parameters")
 
 
-def save_model(save_path, model, *, donate_model=False):
-    """See :func:`mlx_lm_batched.model_io.save_model`."""
-    from .model_io import save_model as _save_model
+def __getattr__(name):
+    if name in _MODEL_IO:
+        from . import model_io
 
-    return _save_model(save_path, model, donate_model=donate_model)
-
-
-def save_config(config, config_path):
-    """See :func:`mlx_lm_batched.model_io.save_config`."""
-    from .model_io import save_config as _save_config
-
-    return _save_config(config, config_path)
-
-
-def quantize_model(model, config, group_size, bits, mode="affine", global_scale=False,
-                   quant_predicate=None):
-    """See :func:`mlx_lm_batched.model_io.quantize_model`; returns ``(model, config)``."""
-    from .model_io import quantize_model as _quantize_model
-
-    return _quantize_model(model, config, group_size, bits, mode, global_scale, quant_predicate)
-
-
-def save(dst_path, src_path_or_repo, model, tokenizer, config, donate_model=True):
-    """See :func:`mlx_lm_batched.model_io.save`."""
-    from .model_io import save as _save
-
-    return _save(dst_path, src_path_or_repo, model, tokenizer, config, donate_model)
-
-
-def common_prefix_len(list1, list2):
-    """Length of the common prefix of two sequences (mlx-lm's helper)."""
-    n = 0
-    for a, b in zip(list1, list2):
-        if a != b:
-            break
-        n += 1
-    return n
-
-
-def get_total_parameters(model):
-    """Number of parameters of ``model``; quantized layers count their unpacked weights
-    (and not their scales and biases)."""
-    from mlx.utils import tree_flatten
-
-    total = 0
-    for _, module in tree_flatten(model.leaf_modules(), is_leaf=lambda m: isinstance(m, nn.Module)):
-        params = dict(tree_flatten(module.parameters()))
-        bits = getattr(module, "bits", None)
-        if bits:  # packed: 32 // bits values per uint32; scales/biases are overhead
-            total += params["weight"].size * 32 // bits + (params["bias"].size if "bias" in params else 0)
-        else:
-            total += sum(v.size for v in params.values())
-    return total
+        return getattr(model_io, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
