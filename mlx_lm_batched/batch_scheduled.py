@@ -22,7 +22,8 @@ def check_prompt_caches(prompt_caches, n):
     if prompt_caches is None:
         return None
     if not isinstance(prompt_caches, (list, tuple)) or len(prompt_caches) != n:
-        got = len(prompt_caches) if isinstance(prompt_caches, (list, tuple)) else type(prompt_caches).__name__
+        got = (len(prompt_caches) if isinstance(prompt_caches, (list, tuple))
+               else type(prompt_caches).__name__)
         raise ValueError(f"prompt_caches must be a list with one prompt cache per prompt "
                          f"({n}), got {got}")
     for i, c in enumerate(prompt_caches):

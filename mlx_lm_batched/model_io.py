@@ -43,7 +43,8 @@ def get_total_parameters(model):
         params = dict(tree_flatten(module.parameters()))
         bits = getattr(module, "bits", None)
         if bits:  # packed: 32 // bits values per uint32; scales/biases are overhead
-            total += params["weight"].size * 32 // bits + (params["bias"].size if "bias" in params else 0)
+            total += params["weight"].size * 32 // bits
+            total += params["bias"].size if "bias" in params else 0
         else:
             total += sum(v.size for v in params.values())
     return total
