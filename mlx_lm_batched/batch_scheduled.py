@@ -11,7 +11,6 @@ import time
 
 import mlx.core as mx
 
-from .generate import BatchStreamResponse
 from .row_caches import check_cache
 from .scheduler import BatchGenerator
 from .text_stops import TextStops
@@ -76,6 +75,8 @@ def stream_scheduled(model, tokenizer, encoded, limits, indices, *, prompt_cache
     ``logits_processors`` is a list shared by all rows or one list per row; ``stops``
     one list of stop strings per row; ``seeds`` None or one int (or None) per row.
     """
+    from .generate import BatchStreamResponse  # generate.py imports batch.py, which imports this
+
     n = len(encoded)
     per_row = per_row_lists(logits_processors)
     gen = BatchGenerator(
