@@ -133,3 +133,30 @@ def make_logits_processors(
         if isinstance(penalty, mx.array) or penalty != 0:
             processors.append(_penalty_processor(kind, penalty, context_size))
     return processors
+
+
+def _one_penalty(kind: str, penalty, context_size: int, lo: float) -> LogitsProcessor:
+    _check_int(f"{kind} context_size", 1)(context_size)
+    penalty = _param(f"{kind} penalty", penalty,
+                     _check_real(f"{kind} penalty", lo, math.inf, finite=True))
+    return _penalty_processor(kind, penalty, context_size)
+
+
+def make_repetition_penalty(penalty: RowParam, context_size: int = 20) -> LogitsProcessor:
+    """Repetition penalty processor (mlx-lm's name): each distinct id among the last
+    ``context_size`` tokens has its positive logits divided and negative logits
+    multiplied by ``penalty`` (>= 0; one value or one per row). Batched ``(B, V)``
+    logits with ``(B, T)`` histories, or mlx-lm's ``(T,)`` history with ``(1, V)``."""
+    return _one_penalty("repetition", penalty, context_size, 0.0)
+
+
+def make_presence_penalty(penalty: RowParam, context_size: int = 20) -> LogitsProcessor:
+    """Presence penalty processor (mlx-lm's name): ``penalty`` is subtracted once from
+    the logit of each distinct id among the last ``context_size`` tokens."""
+    return _one_penalty("presence", penalty, context_size, -math.inf)
+
+
+def make_frequency_penalty(penalty: RowParam, context_size: int = 20) -> LogitsProcessor:
+    """Frequency penalty processor (mlx-lm's name): ``penalty`` is subtracted from each
+    id's logit once per occurrence among the last ``context_size`` tokens."""
+    return _one_penalty("frequency", penalty, context_size, -math.inf)

@@ -12,7 +12,13 @@ from typing import Callable, List, Optional, Sequence, Union
 
 import mlx.core as mx
 
-from .logits_processors import LogitsProcessor, make_logits_processors  # noqa: F401 (mlx-lm's home)
+from .logits_processors import (  # noqa: F401 (mlx-lm's home for these names)
+    LogitsProcessor,
+    make_frequency_penalty,
+    make_logits_processors,
+    make_presence_penalty,
+    make_repetition_penalty,
+)
 # Parameter checks live in validation.py (one place for every input check).
 from .validation import as_2d as _as_2d
 from .validation import check_rows as _check_rows
@@ -76,7 +82,7 @@ def _min_p(lp: mx.array, min_p, min_tokens_to_keep: int) -> mx.array:
     return mx.where(remove, _NEG_INF, lp)
 
 
-def _xtc(lp: mx.array, probability: float, threshold: float, special: List[int]):
+def _xtc(lp: mx.array, probability: float, threshold: float, special: List[int], key=None):
     probs = mx.softmax(lp.astype(mx.float32), axis=-1)
     # "Exclude top choices": of the tokens above the threshold, remove all but
     # the least likely one.
@@ -86,7 +92,7 @@ def _xtc(lp: mx.array, probability: float, threshold: float, special: List[int])
     if special:
         cut[:, mx.array(special)] = False
     # One coin per row so rows stay independent (mlx-lm flips one per call).
-    coin = mx.random.uniform(shape=(lp.shape[0], 1))
+    coin = mx.random.uniform(shape=(lp.shape[0], 1), key=key)
     return mx.where((coin < probability) & cut, _NEG_INF, lp)
 
 
@@ -162,15 +168,15 @@ def greedy_sampler(logprobs: mx.array) -> mx.array:
     return mx.argmax(logprobs, axis=-1)
 
 
-def _categorical(x: mx.array, temp) -> mx.array:
+def _categorical(x: mx.array, temp, key=None) -> mx.array:
     if not isinstance(temp, mx.array):
         if temp == 0:
             return mx.argmax(x, axis=-1)
-        return mx.random.categorical(x * (1.0 / temp))
+        return mx.random.categorical(x * (1.0 / temp), key=key)
     # Rows with temp 0 get a dummy scale (avoids inf * -inf = nan) and are
     # replaced by the argmax afterwards.
     t = temp.astype(mx.float32)
-    tokens = mx.random.categorical(x * (1.0 / mx.where(t > 0, t, 1.0)))
+    tokens = mx.random.categorical(x * (1.0 / mx.where(t > 0, t, 1.0)), key=key)
     return mx.where(t[:, 0] > 0, tokens, mx.argmax(x, axis=-1))
 
 
@@ -218,30 +224,91 @@ def make_sampler(
 
     if not isinstance(temp, mx.array) and temp == 0:
         return greedy_sampler
+    settings = {"temp": temp, "top_p": top_p, "min_p": min_p, "top_k": top_k,
+                "min_tokens_to_keep": min_tokens_to_keep, "xtc_probability": xtc_probability,
+                "xtc_threshold": xtc_threshold, "xtc_special_tokens": special}
+    return BatchSampler(settings)
 
-    # Build the chain once; disabled filters cost nothing per step.
-    steps = []
-    if _enabled(top_p, 0, 1):
-        steps.append(lambda x: _top_p(x, top_p))
-    if _enabled(min_p, 0, 2):
-        steps.append(lambda x: _min_p(x, min_p, min_tokens_to_keep))
-    if xtc_probability > 0:
-        steps.append(lambda x: _xtc(x, xtc_probability, xtc_threshold, special))
-    if _enabled(top_k, 0, math.inf):
-        steps.append(lambda x: _top_k(x, top_k))
-    per_row = {"temp": temp, "top_p": top_p, "min_p": min_p, "top_k": top_k}
 
-    def sampler(logprobs: mx.array) -> mx.array:
+def make_seeded_sampler(seed: int, **settings) -> Sampler:
+    """A sampler with its own random key stream, for one row: ``make_sampler(**settings)``
+    whose draws come from ``mx.random.key(seed)`` split once per call.
+
+    A row sampled with it gets the same tokens whatever else runs in its batch (its
+    draws never touch the global random state). Greedy settings (``temp=0``) return
+    ``greedy_sampler``. Raises ``ValueError`` for a seed outside ``[0, 2**64)``.
+    """
+    sampler = make_sampler(**settings)
+    return sampler.seeded(seed) if isinstance(sampler, BatchSampler) else sampler
+
+
+_PER_ROW = ("temp", "top_p", "min_p", "top_k")
+
+
+class BatchSampler:
+    """The sampler :func:`make_sampler` returns: ``sampler(logprobs) -> tokens``.
+
+    Besides being called, it can be cut to some of its rows (:meth:`select`, for
+    drivers that reorder or drop rows) and seeded (:meth:`seeded`: a copy drawing
+    from its own key stream instead of the global one).
+    """
+
+    def __init__(self, settings, key=None):
+        self.settings = settings
+        self._key = key
+        s = settings
+        # Build the chain once; disabled filters cost nothing per step.
+        self._steps = []
+        if _enabled(s["top_p"], 0, 1):
+            self._steps.append(lambda x, k: _top_p(x, s["top_p"]))
+        if _enabled(s["min_p"], 0, 2):
+            self._steps.append(lambda x, k: _min_p(x, s["min_p"], s["min_tokens_to_keep"]))
+        if s["xtc_probability"] > 0:
+            self._steps.append(lambda x, k: _xtc(x, s["xtc_probability"], s["xtc_threshold"],
+                                                 s["xtc_special_tokens"], k))
+        if _enabled(s["top_k"], 0, math.inf):
+            self._steps.append(lambda x, k: _top_k(x, s["top_k"]))
+
+    @property
+    def rows(self) -> Optional[int]:
+        """Number of per-row values it was made with (None: scalars only)."""
+        counts = {self.settings[n].shape[0] for n in _PER_ROW
+                  if isinstance(self.settings[n], mx.array) and self.settings[n].shape[0] > 1}
+        return counts.pop() if counts else None
+
+    def select(self, rows: Sequence[int]) -> "BatchSampler":
+        """A sampler for rows ``rows`` of this one (per-row values gathered)."""
+        idx = mx.array(list(rows), dtype=mx.int32)
+        settings = dict(self.settings)
+        for n in _PER_ROW:
+            v = settings[n]
+            if isinstance(v, mx.array) and v.shape[0] > 1:
+                settings[n] = v[idx]
+        return BatchSampler(settings, self._key)
+
+    def seeded(self, seed: int) -> "BatchSampler":
+        """A copy with its own key stream ``mx.random.key(seed)``."""
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+        return BatchSampler(self.settings, mx.random.key(seed))
+
+    def _next_key(self):
+        if self._key is None:
+            return None, None
+        self._key, a, b = mx.random.split(self._key, 3)
+        return a, b
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
         lp, squeeze = _as_2d(logprobs)
-        for name, p in per_row.items():
-            _check_rows(name, p, lp.shape[0])
+        for name in _PER_ROW:
+            _check_rows(name, self.settings[name], lp.shape[0])
+        draw, xtc_key = self._next_key()
         x = lp
-        for step in steps:
-            x = step(x)
-        tokens = _categorical(x, temp)
+        for step in self._steps:
+            x = step(x, xtc_key)
+        temp = self.settings["temp"]
+        tokens = _categorical(x, temp, draw)
         if isinstance(temp, mx.array):
             # Greedy rows use the unfiltered logprobs (XTC may drop the top token).
             tokens = mx.where(temp[:, 0] > 0, tokens, mx.argmax(lp, axis=-1))
         return tokens[0] if squeeze else tokens
-
-    return sampler

@@ -89,14 +89,29 @@ class BatchGenerator:
 
     # Inserting and removing rows
     def insert(self, prompts, max_tokens=None, caches=None, all_tokens=None, samplers=None,
-               logits_processors=None, stop_sequences=None):
+               logits_processors=None, stop_sequences=None, seeds=None):
         """Queue token prompts; returns their uids. ``caches[i]`` (a prompt cache from
-        an earlier turn, or None) holds ``all_tokens[i]``; the prompt continues it."""
+        an earlier turn, or None) holds ``all_tokens[i]``; the prompt continues it.
+
+        ``seeds[i]`` (an int, or None) gives row ``i`` its own random key stream: its
+        sampler (its own or the generator's, made by ``make_sampler``) is copied with
+        ``seeded(seed)``, so its tokens do not depend on the other rows. A custom
+        sampler callable cannot be seeded (``ValueError``); greedy rows ignore the seed.
+        """
         return self.insert_segments([[p] for p in prompts], max_tokens, caches, all_tokens,
-                                    samplers, logits_processors, stop_sequences)
+                                    samplers, logits_processors, stop_sequences, seeds)
+
+    def _seeded(self, sampler, seed, uid):
+        sampler = sampler or self.sampler
+        if seed is None or sampler is greedy_sampler:
+            return sampler
+        if not hasattr(sampler, "seeded"):
+            raise ValueError(f"seeds: prompt {uid}'s sampler cannot be seeded (a custom "
+                             f"callable); use make_sampler(...) or make_seeded_sampler(...)")
+        return sampler.seeded(seed)
 
     def insert_segments(self, segments, max_tokens=None, caches=None, all_tokens=None,
-                        samplers=None, logits_processors=None, stop_sequences=None):
+                        samplers=None, logits_processors=None, stop_sequences=None, seeds=None):
         """Like :meth:`insert` with each prompt given as a list of segments: prefill
         reports ``end_of_segment`` (and the cache can be extracted) at each segment end."""
         n = len(segments)
@@ -107,6 +122,7 @@ class BatchGenerator:
             "samplers": samplers or [None] * n,
             "logits_processors": logits_processors or [self.logits_processors] * n,
             "stop_sequences": stop_sequences or [self._default_stops] * n,
+            "seeds": seeds or [None] * n,
         }
         for name, values in options.items():
             if len(values) != n:
@@ -130,7 +146,7 @@ class BatchGenerator:
             stops = options["stop_sequences"][i]
             rows.append(Row(
                 uid, prompt, ends, m, options["caches"][i], list(options["all_tokens"][i]),
-                options["samplers"][i] or self.sampler,
+                self._seeded(options["samplers"][i], options["seeds"][i], uid),
                 tuple(options["logits_processors"][i] or ()),
                 (stops if stops is not None else self._default_stops).matcher(),
                 cut_at_segments=several,

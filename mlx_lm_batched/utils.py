@@ -456,3 +456,17 @@ def sharded_load(repo, pipeline_group=None, tensor_group=None, return_config=Fal
     else:  # a pipeline group of one rank: the whole model here
         mx.eval(model.parameters())
     return (model, tokenizer, config) if return_config else (model, tokenizer)
+
+
+# mlx-lm's names for writing models, loading tokenizers and counting parameters live
+# in model_io.py, which imports this module (through convert.py): resolved on first use.
+_MODEL_IO = ("load_tokenizer", "save", "save_model", "save_config", "quantize_model",
+             "common_prefix_len", "get_total_parameters")
+
+
+def __getattr__(name):
+    if name in _MODEL_IO:
+        from . import model_io
+
+        return getattr(model_io, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

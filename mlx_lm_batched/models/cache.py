@@ -2,6 +2,7 @@
 (``kv_cache.py``), the ``PromptCache`` that holds them with each row's padding, and
 saving, loading and trimming it (``prompt_cache.py``)."""
 
+from .base import create_attention_mask  # noqa: F401  (mlx-lm also exports it here)
 from .cache_views import RowsView, ShiftedView  # noqa: F401
 from .kv_cache import KVCache, RotatingKVCache  # noqa: F401
 from .state_cache import StateCache  # noqa: F401
@@ -30,3 +31,54 @@ def make_prompt_cache(model, max_kv_size=None):
         else:
             caches = [KVCache() for _ in range(n)]
     return PromptCache(caches)
+
+
+# mlx-lm's other cache class names. Their semantics do not match this package's (a batch
+# here is one set of per-layer caches holding every row, with each row's padding in the
+# PromptCache), so constructing one raises and names what to use instead.
+class _Unsupported:
+    alternative = ""
+
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} is not supported by mlx_lm_batched: "
+                                  f"{self.alternative}")
+
+
+class BatchKVCache(_Unsupported):
+    """Not supported (mlx-lm's per-layer batch cache with left padding)."""
+
+    alternative = ("every KVCache holds a whole batch; use make_prompt_cache(model) (or "
+                   "PromptCache(caches, padding=left_padding)) and let batch_generate, "
+                   "generate_step or BatchGenerator record each row's padding")
+
+
+class BatchRotatingKVCache(_Unsupported):
+    """Not supported (mlx-lm's rotating batch cache)."""
+
+    alternative = ("every RotatingKVCache holds a whole batch; use "
+                   "make_prompt_cache(model, max_kv_size=N)")
+
+
+class QuantizedKVCache(_Unsupported):
+    """Not supported: quantized KV caches are not implemented yet."""
+
+    alternative = "quantized KV caches are not implemented yet; use KVCache (make_prompt_cache)"
+
+
+class ChunkedKVCache(_Unsupported):
+    """Not supported (chunked attention caches, Llama 4)."""
+
+    alternative = ("chunked-attention models are not implemented; use KVCache or "
+                   "RotatingKVCache (make_prompt_cache)")
+
+
+class ArraysCache(_Unsupported):
+    """Not supported: recurrent state caches are not implemented yet."""
+
+    alternative = "recurrent (SSM / linear attention) state caches are not implemented yet"
+
+
+class CacheList(_Unsupported):
+    """Not supported (several caches per layer)."""
+
+    alternative = "models here use one cache per layer; use make_prompt_cache(model)"
