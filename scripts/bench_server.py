@@ -256,8 +256,8 @@ def main(argv=None):
     p.add_argument("--model", required=True, help="model directory both servers can load")
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--rate", type=float, default=1.0, help="mean arrivals per second")
-    p.add_argument("--prompt-len", type=int, nargs=2, default=(16, 512), metavar=("MIN", "MAX"))
-    p.add_argument("--output-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
+    p.add_argument("--prompt-len", type=int, nargs=2, default=[16, 512], metavar=("MIN", "MAX"))
+    p.add_argument("--output-len", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"))
     p.add_argument("--batch-size", type=int, default=32,
                    help="rows decoding at once on both servers (--max-batch / --decode-concurrency)")
     p.add_argument("--seed", type=int, default=0)
