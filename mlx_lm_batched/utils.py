@@ -176,10 +176,12 @@ def _check_config(module, config, source):
         raise ModelLoadError(str(e)) from None
 
 
-def model_from_weights(config, weights, strict=True, lazy=False, source="config.json"):
+def model_from_weights(config, weights, strict=True, lazy=False, source="config.json",
+                       weights_source=None):
     """Build the architecture ``config`` names and load ``weights`` (HF names) into it.
 
-    ``source`` names where config and weights came from in error messages. Raises
+    ``source`` names where the config came from in error messages, ``weights_source``
+    (default: ``source``) where the weights came from. Raises
     ``ModelLoadError`` (a ``ValueError``) for a config the architecture cannot use
     (missing key, wrongly typed value) and for missing, extra or misshapen weights.
     """
@@ -197,10 +199,10 @@ def model_from_weights(config, weights, strict=True, lazy=False, source="config.
         if qconfig is not None:
             quantize_like(model, weights, qconfig)
     except (ValueError, TypeError, KeyError, IndexError) as e:
-        raise ModelLoadError(f"{source}: weights do not fit the config: "
+        raise ModelLoadError(f"{weights_source or source}: weights do not fit the config: "
                              f"{type(e).__name__}: {_one_line(e)}") from None
     if strict:
-        _check_weights(model, weights, source)
+        _check_weights(model, weights, weights_source or source)
     model.load_weights(list(weights.items()), strict=False)
     if not lazy:
         mx.eval(model.parameters())
@@ -229,7 +231,7 @@ def load_model(model_path, lazy=False, strict=True, model_config=None):
     source = str(Path(model_path) / "config.json")
     _check_config(architecture_module(config, source), config, source)  # before the weights
     model = model_from_weights(config, load_weights(model_path), strict=strict, lazy=lazy,
-                               source=source)
+                               source=source, weights_source=str(Path(model_path) / "*.safetensors"))
     return model, config
 
 

@@ -1,11 +1,28 @@
-"""Benchmark our server against ``mlx_lm.server`` under concurrent streaming clients.
+#!/usr/bin/env python
+"""Our server against ``mlx_lm.server`` on the arrival trace of ``bench_continuous.py``.
 
-Both servers run as subprocesses on the same model directory; each gets the same
-``--clients`` concurrent greedy chat requests (distinct short prompts, streamed), and
-the script reports wall time, output tokens/s, time to first token (p50/p95) and how
-many answers the two servers agree on. Needs ``pip install mlx-lm httpx``.
+    python scripts/bench_server.py --model DIR [--requests 64] [--rate 1.0]
+        [--prompt-len 16 512] [--output-len 16 256] [--seed 0] [--servers ours,mlx-lm]
+        [--json out.json] [--plot out.png]
 
-    python scripts/bench_server.py --model DIR [--clients 32] [--max-tokens 64] [--json out.json]
+The trace (``bench_continuous.make_trace``: seeded Poisson arrivals, prompt and output
+lengths) is replayed in real time over HTTP (asyncio + httpx, streamed
+``/v1/completions``) to each server in turn, each a subprocess on 127.0.0.1 on the same
+model directory, one run each after a one-request warm-up.
+
+Prompts: ``mlx_lm.server`` accepts text prompts only (it calls ``tokenizer.encode``), so
+each trace prompt is decoded to text and re-encoded the way mlx-lm does; ours gets those
+token ids and mlx-lm the text, so both prefill identical tokens (checked against each
+response's ``usage.prompt_tokens``). No chat template. Exact output lengths: ``max_tokens``
+is the trace's output length and a ``logit_bias`` of -100 on every EOS id (neither server
+has an ``ignore_eos``) keeps greedy decoding from stopping early; both servers get the same
+bias, so their greedy outputs are comparable (``=mlx-lm``: share of identical texts,
+leading whitespace aside). mlx-lm runs with the same CPU BLAS as ours unless
+``--mlx-lm-bundled-blas``.
+
+Reported per server: requests/s and output tokens/s over the replay (first arrival to last
+token; tokens from ``usage.completion_tokens``), time to first token (request sent to the
+first streamed text) p50/p95 and inter-chunk latency p50/p95 (about one token per chunk).
 """
 
 import argparse
@@ -16,11 +33,21 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
-TOPICS = ["the sea", "a red fox", "winter", "bread", "rivers", "the moon", "bees", "trains",
-          "chess", "a lighthouse", "rain", "tea", "mountains", "owls", "clocks", "gardens"]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+
+from bench_continuous import make_trace  # noqa: E402
+from bench_report import machine  # noqa: E402
+
+SERVERS = {"ours": "mlx_lm_batched.server", "mlx-lm": "mlx_lm.server"}
+START_TIMEOUT_S = 300
 
 
 def free_port():
@@ -29,100 +56,230 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start(kind, model, port):
-    module = "mlx_lm_batched.server" if kind == "ours" else "mlx_lm.server"
-    cmd = [sys.executable, "-m", module, "--model", model, "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def start(name, model, batch_size, same_blas=True):
+    """Start server ``name`` on a free port; ``(process, url, log file)`` once it answers.
+
+    With ``same_blas``, mlx_lm.server runs after ``import mlx_lm_batched`` has preloaded
+    the fast CPU BLAS (see ``mlx_lm_batched._blas``), so both servers multiply with the
+    same library; without it mlx-lm runs as shipped (MLX's bundled BLAS on Linux CPUs).
+    """
+    port = free_port()
+    launch = ["-m", SERVERS[name]]
+    if name == "mlx-lm" and same_blas:
+        launch = ["-c", "import sys, runpy, mlx_lm_batched; sys.argv[0] = 'mlx_lm.server'; "
+                        "runpy.run_module('mlx_lm.server', run_name='__main__')"]
+    cmd = [sys.executable, *launch, "--model", str(model), "--port", str(port)]
+    # The same decode and prefill widths on both sides (mlx-lm's defaults: 32 and 8).
+    cmd += (["--max-batch", str(batch_size), "--prefill-batch", "8", "--log-level", "warning"]
+            if name == "ours" else
+            ["--decode-concurrency", str(batch_size), "--prompt-concurrency", "8",
+             "--log-level", "WARNING"])
+    log = tempfile.NamedTemporaryFile("w+", suffix=f"-{name}.log", delete=False)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{module} exited with {proc.returncode}")
+            raise RuntimeError(f"{SERVERS[name]} exited with {proc.returncode}: "
+                               f"{Path(log.name).read_text()[-2000:]}")
         try:
-            # mlx_lm.server answers /v1/models once it is up; ours too.
-            urllib.request.urlopen(url + "/v1/models", timeout=2).read()
-            return proc, url
+            urllib.request.urlopen(url + "/v1/models", timeout=2).read()  # both serve it
+            return proc, url, log.name
         except OSError:
             time.sleep(0.5)
     proc.kill()
-    raise RuntimeError(f"{module} did not start")
+    raise RuntimeError(f"{SERVERS[name]} did not answer /v1/models in {START_TIMEOUT_S} s")
 
 
-async def one(http, model, i, max_tokens):
-    body = {"model": model, "stream": True, "temperature": 0, "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": f"Write a short story about {TOPICS[i % len(TOPICS)]}."}]}
-    tic = time.perf_counter()
-    first, text, chunks = None, "", 0
-    async with http.stream("POST", "/v1/chat/completions", json=body) as r:
+def stop(proc):
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def eos_ids(model_dir, tokenizer):
+    """Every id either server may stop on: the tokenizer's EOS and the configs' ``eos_token_id``."""
+    ids = {tokenizer.eos_token_id} - {None}
+    for name in ("config.json", "generation_config.json"):
+        f = Path(model_dir) / name
+        if f.exists():
+            e = json.loads(f.read_text()).get("eos_token_id")
+            ids.update(e if isinstance(e, list) else [e] if e is not None else [])
+    return sorted(ids)
+
+
+async def one(http, name, model, req, bias, start_at):
+    """Send one request at its arrival time; its chunk times, text and usage."""
+    await asyncio.sleep(max(0.0, start_at + req["arrival"] - time.perf_counter()))
+    body = {"model": "default_model" if name == "mlx-lm" else str(model), "stream": True,
+            "stream_options": {"include_usage": True}, "temperature": 0,
+            "max_tokens": req["max_tokens"], "logit_bias": bias,
+            "prompt": req["text"] if name == "mlx-lm" else req["ids"]}
+    sent = time.perf_counter()
+    times, text, usage = [], "", None
+    async with http.stream("POST", "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{name}: HTTP {r.status_code}: {(await r.aread())[:500]!r}")
         async for line in r.aiter_lines():
             if not line.startswith("data:") or line.strip() == "data: [DONE]":
                 continue
             data = json.loads(line[5:])
-            delta = (data.get("choices") or [{}])[0].get("delta", {}).get("content") or ""
-            if delta:
-                first = first or time.perf_counter() - tic
-                text += delta
-                chunks += 1
-    return {"ttft": first or 0.0, "text": text, "chunks": chunks}
+            usage = data.get("usage") or usage
+            for choice in data.get("choices") or []:
+                delta = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                if delta:
+                    times.append(time.perf_counter())
+                    text += delta
+    return {"sent": sent - start_at, "times": [t - start_at for t in times], "text": text,
+            "usage": usage or {}}
 
 
-async def run_clients(url, model, clients, max_tokens):
+async def replay(name, url, model, trace, bias):
     import httpx
 
-    async with httpx.AsyncClient(base_url=url, timeout=600,
-                                 limits=httpx.Limits(max_connections=clients + 4)) as http:
-        tic = time.perf_counter()
-        results = await asyncio.gather(*(one(http, model, i, max_tokens) for i in range(clients)))
-        return results, time.perf_counter() - tic
+    limits = httpx.Limits(max_connections=len(trace) + 4, max_keepalive_connections=len(trace) + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as http:
+        warm = {"arrival": 0.0, "max_tokens": 2, "ids": trace[0]["ids"][:8],
+                "text": trace[0]["text"]}
+        await one(http, name, model, warm, bias, time.perf_counter())
+        start_at = time.perf_counter()
+        return await asyncio.gather(*(one(http, name, model, r, bias, start_at) for r in trace))
 
 
-def pct(values, q):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+def summarize(trace, results):
+    """Throughput and latency percentiles of one server's replay."""
+    end = max(r["times"][-1] if r["times"] else r["sent"] for r in results)
+    generated = sum(r["usage"].get("completion_tokens", 0) for r in results)
+    ttft = [r["times"][0] - r["sent"] for r in results if r["times"]]
+    itl = [b - a for r in results for a, b in zip(r["times"], r["times"][1:])]
+    pct = lambda xs, q: float(np.percentile(xs, q)) if xs else 0.0  # noqa: E731
+    return {
+        "wall_s": end, "requests_per_s": len(trace) / end, "output_tps": generated / end,
+        "generated": generated, "expected": sum(r["max_tokens"] for r in trace),
+        "complete": sum(r["usage"].get("completion_tokens") == q["max_tokens"]
+                        for r, q in zip(results, trace)),
+        "prompt_tokens": [r["usage"].get("prompt_tokens") for r in results],
+        "ttft_p50_s": pct(ttft, 50), "ttft_p95_s": pct(ttft, 95),
+        "itl_p50_ms": 1e3 * pct(itl, 50), "itl_p95_ms": 1e3 * pct(itl, 95),
+    }
 
 
-def bench(kind, model, clients, max_tokens, tokenizer):
-    proc, url = start(kind, model, free_port())
-    try:
-        asyncio.run(run_clients(url, model, 2, 4))  # warm-up
-        results, wall = asyncio.run(run_clients(url, model, clients, max_tokens))
-    finally:
-        proc.send_signal(signal.SIGTERM)
+def run(args):
+    from transformers import AutoTokenizer
+
+    from mlx_lm_batched import _blas
+
+    tokenizer = AutoTokenizer.from_pretrained(os.fspath(args.model))
+    trace = make_trace(tokenizer, args.requests, args.rate, args.prompt_len, args.output_len,
+                       args.seed)
+    for r in trace:  # the tokens mlx_lm.server will see for the text (see the docstring)
+        r["text"] = tokenizer.decode(r.pop("prompt"))
+        r["ids"] = tokenizer.encode(r["text"])
+    bias = {str(i): -100 for i in eos_ids(args.model, tokenizer)}
+    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    unknown = set(servers) - set(SERVERS)
+    if unknown or not servers:
+        raise SystemExit(f"error: --servers {args.servers!r}: choose from {sorted(SERVERS)}")
+    results, texts = {}, {}
+    for name in servers:
+        proc, url, log = start(name, args.model, args.batch_size, not args.mlx_lm_bundled_blas)
         try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    tokens = sum(len(tokenizer.encode(r["text"], add_special_tokens=False)) for r in results)
-    ttft = [r["ttft"] for r in results]
-    return {"server": kind, "clients": clients, "wall_s": round(wall, 3),
-            "output_tokens": tokens, "output_tok_s": round(tokens / wall, 2),
-            "ttft_p50_s": round(pct(ttft, 0.5), 3), "ttft_p95_s": round(pct(ttft, 0.95), 3),
-            "texts": [r["text"] for r in results]}
+            out = asyncio.run(replay(name, url, args.model, trace, bias))
+        finally:
+            stop(proc)
+        results[name], texts[name] = summarize(trace, out), [r["text"] for r in out]
+        os.unlink(log)
+    reference = texts.get("mlx-lm") or next(iter(texts.values()))
+    for name, t in texts.items():
+        # mlx-lm's streaming detokenizer drops the first token's leading space: compare
+        # the texts without leading whitespace.
+        same = sum(a.lstrip() == b.lstrip() for a, b in zip(t, reference))
+        results[name]["equal_to_mlx_lm"] = same / len(trace)
+    return {
+        "model": str(args.model), "machine": machine(), "blas": _blas.describe(),
+        "requests": args.requests, "rate": args.rate, "seed": args.seed,
+        "prompt_len": list(args.prompt_len), "output_len": list(args.output_len),
+        "batch_size": args.batch_size,
+        "mlx_lm_blas": "bundled" if args.mlx_lm_bundled_blas else "same as ours",
+        "eos_banned": sorted(int(i) for i in bias),
+        "results": results, "texts": texts,
+    }
+
+
+def print_table(out, file=sys.stdout):
+    print(f"model {out['model']} ({out['machine']}; BLAS: {out['blas']}; mlx-lm's BLAS: "
+          f"{out['mlx_lm_blas']})", file=file)
+    print(f"{out['requests']} requests over HTTP, Poisson {out['rate']}/s, prompts "
+          f"{out['prompt_len'][0]}-{out['prompt_len'][1]} tokens, outputs {out['output_len'][0]}-"
+          f"{out['output_len'][1]}, seed {out['seed']}, decode batch {out['batch_size']}", file=file)
+    print(f"{'server':8} {'req/s':>6} {'out t/s':>8} {'TTFT p50':>9} {'TTFT p95':>9} "
+          f"{'ITL p50':>8} {'ITL p95':>8} {'x mlx-lm':>8} {'=mlx-lm':>8} {'tokens':>11}", file=file)
+    base = out["results"].get("mlx-lm", {}).get("output_tps")
+    for name, r in out["results"].items():
+        ratio = f"{r['output_tps'] / base:8.2f}" if base else f"{'':8}"
+        print(f"{name:8} {r['requests_per_s']:6.2f} {r['output_tps']:8.1f} {r['ttft_p50_s']:8.2f}s "
+              f"{r['ttft_p95_s']:8.2f}s {r['itl_p50_ms']:6.0f}ms {r['itl_p95_ms']:6.0f}ms {ratio} "
+              f"{100 * r['equal_to_mlx_lm']:7.0f}% {r['generated']:>5}/{r['expected']:<5}", file=file)
+
+
+def plot(out, path):
+    """Two panels: output tokens/s per server; TTFT p50/p95 per server."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(out["results"])
+    res = [out["results"][n] for n in names]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.bar(names, [r["output_tps"] for r in res], color="tab:blue")
+    a.set_ylabel("output tokens/s")
+    a.set_title("throughput over HTTP")
+    x = np.arange(len(names))
+    b.bar(x - 0.2, [r["ttft_p50_s"] for r in res], 0.4, label="p50")
+    b.bar(x + 0.2, [r["ttft_p95_s"] for r in res], 0.4, label="p95")
+    b.set_xticks(x, names)
+    b.set_ylabel("seconds")
+    b.set_title("time to first token")
+    b.legend()
+    fig.suptitle(f"servers: {out['requests']} requests, Poisson {out['rate']}/s "
+                 f"({out['machine']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model directory both servers can load")
-    p.add_argument("--clients", type=int, default=32)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--only", choices=["ours", "mlx_lm"], help="run one server only")
-    p.add_argument("--json", help="write the results here")
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--rate", type=float, default=1.0, help="mean arrivals per second")
+    p.add_argument("--prompt-len", type=int, nargs=2, default=[16, 512], metavar=("MIN", "MAX"))
+    p.add_argument("--output-len", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"))
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="rows decoding at once on both servers (--max-batch / --decode-concurrency)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--servers", default=",".join(SERVERS))
+    p.add_argument("--mlx-lm-bundled-blas", action="store_true",
+                   help="run mlx_lm.server as shipped (default: with our BLAS preload, like ours)")
+    p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None)
     args = p.parse_args(argv)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(os.fspath(args.model))
-    kinds = [args.only] if args.only else ["ours", "mlx_lm"]
-    rows = [bench(k, args.model, args.clients, args.max_tokens, tokenizer) for k in kinds]
-    print(f"{'server':<8} {'clients':>7} {'wall s':>8} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p95':>9}")
-    for r in rows:
-        print(f"{r['server']:<8} {r['clients']:>7} {r['wall_s']:>8} {r['output_tok_s']:>8} "
-              f"{r['ttft_p50_s']:>9} {r['ttft_p95_s']:>9}")
-    if len(rows) == 2:
-        same = sum(a == b for a, b in zip(rows[0]["texts"], rows[1]["texts"]))
-        print(f"identical answers: {same}/{args.clients}")
+    if not Path(args.model, "config.json").is_file():
+        p.error(f"--model {args.model!r}: not a model directory (no config.json)")
+    if args.requests < 1 or args.rate <= 0 or args.batch_size < 1 or \
+            min(args.prompt_len + args.output_len) < 1:
+        p.error("--requests, --rate, --batch-size and the lengths must be positive")
+    out = run(args)
+    print_table(out)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    if args.plot:
+        plot(out, args.plot)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
