@@ -194,7 +194,8 @@ def print_table(out, file=sys.stdout):
               f"{100 * r['equal_to_static']:7.0f}%", file=file)
 
 
-def plot(out, path):
+def plot(out, path, what="throughput", who=""):
+    """Two panels: output tokens/s per system; TTFT p50/p95 per system."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -205,7 +206,7 @@ def plot(out, path):
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     a.bar(names, [r["output_tps"] for r in res], color="tab:blue")
     a.set_ylabel("output tokens/s")
-    a.set_title("throughput")
+    a.set_title(what)
     x = np.arange(len(names))
     b.bar(x - 0.2, [r["ttft_p50_s"] for r in res], 0.4, label="p50")
     b.bar(x + 0.2, [r["ttft_p95_s"] for r in res], 0.4, label="p95")
@@ -213,7 +214,8 @@ def plot(out, path):
     b.set_ylabel("seconds")
     b.set_title("time to first token")
     b.legend()
-    fig.suptitle(f"{out['requests']} requests, Poisson {out['rate']}/s ({out['machine']})", fontsize=9)
+    fig.suptitle(f"{who}{out['requests']} requests, Poisson {out['rate']}/s ({out['machine']})",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

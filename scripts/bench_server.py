@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-from bench_continuous import make_trace  # noqa: E402
+from bench_continuous import make_trace, plot as plot_trace  # noqa: E402
 from bench_report import machine  # noqa: E402
 
 SERVERS = {"ours": "mlx_lm_batched.server", "mlx-lm": "mlx_lm.server"}
@@ -227,28 +227,7 @@ def print_table(out, file=sys.stdout):
 
 def plot(out, path):
     """Two panels: output tokens/s per server; TTFT p50/p95 per server."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(out["results"])
-    res = [out["results"][n] for n in names]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.bar(names, [r["output_tps"] for r in res], color="tab:blue")
-    a.set_ylabel("output tokens/s")
-    a.set_title("throughput over HTTP")
-    x = np.arange(len(names))
-    b.bar(x - 0.2, [r["ttft_p50_s"] for r in res], 0.4, label="p50")
-    b.bar(x + 0.2, [r["ttft_p95_s"] for r in res], 0.4, label="p95")
-    b.set_xticks(x, names)
-    b.set_ylabel("seconds")
-    b.set_title("time to first token")
-    b.legend()
-    fig.suptitle(f"servers: {out['requests']} requests, Poisson {out['rate']}/s "
-                 f"({out['machine']})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    plot_trace(out, path, what="throughput over HTTP", who="servers: ")
 
 
 def main(argv=None):
