@@ -170,6 +170,9 @@ def _check_weights(model, weights, source):
 
 
 def _check_config(module, config, source):
+    text = config.get("text_config")
+    if isinstance(text, dict):  # multimodal checkpoints: the language model's settings
+        config = {**config, **text, "model_type": config.get("model_type")}
     try:
         check_config_fields(module.ModelArgs, config, source)
     except ValueError as e:

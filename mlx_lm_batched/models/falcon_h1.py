@@ -173,7 +173,8 @@ class Model(nn.Module):
         for k, v in weights.items():
             if "rotary_emb.inv_freq" in k or k.endswith("mup_vector"):
                 continue
-            k = k.replace("self_attn.k_proj.", "self_attn.k_proj.linear.")
+            if "self_attn.k_proj.linear." not in k:  # already-converted names stay as they are
+                k = k.replace("self_attn.k_proj.", "self_attn.k_proj.linear.")
             if k.endswith("conv1d.weight"):
                 v = CausalConv1d.sanitize_weight(v, self.args.mamba_d_conv)
             out[k] = v

@@ -19,6 +19,10 @@ class ModelArgs(qwen3_next.ModelArgs):
         text = params.get("text_config")
         if isinstance(text, dict):  # multimodal config: the text model's settings
             params = {**params, **text, "model_type": params.get("model_type")}
+        if "intermediate_size" not in params and "moe_intermediate_size" in params:
+            # Qwen3.5-MoE configs have no dense MLP size: every layer is a mixture of
+            # experts, so the dense size is never used (the expert size stands in).
+            params = {**params, "intermediate_size": params["moe_intermediate_size"]}
         return super().from_dict(params)
 
 
