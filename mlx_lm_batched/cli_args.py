@@ -31,7 +31,7 @@ UNSUPPORTED = {
 }
 
 
-MAX_MESSAGE = 500  # characters of an error message kept on its one line
+MAX_MESSAGE = 2000  # characters kept on the one line (room for the list of supported model_types)
 
 
 def one_line(exc):
