@@ -10,8 +10,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import masks as masks_lib
-from .base import BaseModelArgs, resolve_offset
-from .common import config_rope
+from .base import resolve_offset
+from .common import DecoderArgs, config_rope
 from .kv_cache import KVCache, RotatingKVCache
 from .layers import Attention, RMSNorm, activation
 from .mamba2 import Mamba2Mixer
@@ -20,20 +20,8 @@ from .state_cache import StateCache
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: Optional[int] = None
-    head_dim: Optional[int] = None
-    hidden_act: str = "silu"
+class ModelArgs(DecoderArgs):
     rms_norm_eps: float = 1e-5
-    max_position_embeddings: Optional[int] = None
-    rope_theta: float = 10000.0
-    rope_scaling: Optional[dict] = None
     attention_bias: bool = False
     mlp_bias: bool = False
     projectors_bias: bool = False
@@ -58,11 +46,9 @@ class ModelArgs(BaseModelArgs):
     ssm_multipliers: List[float] = field(default_factory=lambda: [1.0] * 5)
     ssm_in_multiplier: float = 1.0
     ssm_out_multiplier: float = 1.0
-    tie_word_embeddings: bool = False
 
     def __post_init__(self):
-        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
-        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
+        super().__post_init__()
         self.mamba_d_ssm = self.mamba_d_ssm or int(self.mamba_expand * self.hidden_size)
 
     def mup_vector(self):

@@ -9,8 +9,7 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from .base import BaseModelArgs
-from .common import init_causal_lm
+from .common import DecoderArgs, init_causal_lm
 from .kv_cache import RotatingKVCache
 from .layers import MLP, Attention, CausalLM, RMSNorm, activation
 from .rope import make_rope
@@ -19,31 +18,21 @@ from .state_cache import StateCache
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
+class ModelArgs(DecoderArgs):
     lru_width: Optional[int] = None
-    head_dim: Optional[int] = None
-    num_key_value_heads: Optional[int] = None
     attention_window_size: int = 2048
     conv1d_width: int = 4
     logits_soft_cap: Optional[float] = 30.0
     rms_norm_eps: float = 1e-6
     hidden_activation: str = "gelu_pytorch_tanh"
-    rope_theta: float = 10000.0
     partial_rotary_factor: float = 0.5
     block_types: tuple = ("recurrent", "recurrent", "attention")
     attention_bias: bool = False
     tie_word_embeddings: bool = True
 
     def __post_init__(self):
+        super().__post_init__()
         self.lru_width = self.lru_width or self.hidden_size
-        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
-        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
         types = list(self.block_types)
         self.layer_kinds = [types[i % len(types)] for i in range(self.num_hidden_layers)]
 
