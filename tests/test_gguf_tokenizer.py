@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from mlx_lm_batched import demo_models
 from mlx_lm_batched.detokenizers import BPEStreamingDetokenizer, SPMStreamingDetokenizer
 from mlx_lm_batched.gguf import _parse
 from mlx_lm_batched.gguf_tokenizer import TOKENIZER_VERSION, build_gguf_tokenizer, save_gguf_tokenizer
 from mlx_lm_batched.tokenizer_utils import load_tokenizer
 
-transformers = pytest.importorskip("transformers")
+import transformers
 
 TEXTS = [
     "Hello world",
@@ -36,21 +35,6 @@ CORPUS = (Path(__file__).parent / "data" / "corpus.txt").read_text(encoding="utf
 SAMPLES = TEXTS + [line for line in CORPUS.splitlines() if line] + [CORPUS]
 
 
-def _path(getter):
-    try:
-        return getter()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-
-
-@pytest.fixture(scope="module")
-def smol_path():
-    return _path(demo_models.smollm2_gguf_path)
-
-
-@pytest.fixture(scope="module")
-def gemma_path():
-    return _path(demo_models.gemma3_gguf_path)
 
 
 def _ours(path, out):
@@ -84,7 +68,6 @@ def gemma_tok(gemma_dir):
 
 def _transformers_gguf(cls, path):
     """transformers' own tokenizer for a GGUF (its GGUF reader imports torch)."""
-    pytest.importorskip("torch")
     path = os.path.abspath(path)
     return cls.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path), local_files_only=True)
 
@@ -96,7 +79,7 @@ def _backend(tok):
 def _sentencepiece(md, add_dummy_prefix=False, respell_spaces=False):
     """A sentencepiece BPE model with the GGUF's pieces, scores and piece types (the GGUF
     keeps sentencepiece's type numbers)."""
-    spm = pytest.importorskip("sentencepiece")
+    import sentencepiece as spm
     from sentencepiece import sentencepiece_model_pb2 as pb
 
     model = pb.ModelProto()
