@@ -45,7 +45,8 @@ class ServerProcess:
         raise RuntimeError(f"server did not answer /health in {START_TIMEOUT_S} s:\n{self.output()}")
 
     def output(self):
-        self.log.flush()
+        if not self.log.closed:  # stop() closes it; the file is still there to read
+            self.log.flush()
         with open(self.log.name, encoding="utf-8", errors="replace") as f:
             return f.read()[-5000:]
 
