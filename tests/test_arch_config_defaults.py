@@ -51,3 +51,28 @@ def test_defaults_match_transformers_config(model_type):
         assert model.args.rope_theta == pytest.approx(theta), model_type
     if "layer_windows" in dir(model):  # windowed attention stacks (not recurrent hybrids)
         assert model.layer_windows == windows, model_type
+
+
+# Family-specific fields our ModelArgs derive from a config the way transformers'
+# config class does (absent sizes, no-op scalings, default layer patterns).
+FAMILY_FIELDS = {
+    "minicpm3": (("v_head_dim", "scale_emb", "scale_depth", "dim_model_base", "q_lora_rank",
+                  "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                  "tie_word_embeddings"),
+                 [{}, {"scale_depth": None, "dim_model_base": None, "v_head_dim": None,
+                       "num_hidden_layers": 9}]),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILY_FIELDS))
+def test_family_fields_match_transformers_config(model_type):
+    fields, overrides = FAMILY_FIELDS[model_type]
+    module = get_model_module(model_type)
+    for kwargs in overrides:
+        config = AutoConfig.for_model(model_type, **kwargs)
+        # The checked fields as the user wrote them (absent, or None): our defaults
+        # and derivations must give what transformers' __post_init__ gives.
+        saved = {k: v for k, v in config.to_dict().items() if k not in fields}
+        args = module.ModelArgs.from_dict(dict(saved, **kwargs))
+        for field in fields:
+            assert getattr(args, field) == getattr(config, field), (model_type, kwargs, field)

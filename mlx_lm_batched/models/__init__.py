@@ -52,6 +52,7 @@ MODEL_TYPES = {
     "mamba2": "mamba2",
     "mimo": "mimo",
     "minicpm": "minicpm",
+    "minicpm3": "minicpm3",
     "minimax_m2": "minimax_m2",
     "ministral3": "ministral3",
     "mistral": "llama",
