@@ -61,6 +61,11 @@ FAMILY_FIELDS = {
                   "tie_word_embeddings"),
                  [{}, {"scale_depth": None, "dim_model_base": None, "v_head_dim": None,
                        "num_hidden_layers": 9}]),
+    "minimax": (("layer_types", "num_key_value_heads", "block_size", "full_attn_alpha_factor",
+                 "full_attn_beta_factor", "linear_attn_alpha_factor", "linear_attn_beta_factor",
+                 "mlp_alpha_factor", "mlp_beta_factor", "num_local_experts",
+                 "num_experts_per_tok", "sliding_window", "tie_word_embeddings"),
+                [{}, {"num_hidden_layers": 5}]),
 }
 
 

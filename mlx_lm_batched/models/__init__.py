@@ -53,6 +53,7 @@ MODEL_TYPES = {
     "mimo": "mimo",
     "minicpm": "minicpm",
     "minicpm3": "minicpm3",
+    "minimax": "minimax",
     "minimax_m2": "minimax_m2",
     "ministral3": "ministral3",
     "mistral": "llama",

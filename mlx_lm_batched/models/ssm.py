@@ -205,6 +205,30 @@ class HybridBlock(nn.Module):
         return h + getattr(self, mlp)(getattr(self, norm2)(h))
 
 
+
+class NormedResidualBlock(nn.Module):
+    """MiniMax's block: each residual is the *normed* input, and each sum weighs the
+    residual and the branch: ``n1 = norm1(x); h = a1 * n1 + b1 * mixer(n1);
+    n2 = norm2(h); out = a2 * n2 + b2 * mlp(n2)``. ``factors``: ``(a1, b1, a2, b2)``;
+    ``names`` as :class:`HybridBlock`'s."""
+
+    def __init__(self, mixer, mlp, norm, factors, names=("self_attn", "mlp", "input_layernorm",
+                                                         "post_attention_layernorm")):
+        super().__init__()
+        self.names = tuple(names)
+        for name, module in zip(self.names, (mixer, mlp, norm(), norm())):
+            setattr(self, name, module)
+        self.factors = tuple(float(f) for f in factors)
+
+    def __call__(self, x, mask, offset, cache=None, attention=None):
+        mixer, mlp, norm1, norm2 = (getattr(self, n) for n in self.names)
+        a1, b1, a2, b2 = self.factors
+        n = norm1(x)
+        h = n * a1 + mixer(n, mask, offset, cache, attention) * b1
+        n = norm2(h)
+        return n * a2 + mlp(n) * b2
+
+
 def rg_lru_scan(x, log_a, positions, state, valid):
     """Griffin's RG-LRU recurrence ``h = a * h + sqrt(1 - a^2) * x`` (reset at position
     0: ``h = x``), vectorised over rows, sequential over time.
