@@ -108,3 +108,32 @@ def test_gaussian_topk_keeps_the_top_share():
     kept = np.array(gemma3n_text.sparse_activation(lambda t: t, 0.95)(x) > 0).mean()
     assert 0.04 < kept < 0.06
 
+
+
+class _RankZeroOfTwo:
+    """Rank 0 of a 2-rank group, where sharding itself needs no collective."""
+
+    def size(self):
+        return 2
+
+    def rank(self):
+        return 0
+
+
+def test_tensor_parallel_kv_shared_attention_keeps_its_query_heads_and_gemma3n_is_refused():
+    """A KV-shared attention shards like its source (its query heads and their norm);
+    the whole model is refused by name (AltUp/LAuReL projections are not shardable)."""
+    import mlx.nn as nn
+
+    from mlx_lm_batched.distributed import shard_model
+    from mlx_lm_batched.models.layers import Attention, RMSNorm
+
+    holder = nn.Module()
+    holder.attn = Attention(64, 4, 2, 16, qk_norm=lambda d: RMSNorm(d), kv_proj=False)
+    shard_model(holder, _RankZeroOfTwo())
+    assert holder.attn.q_proj.weight.shape == (32, 64) and "k_proj" not in holder.attn
+    assert (holder.attn.n_heads, holder.attn.n_kv_heads) == (2, 1)
+    config = dict(GEMMA3N_TEXT, model_type="gemma3n_text")
+    model = gemma3n_text.Model(gemma3n_text.ModelArgs.from_dict(config))
+    with pytest.raises(ValueError, match=r"cannot shard layer 'model\.per_layer_model_projection' of TextModel"):
+        shard_model(model, _RankZeroOfTwo())
