@@ -107,11 +107,13 @@ def _shard_attention(attn, group, path):
                                        (nq + nk + ka * hd, nq + nk + kb * hd)])
     else:
         _slice_out(attn.q_proj, q)
-        _slice_out(attn.k_proj, k)
-        _slice_out(attn.v_proj, k)
+        if attn.kv_proj:  # else it attends another layer's (equally sharded) keys/values
+            _slice_out(attn.k_proj, k)
+            _slice_out(attn.v_proj, k)
     _slice_in(attn.o_proj, qa * hd, qb * hd, group, f"{path}.o_proj")
     if attn.has_qk_norm:
-        for name, (a, b) in zip(attn.qk_norm_names, ((qa, qb), (ka, kb))):
+        names = attn.qk_norm_names if attn.kv_proj else attn.qk_norm_names[:1]
+        for name, (a, b) in zip(names, ((qa, qb), (ka, kb))):
             _shard_qk_norm(getattr(attn, name), a, b, hd, attn.qk_norm_full, group, f"{path}.{name}")
     if "sinks" in attn:
         attn.sinks = attn.sinks[qa:qb]

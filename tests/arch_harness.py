@@ -157,13 +157,15 @@ def joined_tokens(model, prompts, n_tokens, max_kv_size=None):
 
 def check_architecture(model_type, config_kwargs, layout="transformers5", lengths=(7, 1, 12, 4),
                        gen_lengths=None, new_tokens=16, max_kv_size=None, std=0.3,
-                       saved_model_type=None, hf_hook=None, oracle="transformers"):
+                       saved_model_type=None, hf_hook=None, oracle="transformers", rewrite=None):
     """Run the four parity checks; returns the loaded MLX model for extra checks.
 
     ``std``: weight scale; larger values sharpen attention so that position
     details (RoPE variants) move the logits well past the tolerance.
     ``saved_model_type``: load the checkpoint under this alias of ``model_type``.
     ``hf_hook``: called on the transformers model before saving (sharpen weights).
+    ``rewrite``: called with the saved checkpoint's directory before loading it
+    (another layout of the same model, e.g. a multimodal one transformers cannot build).
     ``oracle="mlx_lm"``: mlx-lm's module of ``model_type`` is the reference (families
     transformers has no model for; ``config_kwargs`` then in the flat layout)."""
     with tempfile.TemporaryDirectory() as d:
@@ -178,6 +180,8 @@ def check_architecture(model_type, config_kwargs, layout="transformers5", length
                 hf_hook(hf)
             save_hf_model(hf, d, layout, saved_model_type)
             reference = lambda prompt: hf_logits(hf, prompt)
+        if rewrite is not None:
+            rewrite(d)
         model, _ = load_model(d)
     model_type = saved_model_type or model_type
 

@@ -130,6 +130,8 @@ class Attention(nn.Module):
         sinks=False,
         clip_qkv=None,
         position_scale=None,
+        kv_proj=True,
+        v_norm=None,
     ):
         """``qk_norm_full``: norm the whole q/k projection, not each head (OLMo 2).
         ``qk_norm_after_rope``: norm the rotated q/k (Hunyuan). ``qk_norm_names``:
@@ -137,22 +139,31 @@ class Attention(nn.Module):
         holding q, k then v (Phi 3; sanitize maps other fused layouts to it).
         ``clip_qkv``: clamp the q/k/v projections to ``[-clip, clip]`` (OLMo, DBRX).
         ``position_scale``: ``f(positions (B, L)) -> (B, L)`` factors on the rotated
-        queries (Llama 4's and Ministral 3's long-context temperature)."""
+        queries (Llama 4's and Ministral 3's long-context temperature).
+        ``kv_proj=False``: no key/value projections (nor key norm): the layer attends
+        the keys/values of another layer, passed as ``kv`` (Gemma 3n's KV sharing).
+        ``v_norm``: a function applied to each value head (Gemma 3n: RMS, no weight)."""
         super().__init__()
+        if fused_qkv and not kv_proj:
+            raise ValueError("kv_proj=False needs separate projections (fused_qkv=False)")
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.fused_qkv = fused_qkv
         if fused_qkv:
             self.qkv_proj = nn.Linear(hidden_size, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
         else:
             self.q_proj = nn.Linear(hidden_size, n_heads * head_dim, bias=bias)
-            self.k_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
-            self.v_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
+            if kv_proj:
+                self.k_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
+                self.v_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
+        self.kv_proj = kv_proj
+        self.v_norm = v_norm
         self.o_proj = nn.Linear(n_heads * head_dim, hidden_size, bias=bias if o_bias is None else o_bias)
         self.qk_norm_names = qk_norm_names
         if qk_norm is not None:  # a factory: qk_norm(dims) -> norm module
             q_dims, k_dims = (n_heads * head_dim, n_kv_heads * head_dim) if qk_norm_full else (head_dim,) * 2
             setattr(self, qk_norm_names[0], qk_norm(q_dims))
-            setattr(self, qk_norm_names[1], qk_norm(k_dims))
+            if kv_proj:
+                setattr(self, qk_norm_names[1], qk_norm(k_dims))
         self.has_qk_norm = qk_norm is not None
         self.qk_norm_full = qk_norm_full
         self.qk_norm_after_rope = qk_norm_after_rope
@@ -164,42 +175,66 @@ class Attention(nn.Module):
         if sinks:  # per-head attention-sink logits (GPT-OSS)
             self.sinks = mx.zeros((n_heads,))
 
-    def __call__(self, x, mask, offset, cache=None, attention=None):
-        """``attention``: the step's :class:`~.base.StepAttention` (or None)."""
+    def __call__(self, x, mask, offset, cache=None, attention=None, kv=None, return_kv=False):
+        """``attention``: the step's :class:`~.base.StepAttention` (or None).
+
+        ``kv``: ``(keys, values)`` another layer returned (``return_kv=True``) in this
+        forward pass, attended instead of this layer's own (which are then neither
+        computed nor cached); ``return_kv``: also return the ``(keys, values)`` this
+        layer attended, i.e. everything its cache returned."""
         B, L, _ = x.shape
         if self.fused_qkv:
             nq, nk = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
             q, k, v = mx.split(self.qkv_proj(x), [nq, nq + nk], axis=-1)
-        else:
+        elif kv is None:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        if self.has_qk_norm and self.qk_norm_full:
-            q, k = self._qk_norm(q, k)
-        if self.clip_qkv is not None:  # after a whole-projection QK-norm (OLMoE)
-            q, k, v = (mx.clip(t, -self.clip_qkv, self.clip_qkv) for t in (q, k, v))
-        q = q.reshape(B, L, self.n_heads, -1)
-        k = k.reshape(B, L, self.n_kv_heads, -1)
-        v = v.reshape(B, L, self.n_kv_heads, -1)
-        if self.has_qk_norm and not (self.qk_norm_full or self.qk_norm_after_rope):
-            q, k = self._qk_norm(q, k)
-        q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
-        if self.rope is not None:
-            q, k = self.rope(q, offset), self.rope(k, offset)
-        if self.has_qk_norm and self.qk_norm_after_rope:
-            q, k = self._qk_norm(q, k)
+        else:
+            q = self.q_proj(x)
+        q = self._heads(q, 0, offset)
         if self.position_scale is not None:
             # Padding columns have negative positions: clamp them to 0 (a finite
             # factor; their outputs are never read).
             positions = mx.maximum(offset[:, None] + mx.arange(L), 0)
             q = q * self.position_scale(positions)[:, None, :, None].astype(q.dtype)
-        if cache is not None:
-            k, v = cache.update_and_fetch(k, v)
+        if kv is None:
+            k = self._heads(k, 1, offset)
+            if self.clip_qkv is not None:
+                v = mx.clip(v, -self.clip_qkv, self.clip_qkv)
+            v = v.reshape(B, L, self.n_kv_heads, -1)
+            if self.v_norm is not None:
+                v = self.v_norm(v)
+            v = v.transpose(0, 2, 1, 3)
+            if cache is not None:
+                k, v = cache.update_and_fetch(k, v)
+        else:
+            k, v = kv
         sinks = self.sinks.astype(q.dtype) if "sinks" in self else None
         groups = attention.row_groups if attention is not None and L == 1 else None
         if groups and mask is not None and mask.ndim == 4 and mask.shape[0] == B:
             out = grouped_attention(q, k, v, self.scale, mask, self.softcap, sinks, groups)
         else:
             out = scaled_dot_product_attention(q, k, v, self.scale, mask, self.softcap, sinks)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        out = self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        return (out, (k, v)) if return_kv else out
+
+    def _heads(self, t, which, offset):
+        """Query (``which`` 0) or key (1) projection ``t`` ``(B, L, heads * D)`` as
+        normed, rotated ``(B, heads, L, D)`` heads."""
+        B, L, _ = t.shape
+        norm = getattr(self, self.qk_norm_names[which]) if self.has_qk_norm else None
+        if norm is not None and self.qk_norm_full:
+            t = norm(t)
+        if self.clip_qkv is not None:  # after a whole-projection QK-norm (OLMoE)
+            t = mx.clip(t, -self.clip_qkv, self.clip_qkv)
+        t = t.reshape(B, L, self.n_kv_heads if which else self.n_heads, -1)
+        if norm is not None and not (self.qk_norm_full or self.qk_norm_after_rope):
+            t = norm(t)
+        t = t.transpose(0, 2, 1, 3)
+        if self.rope is not None:
+            t = self.rope(t, offset)
+        if norm is not None and self.qk_norm_after_rope:
+            t = norm(t)
+        return t
 
     def _qk_norm(self, q, k):
         q_name, k_name = self.qk_norm_names
@@ -371,6 +406,7 @@ class CausalLM(nn.Module):
         per-step :class:`~.base.StepAttention` (decode row groups), or None.
         """
         offset = resolve_offset(inputs, offset, cache)
+        cache = self.layer_caches(cache)
         masks = resolve_masks(mask, cache, self.layer_windows, inputs.shape[1], offset)
         h = self.model(inputs, masks, offset, cache, input_embeddings, attention)
         if hasattr(self, "lm_head"):
@@ -386,6 +422,12 @@ class CausalLM(nn.Module):
     @property
     def layers(self):
         return self.model.layers
+
+    def layer_caches(self, cache):
+        """The cache each layer attends through, from the batch's caches (None stays
+        None): one per layer here; models whose layers share caches map them, so each
+        layer's mask is built from (and its keys live in) the cache it reads."""
+        return cache
 
     def make_cache(self, max_kv_size=None):
         """A full cache per global layer, a rotating one per windowed layer; with
