@@ -130,3 +130,57 @@ def test_max_kv_size_bounds_every_layer():
     assert [c.max_size for c in caches] == [3, 3, 3, 3]
     caches = llama4_text.Model(args).make_cache(max_kv_size=64)
     assert [getattr(c, "max_size", None) for c in caches] == [4, 4, 4, 64]
+
+
+def test_4bit_conversion_of_the_multimodal_checkpoint_batches_exactly(tmp_path):
+    """``convert --quantize`` of the multimodal checkpoint writes the language model
+    only (vision weights dropped, experts quantized) and the loaded 4-bit model gives
+    each padded row the logits and greedy tokens of that prompt alone."""
+    from safetensors import safe_open
+
+    from arch_harness import build_hf_model, greedy_tokens, make_prompts, save_hf_model
+    from mlx_lm_batched.batching import left_pad
+    from mlx_lm_batched.convert import convert
+    from mlx_lm_batched.models.moe import QuantizedSwitchLinear
+    from mlx_lm_batched.utils import load_model
+
+    config, _ = FAMILIES["llama4"]
+    save_hf_model(build_hf_model("llama4", config), tmp_path / "hf", "transformers5")
+    convert(tmp_path / "hf", tmp_path / "q4", quantize=True, q_group_size=32, q_bits=4)
+    names = []
+    for path in (tmp_path / "q4").glob("*.safetensors"):
+        with safe_open(str(path), "numpy") as f:
+            names += list(f.keys())
+    assert names and not any("vision" in n or "projector" in n for n in names)
+    model, cfg = load_model(tmp_path / "q4")
+    assert cfg["quantization"]["bits"] == 4
+    # (down_proj's 24 inputs are no whole number of groups of 32: it stays float.)
+    assert isinstance(model.layers[0].feed_forward.experts.gate_proj, QuantizedSwitchLinear)
+
+    prompts = make_prompts((5, 30, 1, 17), seed=3)
+    tokens, padding = left_pad(prompts)
+    logits = model(tokens, offset=mx.array([-p for p in padding]))
+    for i, p in enumerate(prompts):
+        solo = model(mx.array([p]))[0]
+        np.testing.assert_allclose(np.array(logits[i, padding[i]:]), np.array(solo),
+                                   atol=1e-4, rtol=1e-4, err_msg=f"row {i} logits")
+    batch = greedy_tokens(model, prompts, 12)
+    for i, p in enumerate(prompts):
+        np.testing.assert_array_equal(batch[i], greedy_tokens(model, [p], 12)[0],
+                                      err_msg=f"row {i}")
+
+
+def test_mlx_lm_converted_names_load():
+    """mlx-lm's converted Llama 4 checkpoints keep the ``language_model.`` prefix and
+    stacked expert weights (``experts.gate_proj.weight``): they map onto ours."""
+    from mlx.utils import tree_flatten
+
+    config = dict(model_type="llama4", text_config=MAVERICK_TEXT, vision_config=VISION)
+    model = llama4.Model(llama4.ModelArgs.from_dict(config))
+    params = dict(tree_flatten(model.parameters()))
+    assert "model.layers.0.feed_forward.experts.gate_proj.weight" in params
+    converted = {f"language_model.{k}": v for k, v in params.items()}
+    converted["vision_model.patch_embedding.linear.weight"] = mx.zeros((32, 588))
+    ours = model.sanitize(converted)
+    assert sorted(ours) == sorted(params)
+    assert all(ours[k] is params[k] for k in params)
