@@ -61,8 +61,8 @@ def masks_for_layers(caches, windows, query_len, offset, chunks=None):
 
     ``caches`` is the per-layer cache list (or None), ``windows`` the per-layer
     sliding window (None for global layers), ``chunks`` the per-layer attention
-    chunk (None, or None for unchunked layers). Layers that share a cache layout, a
-    window and a chunk share the same mask array.
+    chunk (None for unchunked layers; ``chunks=None``: no layer is chunked). Layers
+    that share a cache layout, a window and a chunk share the same mask array.
     """
     chunks = chunks if chunks is not None else [None] * len(windows)
     built = {}
