@@ -1,6 +1,7 @@
 """Each family's config defaults against transformers' config class: our
 ``ModelArgs`` built from ``ConfigClass().to_dict()`` derive the same head sizes,
-key/value heads, RoPE base and per-layer windows as transformers does.
+key/value heads, RoPE base, per-layer windows and per-layer attention chunks
+(Llama 4's ``chunked_attention`` layers) as transformers does.
 
 The models are built lazily (MLX allocates nothing until evaluated), so the
 full-size default configs cost only Python time."""
@@ -16,7 +17,8 @@ TYPES = sorted(t for t in MODEL_TYPES if t in CONFIG_MAPPING_NAMES)
 
 
 def hf_expectations(config):
-    """(head_dim, kv heads, rope theta, windows) the way transformers derives them."""
+    """(head_dim, kv heads, rope theta, windows, chunks) the way transformers derives
+    them."""
     text = config.get_text_config()
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
@@ -27,11 +29,14 @@ def hf_expectations(config):
     theta = params.get("rope_theta", getattr(text, "rope_theta", None))
     window = getattr(text, "sliding_window", None)
     types = getattr(text, "layer_types", None)
+    chunk = getattr(text, "attention_chunk_size", None)
     if types is None:
         windows = [window] * text.num_hidden_layers
+        chunks = [None] * text.num_hidden_layers
     else:
         windows = [window if t == "sliding_attention" else None for t in types]
-    return head_dim, n_kv, theta, windows
+        chunks = [chunk if t == "chunked_attention" else None for t in types]
+    return head_dim, n_kv, theta, windows, chunks
 
 
 @pytest.mark.parametrize("model_type", TYPES)
@@ -41,7 +46,7 @@ def test_defaults_match_transformers_config(model_type):
         pytest.skip(f"{model_type}: no num_attention_heads in transformers' config")
     module = get_model_module(model_type)
     model = module.Model(module.ModelArgs.from_dict(config.to_dict()))
-    head_dim, n_kv, theta, windows = hf_expectations(config)
+    head_dim, n_kv, theta, windows, chunks = hf_expectations(config)
     # The first shared attention layer (hybrids start with recurrent blocks; latent
     # attention (DeepSeek) has other sizes and is not an ``Attention``).
     attn = next((m for _, m in model.named_modules() if isinstance(m, Attention)), None)
@@ -51,6 +56,7 @@ def test_defaults_match_transformers_config(model_type):
         assert model.args.rope_theta == pytest.approx(theta), model_type
     if "layer_windows" in dir(model):  # windowed attention stacks (not recurrent hybrids)
         assert model.layer_windows == windows, model_type
+        assert (model.get("layer_chunks") or [None] * len(windows)) == chunks, model_type
 
 
 # Family-specific fields our ModelArgs derive from a config the way transformers'

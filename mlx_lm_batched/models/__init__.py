@@ -49,6 +49,8 @@ MODEL_TYPES = {
     "lfm2": "lfm2",
     "lfm2_moe": "lfm2_moe",
     "llama": "llama",
+    "llama4": "llama4",
+    "llama4_text": "llama4_text",
     "llava": "mistral3",
     "mamba": "mamba",
     "mamba2": "mamba2",

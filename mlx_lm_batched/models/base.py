@@ -83,13 +83,14 @@ def resolve_offset(inputs, offset, cache):
     return offset.astype(mx.int32)
 
 
-def resolve_masks(mask, cache, windows, query_len, offset):
-    """Per-layer masks: the caller's (one array, or a list per layer) or built here."""
+def resolve_masks(mask, cache, windows, query_len, offset, chunks=None):
+    """Per-layer masks: the caller's (one array, or a list per layer) or built here
+    (``chunks``: per-layer attention chunk sizes, see ``masks.masks_for_layers``)."""
     if isinstance(mask, (list, tuple)):
         return list(mask)
     if isinstance(mask, mx.array):
         return [mask] * len(windows)
-    return masks_lib.masks_for_layers(cache, windows, query_len, offset)
+    return masks_lib.masks_for_layers(cache, windows, query_len, offset, chunks)
 
 
 # mlx-lm's names (models.base) for code that builds its own attention: thin views over

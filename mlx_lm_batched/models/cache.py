@@ -66,10 +66,10 @@ class QuantizedKVCache(_Unsupported):
 
 
 class ChunkedKVCache(_Unsupported):
-    """Not supported (chunked attention caches, Llama 4)."""
+    """Not supported (mlx-lm's chunked attention cache, Llama 4)."""
 
-    alternative = ("chunked-attention models are not implemented; use KVCache or "
-                   "RotatingKVCache (make_prompt_cache)")
+    alternative = ("chunked-attention layers (Llama 4) use a RotatingKVCache of "
+                   "attention_chunk_size slots with a chunk mask; use make_prompt_cache(model)")
 
 
 class ArraysCache(_Unsupported):

@@ -13,15 +13,19 @@ from .kv_cache import KVCache, RotatingKVCache
 
 
 class RMSNorm(nn.Module):
-    """RMS norm; ``zero_centered`` stores ``w`` and scales by ``1 + w`` (Gemma)."""
+    """RMS norm; ``zero_centered`` stores ``w`` and scales by ``1 + w`` (Gemma);
+    ``affine=False`` has no weight (Llama 4's L2 QK-norm)."""
 
-    def __init__(self, dims, eps=1e-6, zero_centered=False):
+    def __init__(self, dims, eps=1e-6, zero_centered=False, affine=True):
         super().__init__()
-        self.weight = mx.zeros((dims,)) if zero_centered else mx.ones((dims,))
+        if affine:
+            self.weight = mx.zeros((dims,)) if zero_centered else mx.ones((dims,))
         self.eps = eps
         self.zero_centered = zero_centered
 
     def __call__(self, x):
+        if "weight" not in self:
+            return mx.fast.rms_norm(x, None, self.eps)
         w = 1.0 + self.weight if self.zero_centered else self.weight
         return mx.fast.rms_norm(x, w, self.eps)
 
@@ -390,7 +394,9 @@ class CausalLM(nn.Module):
     """Shared ``__call__`` of decoder-only language models.
 
     Subclasses build ``self.model`` (a ``DecoderStack``), optionally ``self.lm_head``,
-    and set ``self.layer_windows`` (sliding window per layer, None for global).
+    and set ``self.layer_windows`` (sliding window per layer, None for global) and,
+    for chunked attention (Llama 4), ``self.layer_chunks`` (chunk per layer, None
+    for unchunked layers).
     """
 
     final_logit_softcap = None
@@ -407,7 +413,8 @@ class CausalLM(nn.Module):
         """
         offset = resolve_offset(inputs, offset, cache)
         cache = self.layer_caches(cache)
-        masks = resolve_masks(mask, cache, self.layer_windows, inputs.shape[1], offset)
+        masks = resolve_masks(mask, cache, self.layer_windows, inputs.shape[1], offset,
+                              self.get("layer_chunks"))
         h = self.model(inputs, masks, offset, cache, input_embeddings, attention)
         if hasattr(self, "lm_head"):
             out = self.lm_head(h)
@@ -430,12 +437,15 @@ class CausalLM(nn.Module):
         return cache
 
     def make_cache(self, max_kv_size=None):
-        """A full cache per global layer, a rotating one per windowed layer; with
-        ``max_kv_size`` every layer keeps at most that many slots."""
+        """A full cache per global layer, a rotating one per windowed or chunked
+        layer (a query never sees more than ``chunk`` slots back, so a ring of
+        ``chunk`` slots is exact); with ``max_kv_size`` every layer keeps at most that
+        many slots."""
+        chunks = self.get("layer_chunks") or [None] * len(self.layer_windows)
         caches = []
-        for w in self.layer_windows:
-            size = w if max_kv_size is None else min(w or max_kv_size, max_kv_size)
-            caches.append(KVCache() if size is None else RotatingKVCache(size))
+        for w, c in zip(self.layer_windows, chunks):
+            bounds = [b for b in (w, c, max_kv_size) if b is not None]
+            caches.append(RotatingKVCache(min(bounds)) if bounds else KVCache())
         return caches
 
     def sanitize(self, weights):

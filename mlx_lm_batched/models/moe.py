@@ -21,6 +21,8 @@ Public API (kept stable; other families import it):
   ``softmax_topk(logits, k, normalize, choice_bias, norm_min)``: the usual router;
   ``combine_experts(y, weights, dtype)``: the weighted sum over the k experts.
 - ``SparseMoE``: gate + switch_mlp (+ optional shared expert), softmax-routed.
+- ``InputScaledMoE``: router + experts + shared_expert, the sigmoid score of each
+  chosen expert scaling its input (Llama 4).
 """
 
 import mlx.core as mx
@@ -287,3 +289,28 @@ class SparseMoE(nn.Module):
                 shared = mx.sigmoid(self.shared_expert_gate(x)) * shared
             y = y + shared
         return y
+
+
+class InputScaledMoE(nn.Module):
+    """Top-k experts whose sigmoid router score scales each expert's *input*, plus an
+    always-on shared expert (Llama 4): ``shared(x) + sum_k expert_k(sigmoid(l_k) * x)``
+    over the k largest router logits ``l_k``. Names follow the checkpoint: ``router``,
+    ``experts`` (a ``SwitchGLU``), ``shared_expert``."""
+
+    def __init__(self, hidden_size, intermediate_size, num_experts, top_k, shared,
+                 activation=nn.silu):
+        super().__init__()
+        self.router = nn.Linear(hidden_size, num_experts, bias=False)
+        self.experts = SwitchGLU(hidden_size, intermediate_size, num_experts, activation)
+        self.shared_expert = shared
+        self.top_k = top_k
+
+    def __call__(self, x):
+        logits = self.router(x)
+        indices = topk_indices(logits, self.top_k)
+        top = mx.take_along_axis(logits, indices, axis=-1).astype(mx.float32)
+        scores = mx.sigmoid(top).astype(x.dtype)
+        # Each (token, expert) pair has its own input: route the pairs as tokens
+        # with one expert each (x (..., k, D), indices (..., k, 1)).
+        y = self.experts(x[..., None, :] * scores[..., None], indices[..., None])
+        return y.squeeze(-2).sum(axis=-2) + self.shared_expert(x)
