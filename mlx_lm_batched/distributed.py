@@ -187,8 +187,8 @@ def _shard_block(module, group, path):
 
 def _walk(module, group, path, parent):
     if isinstance(module, LINEARS):
-        name = path.rsplit(".", 1)[-1]
-        if name not in REPLICATED:
+        # A router's own projection (Bailing's ``gate.gate_proj``) is replicated too.
+        if not REPLICATED & set(path.split(".")[-2:]):
             raise ValueError(f"cannot shard layer '{path}' of {type(parent).__name__}: the sharder "
                              "knows Attention, MLP, DenseMLP, SwitchGLU, SwitchMLP and "
                              "MultiHeadLatentAttention blocks")

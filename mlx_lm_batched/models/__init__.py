@@ -6,6 +6,7 @@ import importlib
 # Hugging Face architectures differ only in config values.
 MODEL_TYPES = {
     "apertus": "apertus",
+    "bailing_moe": "bailing_moe",
     "cohere": "cohere",
     "cohere2": "cohere2",
     "dbrx": "dbrx",

@@ -1,0 +1,114 @@
+"""Families transformers 5.24 has no model for (Bailing MoE, Hunyuan), with mlx-lm
+0.32 as the oracle: mlx-lm's module builds a tiny random model, saves it in mlx-lm's
+layout (its names, flat config), our ``load`` reads it, and the harness's four checks
+run against mlx-lm on each prompt alone. Extra tests cover what the harness's random
+weights cannot (checkpoint layouts, ``norm_head``) and where mlx-lm itself departs
+from the reference code."""
+
+import mlx.core as mx
+import pytest
+
+from arch_harness import VOCAB, run_family
+
+BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            rope_theta=10000.0, rms_norm_eps=1e-6)
+MLX_LM = {"oracle": "mlx_lm"}
+
+# Ling 2.0: sigmoid router with an expert bias, 4 groups of 2 experts (best 2 kept),
+# per-head QK-norm, half the head rotated, layer 0 dense, shared experts.
+LING2 = dict(BASE, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=3,
+             num_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=True,
+             score_function="sigmoid", moe_router_enable_expert_bias=True, n_group=4,
+             topk_group=2, routed_scaling_factor=2.5, use_qk_norm=True,
+             partial_rotary_factor=0.5, tie_word_embeddings=False)
+# Ling 1.x: softmax router, no groups, biased qkv, tied embeddings, all layers MoE.
+LING1 = dict(BASE, num_hidden_layers=2, moe_intermediate_size=32, num_experts=4,
+             num_experts_per_tok=2, num_shared_experts=2, first_k_dense_replace=0,
+             norm_topk_prob=False, use_qkv_bias=True, tie_word_embeddings=True)
+
+
+
+def positive_expert_bias(model):
+    """Keep the router's biased scores above zero, as trained biases do. Dropped
+    groups' experts score 0 (Ling's reference code and mlx-lm): a kept expert whose
+    biased score is negative would rank below them, and which of those tied zeros is
+    picked is an arbitrary tie-break that mlx-lm and we break differently."""
+    for layer in model.layers:
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None and "expert_bias" in gate:
+            gate.expert_bias = mx.abs(gate.expert_bias)
+
+
+FAMILIES = {
+    "bailing_moe": (LING2, dict(MLX_LM, hf_hook=positive_expert_bias)),
+    "bailing_moe_v1": (LING1, dict(MLX_LM, model_type="bailing_moe")),
+}
+
+
+@pytest.mark.parametrize("layout", ["transformers4", "transformers5"])
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_family_matches_mlx_lm_and_batches_exactly(name, layout):
+    run_family(name, FAMILIES[name], layout)
+
+
+def _logits_close(model, ref, prompts):
+    import numpy as np
+
+    from mlx_lm_oracle import mlx_lm_logits
+
+    for p in prompts:
+        np.testing.assert_allclose(np.array(model(mx.array([p]))[0]), mlx_lm_logits(ref, p),
+                                   atol=1e-4, rtol=1e-4)
+
+
+def test_bailing_hugging_face_layout_loads(tmp_path):
+    """Ling's own checkpoint names (``mlp.gate.weight``, one tensor per expert) load to
+    mlx-lm's logits; layers past ``num_hidden_layers`` (multi-token prediction) are
+    dropped."""
+    import json
+
+    from mlx.utils import tree_flatten
+
+    from arch_harness import make_prompts
+    from mlx_lm_batched.utils import load_model
+    from mlx_lm_oracle import build_mlx_lm_model
+
+    ref = build_mlx_lm_model("bailing_moe", LING2)
+    positive_expert_bias(ref)
+    weights = {}
+    for name, w in tree_flatten(ref.parameters()):
+        if ".switch_mlp." in name:
+            prefix, proj = name.split(".switch_mlp.")
+            for e in range(w.shape[0]):
+                weights[f"{prefix}.experts.{e}.{proj}"] = w[e]
+        else:
+            weights[name.replace(".gate.gate_proj.", ".gate.")] = w
+    assert "model.layers.1.mlp.gate.weight" in weights
+    weights["model.layers.3.attention.dense.weight"] = mx.zeros((64, 64))
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), weights)
+    (tmp_path / "config.json").write_text(json.dumps(dict(LING2, model_type="bailing_moe")))
+    model, _ = load_model(tmp_path)
+    _logits_close(model, ref, make_prompts((5, 9)))
+
+
+def test_bailing_norm_head_normalises_once(tmp_path):
+    """``norm_head``: the head's columns are divided by their norms at load, as
+    mlx-lm's sanitize does; a checkpoint saved after that loads unchanged."""
+    import numpy as np
+    from mlx.utils import tree_flatten
+
+    from arch_harness import make_prompts
+    from mlx_lm_batched.utils import load_model
+    from mlx_lm_oracle import build_mlx_lm_model, save_mlx_lm_model
+
+    config = dict(LING1, norm_head=True, tie_word_embeddings=False)
+    ref = build_mlx_lm_model("bailing_moe", config)
+    save_mlx_lm_model(ref, dict(config, model_type="bailing_moe"), tmp_path, "transformers4")
+    raw = dict(tree_flatten(ref.parameters()))
+    ref.load_weights(list(ref.sanitize(dict(raw)).items()))
+    assert not np.allclose(np.array(raw["lm_head.weight"]), np.array(ref.lm_head.weight))
+    model, _ = load_model(tmp_path)
+    _logits_close(model, ref, make_prompts((6,)))
+    again = model.sanitize(dict(tree_flatten(model.parameters())))
+    assert mx.array_equal(again["lm_head.weight"], model.lm_head.weight)
