@@ -107,8 +107,9 @@ def _shard_attention(attn, group, path):
                                        (nq + nk + ka * hd, nq + nk + kb * hd)])
     else:
         _slice_out(attn.q_proj, q)
-        _slice_out(attn.k_proj, k)
-        _slice_out(attn.v_proj, k)
+        if "k_proj" in attn:  # cross-layer attention: keys/values of an earlier layer
+            _slice_out(attn.k_proj, k)
+            _slice_out(attn.v_proj, k)
     _slice_in(attn.o_proj, qa * hd, qb * hd, group, f"{path}.o_proj")
     if attn.has_qk_norm:
         for name, (a, b) in zip(attn.qk_norm_names, ((qa, qb), (ka, kb))):

@@ -36,6 +36,7 @@ MODEL_TYPES = {
     "granitemoe": "granitemoe",
     "granitemoehybrid": "granitemoehybrid",
     "helium": "helium",
+    "hunyuan": "hunyuan",
     "hunyuan_v1_dense": "hunyuan_v1_dense",
     "hunyuan_v1_moe": "hunyuan_v1_moe",
     "internlm2": "internlm2",

@@ -167,11 +167,7 @@ class Attention(nn.Module):
     def __call__(self, x, mask, offset, cache=None, attention=None):
         """``attention``: the step's :class:`~.base.StepAttention` (or None)."""
         B, L, _ = x.shape
-        if self.fused_qkv:
-            nq, nk = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-            q, k, v = mx.split(self.qkv_proj(x), [nq, nq + nk], axis=-1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = self.project(x)
         if self.has_qk_norm and self.qk_norm_full:
             q, k = self._qk_norm(q, k)
         if self.clip_qkv is not None:  # after a whole-projection QK-norm (OLMoE)
@@ -200,6 +196,14 @@ class Attention(nn.Module):
         else:
             out = scaled_dot_product_attention(q, k, v, self.scale, mask, self.softcap, sinks)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+    def project(self, x):
+        """The ``(B, L, heads * head_dim)`` query, key and value projections of ``x``
+        (cross-layer attention overrides where keys and values come from)."""
+        if self.fused_qkv:
+            nq, nk = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+            return mx.split(self.qkv_proj(x), [nq, nq + nk], axis=-1)
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def _qk_norm(self, q, k):
         q_name, k_name = self.qk_norm_names
