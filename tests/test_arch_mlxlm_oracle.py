@@ -200,3 +200,28 @@ def test_bailing_shards_heads_and_experts_and_replicates_its_router():
     assert layer.mlp.gate.gate_proj.weight.shape == (8, 64)
     assert layer.mlp.switch_mlp.gate_proj.weight.shape == (8, 16, 64)
     assert layer.mlp.shared_experts.down_proj.weight.shape == (64, 16)
+
+
+def test_bailing_mlx_lm_quantized_checkpoint_loads(tmp_path):
+    """An mlx-lm 4-bit conversion (its router kept at 8 bits by a per-layer entry of
+    the config's ``quantization``) loads with each layer's own bits and gives
+    mlx-lm's quantized logits."""
+    import json
+
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import quantize_model
+
+    from arch_harness import make_prompts
+    from mlx_lm_batched.utils import load_model
+    from mlx_lm_oracle import build_mlx_lm_model
+
+    ref = build_mlx_lm_model("bailing_moe", LING2)
+    positive_expert_bias(ref)
+    ref, config = quantize_model(ref, dict(LING2, model_type="bailing_moe"), 32, 4)
+    assert config["quantization"]["model.layers.1.mlp.gate.gate_proj"]["bits"] == 8
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), dict(tree_flatten(ref.parameters())))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model, _ = load_model(tmp_path)
+    assert model.layers[1].mlp.gate.gate_proj.bits == 8
+    assert model.layers[1].mlp.switch_mlp.up_proj.bits == 4
+    _logits_close(model, ref, make_prompts((5, 9)))
