@@ -107,7 +107,9 @@ def _shard_attention(attn, group, path):
                                        (nq + nk + ka * hd, nq + nk + kb * hd)])
     else:
         _slice_out(attn.q_proj, q)
-        if attn.kv_proj:  # else it attends another layer's (equally sharded) keys/values
+        # No k/v projections here: KV-shared (gemma3n) or cross-layer (hunyuan) attention
+        # attends another layer's keys/values, sharded the same way.
+        if "k_proj" in attn:
             _slice_out(attn.k_proj, k)
             _slice_out(attn.v_proj, k)
     _slice_in(attn.o_proj, qa * hd, qb * hd, group, f"{path}.o_proj")
@@ -189,8 +191,8 @@ def _shard_block(module, group, path):
 
 def _walk(module, group, path, parent):
     if isinstance(module, LINEARS):
-        name = path.rsplit(".", 1)[-1]
-        if name not in REPLICATED:
+        # A router's own projection (Bailing's ``gate.gate_proj``) is replicated too.
+        if not REPLICATED & set(path.split(".")[-2:]):
             raise ValueError(f"cannot shard layer '{path}' of {type(parent).__name__}: the sharder "
                              "knows Attention, MLP, DenseMLP, SwitchGLU, SwitchMLP and "
                              "MultiHeadLatentAttention blocks")

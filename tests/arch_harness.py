@@ -163,7 +163,8 @@ def check_architecture(model_type, config_kwargs, layout="transformers5", length
     ``std``: weight scale; larger values sharpen attention so that position
     details (RoPE variants) move the logits well past the tolerance.
     ``saved_model_type``: load the checkpoint under this alias of ``model_type``.
-    ``hf_hook``: called on the transformers model before saving (sharpen weights).
+    ``hf_hook``: called on the reference model (transformers', or mlx-lm's with
+    ``oracle="mlx_lm"``) before saving (sharpen weights, keep router biases in range).
     ``rewrite``: called with the saved checkpoint's directory before loading it
     (another layout of the same model, e.g. a multimodal one transformers cannot build).
     ``oracle="mlx_lm"``: mlx-lm's module of ``model_type`` is the reference (families
@@ -171,6 +172,8 @@ def check_architecture(model_type, config_kwargs, layout="transformers5", length
     with tempfile.TemporaryDirectory() as d:
         if oracle == "mlx_lm":
             ref = mlx_lm_oracle.build_mlx_lm_model(model_type, config_kwargs, std=std)
+            if hf_hook is not None:
+                hf_hook(ref)
             mlx_lm_oracle.save_mlx_lm_model(
                 ref, dict(config_kwargs, model_type=saved_model_type or model_type), d, layout)
             reference = lambda prompt: mlx_lm_oracle.mlx_lm_logits(ref, prompt)

@@ -6,6 +6,7 @@ import importlib
 # Hugging Face architectures differ only in config values.
 MODEL_TYPES = {
     "apertus": "apertus",
+    "bailing_moe": "bailing_moe",
     "cohere": "cohere",
     "cohere2": "cohere2",
     "dbrx": "dbrx",
@@ -37,6 +38,7 @@ MODEL_TYPES = {
     "granitemoe": "granitemoe",
     "granitemoehybrid": "granitemoehybrid",
     "helium": "helium",
+    "hunyuan": "hunyuan",
     "hunyuan_v1_dense": "hunyuan_v1_dense",
     "hunyuan_v1_moe": "hunyuan_v1_moe",
     "internlm2": "internlm2",

@@ -25,8 +25,11 @@ def hunyuan_rope(dims, args):
 
 
 class Model(CausalLM):
-    def __init__(self, args: ModelArgs, make_mlp=None):
-        """``make_mlp(i)``: layer ``i``'s MLP (Hunyuan MoE: routed plus shared experts)."""
+    def __init__(self, args: ModelArgs, make_mlp=None, make_attention=None):
+        """``make_mlp(i)``: layer ``i``'s MLP (Hunyuan MoE: routed plus shared experts);
+        ``make_attention(i, *args, **kwargs)``: layer ``i``'s attention from the shared
+        ``Attention`` arguments (Hunyuan's cross-layer attention)."""
+        make_attention = make_attention or (lambda i, *a, **k: Attention(*a, **k))
         super().__init__()
         n_kv, head_dim = attention_dims(args)
         rope = hunyuan_rope(head_dim, args)
@@ -35,8 +38,9 @@ class Model(CausalLM):
                        qk_norm_names=("query_layernorm", "key_layernorm"))
         layers = [
             PreNormBlock(
-                Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                          bias=args.attention_bias, **(qk_norm if args.use_qk_norm else {})),
+                make_attention(i, args.hidden_size, args.num_attention_heads, n_kv, head_dim,
+                               rope, bias=args.attention_bias,
+                               **(qk_norm if args.use_qk_norm else {})),
                 make_mlp(i) if make_mlp else MLP(args.hidden_size, args.intermediate_size,
                                                  args.hidden_act),
                 norm,

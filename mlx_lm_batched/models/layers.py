@@ -187,12 +187,9 @@ class Attention(nn.Module):
         computed nor cached); ``return_kv``: also return the ``(keys, values)`` this
         layer attended, i.e. everything its cache returned."""
         B, L, _ = x.shape
-        if self.fused_qkv:
-            nq, nk = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-            q, k, v = mx.split(self.qkv_proj(x), [nq, nq + nk], axis=-1)
-        elif kv is None:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        else:
+        if kv is None:
+            q, k, v = self.project(x)
+        else:  # keys/values of another layer: only the query is projected here
             q = self.q_proj(x)
         q = self._heads(q, 0, offset)
         if self.position_scale is not None:
@@ -239,6 +236,14 @@ class Attention(nn.Module):
         if norm is not None and self.qk_norm_after_rope:
             t = norm(t)
         return t
+
+    def project(self, x):
+        """The ``(B, L, heads * head_dim)`` query, key and value projections of ``x``
+        (cross-layer attention overrides where keys and values come from)."""
+        if self.fused_qkv:
+            nq, nk = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+            return mx.split(self.qkv_proj(x), [nq, nq + nk], axis=-1)
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def _qk_norm(self, q, k):
         q_name, k_name = self.qk_norm_names
