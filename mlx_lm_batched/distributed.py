@@ -108,7 +108,8 @@ def _shard_attention(attn, group, path):
     else:
         _slice_out(attn.q_proj, q)
         _slice_out(attn.k_proj, k)
-        _slice_out(attn.v_proj, k)
+        if not attn.values_from_keys:  # else the values are the keys (Gemma 4)
+            _slice_out(attn.v_proj, k)
     _slice_in(attn.o_proj, qa * hd, qb * hd, group, f"{path}.o_proj")
     if attn.has_qk_norm:
         for name, (a, b) in zip(attn.qk_norm_names, ((qa, qb), (ka, kb))):

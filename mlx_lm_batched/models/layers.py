@@ -130,6 +130,8 @@ class Attention(nn.Module):
         sinks=False,
         clip_qkv=None,
         position_scale=None,
+        v_norm=None,
+        values_from_keys=False,
     ):
         """``qk_norm_full``: norm the whole q/k projection, not each head (OLMo 2).
         ``qk_norm_after_rope``: norm the rotated q/k (Hunyuan). ``qk_norm_names``:
@@ -137,7 +139,10 @@ class Attention(nn.Module):
         holding q, k then v (Phi 3; sanitize maps other fused layouts to it).
         ``clip_qkv``: clamp the q/k/v projections to ``[-clip, clip]`` (OLMo, DBRX).
         ``position_scale``: ``f(positions (B, L)) -> (B, L)`` factors on the rotated
-        queries (Llama 4's and Ministral 3's long-context temperature)."""
+        queries (Llama 4's and Ministral 3's long-context temperature). ``v_norm``: a
+        function on the per-head values ``(B, L, heads, head_dim)`` (Gemma 4's RMS norm
+        without weight). ``values_from_keys``: no ``v_proj``; the values are the key
+        projection before its norm and RoPE (Gemma 4's ``attention_k_eq_v``)."""
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.fused_qkv = fused_qkv
@@ -146,7 +151,8 @@ class Attention(nn.Module):
         else:
             self.q_proj = nn.Linear(hidden_size, n_heads * head_dim, bias=bias)
             self.k_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
-            self.v_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
+            if not values_from_keys:
+                self.v_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(n_heads * head_dim, hidden_size, bias=bias if o_bias is None else o_bias)
         self.qk_norm_names = qk_norm_names
         if qk_norm is not None:  # a factory: qk_norm(dims) -> norm module
@@ -161,6 +167,8 @@ class Attention(nn.Module):
         self.softcap = softcap
         self.clip_qkv = clip_qkv
         self.position_scale = position_scale
+        self.v_norm = v_norm
+        self.values_from_keys = values_from_keys
         if sinks:  # per-head attention-sink logits (GPT-OSS)
             self.sinks = mx.zeros((n_heads,))
 
@@ -171,7 +179,8 @@ class Attention(nn.Module):
             nq, nk = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
             q, k, v = mx.split(self.qkv_proj(x), [nq, nq + nk], axis=-1)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q, k = self.q_proj(x), self.k_proj(x)
+            v = k if self.values_from_keys else self.v_proj(x)
         if self.has_qk_norm and self.qk_norm_full:
             q, k = self._qk_norm(q, k)
         if self.clip_qkv is not None:  # after a whole-projection QK-norm (OLMoE)
@@ -179,6 +188,8 @@ class Attention(nn.Module):
         q = q.reshape(B, L, self.n_heads, -1)
         k = k.reshape(B, L, self.n_kv_heads, -1)
         v = v.reshape(B, L, self.n_kv_heads, -1)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
         if self.has_qk_norm and not (self.qk_norm_full or self.qk_norm_after_rope):
             q, k = self._qk_norm(q, k)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
@@ -193,6 +204,12 @@ class Attention(nn.Module):
             q = q * self.position_scale(positions)[:, None, :, None].astype(q.dtype)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
+        return self._attend(q, k, v, mask, attention)
+
+    def _attend(self, q, k, v, mask, attention):
+        """Attention of the rotated queries ``(B, heads, L, D)`` over the fetched keys
+        and values, then ``o_proj``."""
+        B, _, L, _ = q.shape
         sinks = self.sinks.astype(q.dtype) if "sinks" in self else None
         groups = attention.row_groups if attention is not None and L == 1 else None
         if groups and mask is not None and mask.ndim == 4 and mask.shape[0] == B:
