@@ -23,6 +23,8 @@ MODEL_TYPES = {
     "gemma2": "gemma2",
     "gemma3": "gemma3",
     "gemma3_text": "gemma3_text",
+    "gemma4": "gemma4",
+    "gemma4_text": "gemma4_text",
     "glm": "glm",
     "glm4": "glm4",
     "glm4_moe": "glm4_moe",
