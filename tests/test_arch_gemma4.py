@@ -55,3 +55,60 @@ FAMILIES = {
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_gemma4_matches_transformers_and_batches_exactly(name, layout):
     run_family(name, FAMILIES[name], layout)
+
+
+def hub_text(config):
+    """``config`` as hub checkpoints write it: per-type ``rope_parameters``, the global
+    layers' sizes as ``global_head_dim`` / ``num_global_key_value_heads``."""
+    from mlx_lm_batched.models.gemma4_text import DEFAULT_ROPE
+
+    return dict(config, rope_parameters=DEFAULT_ROPE)
+
+
+@pytest.mark.parametrize("name", ["gemma4_text", "gemma4_text_moe", "gemma4"])
+def test_mlx_lm_converted_checkpoints_load_with_mlx_lm_logits(name):
+    """A checkpoint saved by mlx-lm 0.32 (its parameter names: ``switch_glu`` experts,
+    ``language_model.model.*``; no keys/values in KV-sharing layers) loads here and
+    gives mlx-lm's logits on every row of a left-padded batch."""
+    import tempfile
+
+    import mlx.core as mx
+    import mlx_lm_oracle
+    import numpy as np
+
+    from arch_harness import ATOL, make_prompts
+    from mlx_lm_batched.batching import left_pad
+    from mlx_lm_batched.utils import load_model
+
+    text = FAMILIES["gemma4_text_moe" if name == "gemma4_text_moe" else "gemma4_text"][0]
+    text = hub_text(text)
+    config = dict(text_config=text, vocab_size=VOCAB) if name == "gemma4" else text
+    model_type = "gemma4" if name == "gemma4" else "gemma4_text"
+    with tempfile.TemporaryDirectory() as d:
+        ref = mlx_lm_oracle.build_mlx_lm_model(model_type, config)
+        mlx_lm_oracle.save_mlx_lm_model(ref, dict(config, model_type=model_type), d,
+                                        "transformers4")
+        model, _ = load_model(d)
+    prompts = make_prompts((11, 3, 20))
+    tokens, padding = left_pad(prompts)
+    logits = model(tokens, offset=mx.array([-p for p in padding]))
+    for i, p in enumerate(prompts):
+        np.testing.assert_allclose(np.array(logits[i, padding[i]:]),
+                                   mlx_lm_oracle.mlx_lm_logits(ref, p), atol=ATOL, rtol=ATOL,
+                                   err_msg=f"{name} row {i} vs mlx-lm")
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(use_bidirectional_attention="all"), "use_bidirectional_attention='all'"),
+    (dict(num_kv_shared_layers=5), r"num_kv_shared_layers must be in \[0, 4\]"),
+    (dict(num_kv_shared_layers=3, layer_types=TYPES[:2] + ["sliding_attention"] * 2
+          + ["full_attention"]), "no earlier layer of that type"),
+    (dict(per_layer_config={"2": {"intermediate_size": 8}}), r"overrides \['intermediate_size'\]"),
+])
+def test_unsupported_configs_fail_with_one_clear_line(change, message):
+    """What text-only Gemma 4 cannot run exactly is refused up front, naming the key."""
+    from mlx_lm_batched.models import gemma4_text
+
+    with pytest.raises(ValueError, match=message):
+        gemma4_text.Model(gemma4_text.ModelArgs.from_dict(
+            dict(TEXT, model_type="gemma4_text", **change)))
