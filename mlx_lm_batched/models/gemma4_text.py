@@ -99,19 +99,15 @@ class ModelArgs(gemma.ModelArgs):
         return [(self.global_head_dim, global_kv) if t == "full_attention" else base
                 for t in self.layer_types]
 
-    def ropes(self, dims):
-        """RoPE per layer type over that type's head size."""
+    def rope(self, kind, dim):
+        """The RoPE of ``kind`` layers (global or sliding) over ``dim`` features."""
+        if kind == "full_attention":
+            return make_rope(dim, self.rope_theta, False, self.rope_scaling,
+                             self.max_position_embeddings)
         local = (self.rope_parameters_by_type or {}).get("sliding_attention") or {}
-        local_scaling = local if local.get("rope_type", "default") != "default" else None
-        ropes = {}
-        for kind, dim in dims.items():
-            if kind == "full_attention":
-                ropes[kind] = make_rope(dim, self.rope_theta, False, self.rope_scaling,
-                                        self.max_position_embeddings)
-            else:
-                ropes[kind] = make_rope(dim, local.get("rope_theta", self.rope_local_base_freq),
-                                        False, local_scaling, self.max_position_embeddings)
-        return ropes
+        scaling = local if local.get("rope_type", "default") != "default" else None
+        return make_rope(dim, local.get("rope_theta", self.rope_local_base_freq), False, scaling,
+                         self.max_position_embeddings)
 
 
 class Router(nn.Module):
@@ -233,10 +229,11 @@ class Model(CausalLM):
         v_norm = lambda v: mx.fast.rms_norm(v, None, args.rms_norm_eps)  # noqa: E731
         dims = args.layer_dims()
         sources = kv_sources(args.layer_types, args.num_kv_shared_layers)
-        ropes = args.ropes({t: d for t, (d, _) in zip(args.layer_types, dims)})
+        ropes = {key: args.rope(*key) for key in zip(args.layer_types, (d for d, _ in dims))}
         layers = []
         for i, (kind, (head_dim, n_kv)) in enumerate(zip(args.layer_types, dims)):
-            common = dict(rope=ropes[kind], bias=args.attention_bias, scale=1.0, qk_norm=norm)
+            common = dict(rope=ropes[kind, head_dim], bias=args.attention_bias, scale=1.0,
+                          qk_norm=norm)
             if sources[i] == i:
                 attn = Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim,
                                  v_norm=v_norm, values_from_keys=(args.attention_k_eq_v
