@@ -111,11 +111,13 @@ def _shard_attention(attn, group, path):
         # attends another layer's keys/values, sharded the same way.
         if "k_proj" in attn:
             _slice_out(attn.k_proj, k)
+        if "v_proj" in attn:  # else the values are the keys (Gemma 4) or another layer's
             _slice_out(attn.v_proj, k)
     _slice_in(attn.o_proj, qa * hd, qb * hd, group, f"{path}.o_proj")
     if attn.has_qk_norm:
-        names = attn.qk_norm_names if attn.kv_proj else attn.qk_norm_names[:1]
-        for name, (a, b) in zip(names, ((qa, qb), (ka, kb))):
+        for name, (a, b) in zip(attn.qk_norm_names, ((qa, qb), (ka, kb))):
+            if name not in attn:  # no key norm where the keys are another layer's
+                continue
             _shard_qk_norm(getattr(attn, name), a, b, hd, attn.qk_norm_full, group, f"{path}.{name}")
     if "sinks" in attn:
         attn.sinks = attn.sinks[qa:qb]

@@ -26,6 +26,8 @@ MODEL_TYPES = {
     "gemma3_text": "gemma3_text",
     "gemma3n": "gemma3n",
     "gemma3n_text": "gemma3n_text",
+    "gemma4": "gemma4",
+    "gemma4_text": "gemma4_text",
     "glm": "glm",
     "glm4": "glm4",
     "glm4_moe": "glm4_moe",

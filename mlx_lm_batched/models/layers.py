@@ -136,6 +136,7 @@ class Attention(nn.Module):
         position_scale=None,
         kv_proj=True,
         v_norm=None,
+        values_from_keys=False,
     ):
         """``qk_norm_full``: norm the whole q/k projection, not each head (OLMo 2).
         ``qk_norm_after_rope``: norm the rotated q/k (Hunyuan). ``qk_norm_names``:
@@ -146,7 +147,10 @@ class Attention(nn.Module):
         queries (Llama 4's and Ministral 3's long-context temperature).
         ``kv_proj=False``: no key/value projections (nor key norm): the layer attends
         the keys/values of another layer, passed as ``kv`` (Gemma 3n's KV sharing).
-        ``v_norm``: a function applied to each value head (Gemma 3n: RMS, no weight)."""
+        ``v_norm``: a function on the per-head values ``(B, L, heads, head_dim)`` (Gemma
+        3n's and 4's RMS norm without weight). ``values_from_keys``: no ``v_proj``; the
+        values are the key projection before its norm and RoPE (Gemma 4's
+        ``attention_k_eq_v``)."""
         super().__init__()
         if fused_qkv and not kv_proj:
             raise ValueError("kv_proj=False needs separate projections (fused_qkv=False)")
@@ -158,9 +162,9 @@ class Attention(nn.Module):
             self.q_proj = nn.Linear(hidden_size, n_heads * head_dim, bias=bias)
             if kv_proj:
                 self.k_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
-                self.v_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
+                if not values_from_keys:
+                    self.v_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
         self.kv_proj = kv_proj
-        self.v_norm = v_norm
         self.o_proj = nn.Linear(n_heads * head_dim, hidden_size, bias=bias if o_bias is None else o_bias)
         self.qk_norm_names = qk_norm_names
         if qk_norm is not None:  # a factory: qk_norm(dims) -> norm module
@@ -176,6 +180,8 @@ class Attention(nn.Module):
         self.softcap = softcap
         self.clip_qkv = clip_qkv
         self.position_scale = position_scale
+        self.v_norm = v_norm
+        self.values_from_keys = values_from_keys
         if sinks:  # per-head attention-sink logits (GPT-OSS)
             self.sinks = mx.zeros((n_heads,))
 
@@ -209,14 +215,20 @@ class Attention(nn.Module):
                 k, v = cache.update_and_fetch(k, v)
         else:
             k, v = kv
+        out = self._attend(q, k, v, mask, attention)
+        return (out, (k, v)) if return_kv else out
+
+    def _attend(self, q, k, v, mask, attention):
+        """Attention of the rotated queries ``(B, heads, L, D)`` over the fetched keys
+        and values, then ``o_proj``."""
+        B, _, L, _ = q.shape
         sinks = self.sinks.astype(q.dtype) if "sinks" in self else None
         groups = attention.row_groups if attention is not None and L == 1 else None
         if groups and mask is not None and mask.ndim == 4 and mask.shape[0] == B:
             out = grouped_attention(q, k, v, self.scale, mask, self.softcap, sinks, groups)
         else:
             out = scaled_dot_product_attention(q, k, v, self.scale, mask, self.softcap, sinks)
-        out = self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
-        return (out, (k, v)) if return_kv else out
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
     def _heads(self, t, which, offset):
         """Query (``which`` 0) or key (1) projection ``t`` ``(B, L, heads * D)`` as
@@ -243,7 +255,8 @@ class Attention(nn.Module):
         if self.fused_qkv:
             nq, nk = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
             return mx.split(self.qkv_proj(x), [nq, nq + nk], axis=-1)
-        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        k = self.k_proj(x)
+        return self.q_proj(x), k, k if self.values_from_keys else self.v_proj(x)
 
     def _qk_norm(self, q, k):
         q_name, k_name = self.qk_norm_names

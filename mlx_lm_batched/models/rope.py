@@ -181,11 +181,22 @@ def _longrope(dims, base, traditional, cfg, max_pos):
                     original, mscale)
 
 
+def _proportional_freqs(dims, base, cfg):
+    """Gemma 4's ``proportional`` RoPE: a rotation over the whole head (features ``i``
+    and ``i + dims/2`` pair up) whose first ``partial_rotary_factor * dims / 2``
+    frequencies are the usual ones for ``dims`` and the rest zero (infinite
+    wavelength: those features pass unrotated). Not the same as rotating the first
+    ``partial_rotary_factor * dims`` features, which would pair other features."""
+    angles = int(cfg.get("partial_rotary_factor", 1.0) * dims // 2)
+    rotated = cfg.get("factor", 1.0) * base ** (mx.arange(0, 2 * angles, 2, dtype=mx.float32) / dims)
+    return mx.concatenate([rotated, mx.full((dims // 2 - angles,), mx.inf, mx.float32)])
+
+
 def make_rope(dims, base=10000.0, traditional=False, scaling=None, max_position_embeddings=None):
     """Build the rotary embedding a Hugging Face ``rope_scaling`` dict asks for.
 
     Supported ``rope_type``s: default, linear, llama3, yarn, dynamic, longrope (and
-    its legacy name su). Unknown types raise ``ValueError`` naming the type.
+    its legacy name su), proportional. Unknown types raise ``ValueError`` naming the type.
     """
     rope_type = "default"
     if scaling:
@@ -203,5 +214,7 @@ def make_rope(dims, base=10000.0, traditional=False, scaling=None, max_position_
         return DynamicNTKRoPE(dims, base, traditional, scaling["factor"], max_position_embeddings)
     if rope_type in ("longrope", "su"):
         return _longrope(dims, base, traditional, scaling, max_position_embeddings)
+    if rope_type == "proportional":
+        return RoPE(dims, traditional=traditional, freqs=_proportional_freqs(dims, base, scaling))
     raise ValueError(f"unsupported rope_type '{rope_type}' "
-                     "(known: default, linear, llama3, yarn, dynamic, longrope, su)")
+                     "(known: default, linear, llama3, yarn, dynamic, longrope, su, proportional)")

@@ -1,0 +1,32 @@
+"""Gemma 4 (multimodal checkpoints): the Gemma 4 text model under ``text_config`` and
+``language_model.``; the vision and audio towers and their embedders are ignored.
+
+As transformers does, the image/video/audio placeholder tokens are embedded as
+``pad_token_id`` (what they are when no media fills them), per-layer inputs included."""
+
+from dataclasses import dataclass
+from typing import Optional
+
+from . import gemma4_text
+from .multimodal import TextConfigArgs, check_text_model_type, language_model_weights
+
+
+@dataclass
+class ModelArgs(TextConfigArgs, gemma4_text.ModelArgs):
+    image_token_id: Optional[int] = 258880
+    video_token_id: Optional[int] = 258884
+    audio_token_id: Optional[int] = 258881
+    text_model_type: Optional[str] = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_text_model_type(self, ("gemma4_text",))
+
+
+class Model(gemma4_text.Model):
+    def placeholder_ids(self, args):
+        return tuple(t for t in (args.image_token_id, args.video_token_id, args.audio_token_id)
+                     if t is not None)
+
+    def sanitize(self, weights):
+        return super().sanitize(language_model_weights(weights))
