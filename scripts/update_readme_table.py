@@ -1,11 +1,15 @@
 """Rewrite the architecture table in README.md from the registry."""
 
 import re
+import sys
 from pathlib import Path
 
-from arch_table import table
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's registry, whatever copy pip installed
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+from arch_table import table  # noqa: E402
+
+README = ROOT / "README.md"
 START, END = "<!-- arch-table:start -->", "<!-- arch-table:end -->"
 
 if __name__ == "__main__":
