@@ -43,3 +43,22 @@ def test_converted_checkpoint_loads_and_batches_exactly(tiny_llama_dir, options,
     batch = greedy_tokens(model, prompts, 8)
     for i, p in enumerate(prompts):
         np.testing.assert_array_equal(batch[i], greedy_tokens(model, [p], 8)[0])
+
+
+def test_bfloat16_mixture_of_experts_runs_on_every_device(tmp_path):
+    """MLX's CPU ``gather_mm`` only takes float32: bf16 experts must still run (upcast)
+    there, close to the float32 model, and batch exactly."""
+    config = dict(BASE_SMALL, num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)
+    save_hf_model(build_hf_model("mixtral", config), tmp_path / "hf", "transformers5")
+    reference, _ = load_model(tmp_path / "hf")
+    convert(str(tmp_path / "hf"), str(tmp_path / "bf16"), dtype="bfloat16")
+    model, _ = load_model(tmp_path / "bf16")
+    assert model.layers[0].block_sparse_moe.switch_mlp.gate_proj.weight.dtype == mx.bfloat16
+    prompt = mx.array([make_prompts((9,))[0]])
+    ours = np.array(model(prompt)[0].astype(mx.float32))
+    ref = np.array(reference(prompt)[0])
+    assert np.abs(ours - ref).max() < 0.05 * np.abs(ref).max()
+    prompts = make_prompts((7, 1, 12))
+    batch = greedy_tokens(model, prompts, 6)
+    for i, p in enumerate(prompts):
+        np.testing.assert_array_equal(batch[i], greedy_tokens(model, [p], 6)[0])

@@ -66,8 +66,15 @@ class SwitchLinear(nn.Module):
 
     def __call__(self, x, indices, sorted_indices=False):
         """``x (..., 1 or k, 1, in)`` and ``indices (..., k)`` -> ``(..., k, 1, out)``."""
-        out = mx.gather_mm(x, self.weight.swapaxes(-1, -2), rhs_indices=indices,
-                           sorted_indices=sorted_indices)
+        w = self.weight
+        if w.dtype != mx.float32 and mx.default_device() == mx.cpu:
+            # MLX's CPU gather_mm is float32-only: half-precision experts are upcast per
+            # call (a copy of every expert; the CLI loads float32 on the CPU anyway).
+            out = mx.gather_mm(x.astype(mx.float32), w.swapaxes(-1, -2).astype(mx.float32),
+                               rhs_indices=indices, sorted_indices=sorted_indices).astype(w.dtype)
+        else:
+            out = mx.gather_mm(x, w.swapaxes(-1, -2), rhs_indices=indices,
+                               sorted_indices=sorted_indices)
         if "bias" in self:
             out = out + mx.expand_dims(self.bias[indices], -2)
         return out
