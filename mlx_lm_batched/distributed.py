@@ -107,8 +107,8 @@ def _shard_attention(attn, group, path):
                                        (nq + nk + ka * hd, nq + nk + kb * hd)])
     else:
         _slice_out(attn.q_proj, q)
-        # No k/v projections here: KV-shared (gemma3n) or cross-layer (hunyuan) attention
-        # attends another layer's keys/values, sharded the same way.
+        # No k/v projections here: KV-shared (SharedKVAttention) or cross-layer (Hunyuan)
+        # attention attends another layer's keys/values, sharded the same way.
         if "k_proj" in attn:
             _slice_out(attn.k_proj, k)
         if "v_proj" in attn:  # else the values are the keys (Gemma 4) or another layer's

@@ -17,8 +17,11 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from arch_harness import VOCAB, run_family
-from mlx_lm_batched.models import gemma3n_text
+from arch_harness import VOCAB, make_prompts, run_family
+from mlx_lm_batched.batching import BatchEngine, left_pad
+from mlx_lm_batched.models import gemma3n_text, gemma4_text
+from mlx_lm_batched.models.cache import load_prompt_cache, save_prompt_cache
+from mlx_lm_batched.models.kv_sharing import KVShare, SharedKVAttention, layer_inputs
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 TEXT = dict(vocab_size=VOCAB, vocab_size_per_layer_input=96, hidden_size=64, intermediate_size=96,
@@ -83,23 +86,65 @@ def test_gemma3n_matches_transformers_and_batches_exactly(name, layout):
 
 
 def test_kv_shared_layers_read_their_source_cache():
-    """Only the layers that compute keys/values get caches; each KV-shared layer
-    attends through the cache of the last earlier layer of its kind."""
+    """Only the layers that compute keys/values get caches (mlx-lm's list); each
+    KV-shared layer gets its source's mask and the KVShare wrapping its source's
+    cache, which the source fills in the same pass."""
     config = dict(GEMMA3N_TEXT, model_type="gemma3n_text")
     model = gemma3n_text.Model(gemma3n_text.ModelArgs.from_dict(config))
-    assert model.kv_sources == [0, 1, 2, 1, 1, 2]
+    sources = model.model.sources
+    assert sources == [0, 1, 2, 1, 1, 2]
     caches = model.make_cache()
-    assert len(caches) == 3
+    assert len(caches) == 3 and len(model.layer_windows) == 3
     assert [c.max_size for c in caches[:2]] == [8, 8] and not hasattr(caches[2], "max_size")
-    assert [id(c) for c in model.layer_caches(caches)] == [id(caches[s]) for s in (0, 1, 2, 1, 1, 2)]
+    masks = ["m0", "m1", "m2"]
+    wired = layer_inputs(sources, caches, masks)
+    assert [m for m, _ in wired] == ["m0", "m1", "m2", "m1", "m1", "m2"]
+    assert wired[0][1] is caches[0]  # read by no later layer: its own cache
+    for layer, source in ((3, 1), (4, 1), (5, 2)):
+        assert wired[layer][1] is wired[source][1] and isinstance(wired[source][1], KVShare)
+        assert wired[source][1].cache is caches[source]
+    with pytest.raises(RuntimeError, match="before its source"):
+        wired[3][1].fetch()
+    keys = values = mx.ones((1, 2, 3, 16))
+    assert wired[1][1].update_and_fetch(keys, values)[0].shape == (1, 2, 3, 16)
+    assert caches[1].offset == 3 and wired[4][1].fetch()[0].shape == (1, 2, 3, 16)
+    assert layer_inputs(sources, None, masks)[4][1].cache is None
     names = [name for name, _ in tree_flatten(model.parameters())]
     assert "model.layers.2.self_attn.k_proj.weight" in names
     assert not any(n.startswith(f"model.layers.{i}.self_attn.{p}")
                    for n in names for i in (3, 4, 5) for p in ("k_", "v_"))
     one = gemma3n_text.ModelArgs.from_dict(dict(config, activation_sparsity_pattern=0.5))
     assert one.activation_sparsity_pattern == [0.5] * 6
-    with pytest.raises(ValueError, match="KV-shared layer 3"):
+    with pytest.raises(ValueError, match=r"layer 3 \(full_attention\) shares keys and values"):
         gemma3n_text.ModelArgs.from_dict(dict(config, layer_types=[SLIDING] * 3 + [FULL] * 3))
+
+
+@pytest.mark.parametrize("model_type", ["gemma3n_text", "gemma4_text"])
+def test_kv_shared_caches_save_load_and_continue_exactly(model_type, tmp_path):
+    """Gemma 3n and 4 keep one cache per source layer (mlx-lm's list); a padded
+    batch's caches, saved and loaded, continue exactly where the originals do, with
+    the sliding windows bound."""
+    from test_arch_gemma4 import TEXT as GEMMA4_TEXT
+
+    module = {"gemma3n_text": gemma3n_text, "gemma4_text": gemma4_text}[model_type]
+    config = GEMMA3N_TEXT if model_type == "gemma3n_text" else GEMMA4_TEXT
+    mx.random.seed(5)
+    model = module.Model(module.ModelArgs.from_dict(dict(config, model_type=model_type)))
+    owners = config["num_hidden_layers"] - config["num_kv_shared_layers"]
+    tokens, padding = left_pad(make_prompts((13, 4, 10), seed=4))
+    engine = BatchEngine(model)
+    y, _ = engine.prefill(tokens, padding)
+    path = str(tmp_path / "cache.safetensors")
+    save_prompt_cache(path, engine.cache)
+    loaded = load_prompt_cache(path)
+    assert len(loaded) == owners
+    assert [type(c) for c in loaded] == [type(c) for c in model.make_cache()]
+    again = BatchEngine(model, prompt_cache=loaded)
+    y1, y2 = y, y
+    for _ in range(4):
+        (y1, lp1), (y2, lp2) = engine.step(y1), again.step(y2)
+        np.testing.assert_array_equal(np.array(y1), np.array(y2))
+        np.testing.assert_allclose(np.array(lp1), np.array(lp2), atol=1e-5)
 
 
 def test_gaussian_topk_keeps_the_top_share():
@@ -126,12 +171,13 @@ def test_tensor_parallel_kv_shared_attention_keeps_its_query_heads_and_gemma3n_i
     import mlx.nn as nn
 
     from mlx_lm_batched.distributed import shard_model
-    from mlx_lm_batched.models.layers import Attention, RMSNorm
+    from mlx_lm_batched.models.layers import RMSNorm
 
     holder = nn.Module()
-    holder.attn = Attention(64, 4, 2, 16, qk_norm=lambda d: RMSNorm(d), kv_proj=False)
+    holder.attn = SharedKVAttention(64, 4, 2, 16, qk_norm=lambda d: RMSNorm(d))
     shard_model(holder, _RankZeroOfTwo())
     assert holder.attn.q_proj.weight.shape == (32, 64) and "k_proj" not in holder.attn
+    assert "k_norm" not in holder.attn and holder.attn.q_norm.weight.shape == (16,)
     assert (holder.attn.n_heads, holder.attn.n_kv_heads) == (2, 1)
     config = dict(GEMMA3N_TEXT, model_type="gemma3n_text")
     model = gemma3n_text.Model(gemma3n_text.ModelArgs.from_dict(config))

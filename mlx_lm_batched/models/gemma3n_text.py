@@ -3,10 +3,8 @@ residual streams (AltUp: each layer predicts every stream from the others, runs 
 one and corrects the rest), a low-rank LAuReL branch next to attention, per-layer
 token embeddings mixed into each layer's output, gaussian top-k activation sparsity
 in the first MLPs, and the last ``num_kv_shared_layers`` layers attending the keys
-and values of the last earlier layer of their kind (no cache of their own).
-
-KV sharing under left padding: a sharing layer reads its source layer's cache
-(``layer_caches``), so its mask is built from that cache's slot frame and window.
+and values of the last earlier layer of their kind (models/kv_sharing.py: no cache
+of their own; they use their source's keys, values and mask).
 """
 
 import math
@@ -18,6 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .common import DecoderArgs, type_windows
+from .kv_sharing import SharedKVAttention, drop_shared_kv_weights, kv_sources, layer_inputs
 from .layers import MLP, Attention, CausalLM, RMSNorm, activation
 from .rope import make_rope
 
@@ -69,28 +68,11 @@ class ModelArgs(DecoderArgs):
         if any(not 0.0 <= s < 1.0 for s in self.activation_sparsity_pattern):
             raise ValueError("gemma3n: activation_sparsity_pattern values must be in [0, 1), "
                              f"got {self.activation_sparsity_pattern}")
-        if not 0 <= self.num_kv_shared_layers < n:
-            raise ValueError(f"gemma3n: num_kv_shared_layers must be in [0, {n - 1}], "
-                             f"got {self.num_kv_shared_layers}")
         if not 0 <= self.altup_active_idx < self.altup_num_inputs:
             raise ValueError(f"gemma3n: altup_active_idx must be in [0, "
                              f"{self.altup_num_inputs - 1}], got {self.altup_active_idx}")
-        self.kv_sources()  # every KV-shared layer has a layer to read from
-
-    def kv_sources(self):
-        """Per layer, the layer whose keys/values it attends: itself, or (for the last
-        ``num_kv_shared_layers``) the last earlier non-sharing layer of its type."""
-        n = self.num_hidden_layers
-        first = n - self.num_kv_shared_layers
-        sources = list(range(first))
-        for i in range(first, n):
-            kind = self.layer_types[i]
-            own = [j for j in range(first) if self.layer_types[j] == kind]
-            if not own:
-                raise ValueError(f"gemma3n: KV-shared layer {i} ({kind}) has no earlier "
-                                 f"{kind} layer among the first {first} to read from")
-            sources.append(own[-1])
-        return sources
+        # num_kv_shared_layers in range, and every KV-shared layer has a source.
+        kv_sources(self.layer_types, self.num_kv_shared_layers)
 
 
 def sparse_activation(act, sparsity):
@@ -164,10 +146,13 @@ class DecoderLayer(nn.Module):
         super().__init__()
         d, eps = args.hidden_size, args.rms_norm_eps
         norm = lambda dims=d: RMSNorm(dims, eps)
-        self.self_attn = Attention(
-            d, args.num_attention_heads, args.num_key_value_heads, args.head_dim, rope,
-            bias=args.attention_bias, scale=1.0, qk_norm=norm, kv_proj=not shares_kv,
-            v_norm=lambda v: mx.fast.rms_norm(v, None, eps))
+        dims = (d, args.num_attention_heads, args.num_key_value_heads, args.head_dim, rope)
+        common = dict(bias=args.attention_bias, scale=1.0, qk_norm=norm)
+        if shares_kv:
+            self.self_attn = SharedKVAttention(*dims, **common)
+        else:
+            self.self_attn = Attention(*dims, v_norm=lambda v: mx.fast.rms_norm(v, None, eps),
+                                       **common)
         act = activation(args.hidden_activation)
         self.mlp = MLP(d, args.intermediate_size[i],
                        sparse_activation(act, args.activation_sparsity_pattern[i]))
@@ -182,13 +167,13 @@ class DecoderLayer(nn.Module):
         self.act = act
         self.correct_scale = args.altup_correct_scale
 
-    def __call__(self, streams, mask, offset, cache, per_layer_input, kv=None, attention=None):
-        """Streams ``(n, B, L, D)`` in and out, with the ``(keys, values)`` attended."""
+    def __call__(self, streams, mask, offset, cache, per_layer_input, attention=None):
+        """Streams ``(n, B, L, D)`` in and out."""
         predictions = self.altup.predict(streams)
         active = predictions[self.altup.active]
         normed = self.input_layernorm(active)
         laurel = self.laurel(normed)
-        attn, kv = self.self_attn(normed, mask, offset, cache, attention, kv=kv, return_kv=True)
+        attn = self.self_attn(normed, mask, offset, cache, attention)
         h = (active + self.post_attention_layernorm(attn) + laurel) / math.sqrt(2)
         h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
         corrected = self.altup.correct(predictions, h)
@@ -197,14 +182,15 @@ class DecoderLayer(nn.Module):
             first = first * self.altup.correct_output_scale
         first = self.act(self.per_layer_input_gate(first)) * per_layer_input
         first = self.post_per_layer_input_norm(self.per_layer_projection(first))
-        return mx.concatenate([corrected[:1], corrected[1:] + first], axis=0), kv
+        return mx.concatenate([corrected[:1], corrected[1:] + first], axis=0)
 
 
 class TextModel(nn.Module):
     """Hugging Face's ``Gemma3nTextModel`` (``model.*``): embeddings, per-layer
-    inputs, the AltUp streams around the layers, and the final norm."""
+    inputs, the AltUp streams around the layers, and the final norm. ``sources``:
+    per layer, the layer whose keys and values it attends (``kv_sources``)."""
 
-    def __init__(self, args, layers, kv_sources):
+    def __init__(self, args, layers, sources):
         super().__init__()
         d, n_layers, per = args.hidden_size, args.num_hidden_layers, args.hidden_size_per_layer_input
         self.embed_tokens = nn.Embedding(args.vocab_size, d)
@@ -217,9 +203,7 @@ class TextModel(nn.Module):
                                           for _ in range(args.altup_num_inputs - 1)]
         self.layers = layers
         self.norm = RMSNorm(d, args.rms_norm_eps)
-        self.kv_sources = kv_sources
-        # Layers whose keys/values later layers read: kept through the pass.
-        self.kv_kept = set(s for i, s in enumerate(kv_sources) if s != i)
+        self.sources = sources
         self.args = args
 
     def per_layer_inputs(self, inputs, h):
@@ -240,14 +224,9 @@ class TextModel(nn.Module):
         per_layer = self.per_layer_inputs(inputs, h)
         target = mx.sqrt(mx.mean(h * h, axis=-1, keepdims=True))
         streams = mx.stack([h] + [rms_scaled_like(p(h), target) for p in self.altup_projections])
-        cache = cache if cache is not None else [None] * len(self.layers)
-        kept = {}
-        for i, layer in enumerate(self.layers):
-            source = self.kv_sources[i]
-            streams, kv = layer(streams, masks[i], offset, cache[i], per_layer[:, :, i],
-                                kept.get(source) if source != i else None, attention)
-            if i in self.kv_kept:
-                kept[i] = kv
+        inputs_per_layer = layer_inputs(self.sources, cache, masks)
+        for i, (layer, (m, c)) in enumerate(zip(self.layers, inputs_per_layer)):
+            streams = layer(streams, m, offset, c, per_layer[:, :, i], attention)
         target = mx.sqrt(mx.mean(streams[0] * streams[0], axis=-1, keepdims=True))
         outs = [streams[0]] + [rms_scaled_like(p(s), target)
                                for p, s in zip(self.altup_unembed_projections, streams[1:])]
@@ -255,6 +234,10 @@ class TextModel(nn.Module):
 
 
 class Model(CausalLM):
+    """``layer_windows`` and the cache list cover the layers that own keys and values
+    (all but the last ``num_kv_shared_layers``, as in mlx-lm); the others use their
+    source's."""
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
@@ -262,32 +245,17 @@ class Model(CausalLM):
         global_rope = make_rope(args.head_dim, args.rope_theta, False, args.rope_scaling,
                                 args.max_position_embeddings)
         local_rope = make_rope(args.head_dim, args.rope_local_base_freq)
-        self.kv_sources = args.kv_sources()
+        sources = kv_sources(args.layer_types, args.num_kv_shared_layers)
         layers = [DecoderLayer(args, i, global_rope if kind == "full_attention" else local_rope,
-                               self.kv_sources[i] != i)
+                               sources[i] != i)
                   for i, kind in enumerate(args.layer_types)]
-        self.model = TextModel(args, layers, self.kv_sources)
+        self.model = TextModel(args, layers, sources)
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.final_logit_softcap = args.final_logit_softcapping
-        self.layer_windows = type_windows(args.layer_types, args.sliding_window)
-
-    def layer_caches(self, cache):
-        """KV-shared layers attend through their source layer's cache."""
-        return None if cache is None else [cache[s] for s in self.kv_sources]
-
-    def make_cache(self, max_kv_size=None):
-        """Caches of the layers that compute keys/values (KV-shared layers have none)."""
-        n = self.args.num_hidden_layers - self.args.num_kv_shared_layers
-        return super().make_cache(max_kv_size)[:n]
+        owners = len(layers) - args.num_kv_shared_layers
+        self.layer_windows = type_windows(args.layer_types[:owners], args.sliding_window)
 
     def sanitize(self, weights):
         """Drop the key/value weights hub checkpoints keep for KV-shared layers."""
-        weights = super().sanitize(weights)
-        for i, source in enumerate(self.kv_sources):
-            if source != i:
-                for name in ("k_proj", "v_proj", "k_norm", "v_norm"):
-                    for key in [k for k in weights
-                                if k.startswith(f"model.layers.{i}.self_attn.{name}.")]:
-                        weights.pop(key)
-        return weights
+        return drop_shared_kv_weights(super().sanitize(weights), self.model.sources)

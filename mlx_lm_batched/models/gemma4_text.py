@@ -21,7 +21,7 @@ import mlx.nn as nn
 
 from . import gemma
 from .common import type_windows
-from .kv_sharing import KVShare, SharedKVAttention, kv_sources
+from .kv_sharing import SharedKVAttention, drop_shared_kv_weights, kv_sources, layer_inputs
 from .layers import MLP, Attention, CausalLM, DecoderStack, RMSNorm, SandwichBlock, activation
 from .moe import SwitchGLU, combine_experts, softmax_topk, stack_experts
 from .rope import make_rope
@@ -182,7 +182,6 @@ class Stack(DecoderStack):
             self.per_layer_model_projection = nn.Linear(args.hidden_size, width, bias=False)
             self.per_layer_projection_norm = RMSNorm(self.per_layer_dims, args.rms_norm_eps)
         self.sources = sources
-        self.shared = {s for i, s in enumerate(sources) if s != i}
         self.placeholder_ids = tuple(placeholder_ids)
         self.pad_token_id = args.pad_token_id or 0
 
@@ -202,18 +201,9 @@ class Stack(DecoderStack):
         h = self.embed_tokens(inputs) if input_embeddings is None else input_embeddings
         h = h * self.embed_scale  # a Python float: stays in the compute dtype
         per_layer = self.per_layer_inputs(inputs, h) if self.per_layer_dims else None
-        cache = cache if cache is not None else [None] * len(masks)
-        shares = {}
-        for i, layer in enumerate(self.layers):
-            src = self.sources[i]
-            if src != i:
-                c = shares[src]
-            elif i in self.shared:
-                c = shares[i] = KVShare(cache[i])
-            else:
-                c = cache[i]
-            h = layer(h, masks[src], offset, c, attention,
-                      None if per_layer is None else per_layer[:, :, i])
+        inputs_per_layer = layer_inputs(self.sources, cache, masks)
+        for i, (layer, (m, c)) in enumerate(zip(self.layers, inputs_per_layer)):
+            h = layer(h, m, offset, c, attention, None if per_layer is None else per_layer[:, :, i])
         return self.norm(h)
 
 
@@ -259,17 +249,9 @@ class Model(CausalLM):
     def sanitize(self, weights):
         """transformers' (and mlx-lm's) names to ours: stacked experts, no key/value
         weights in KV-sharing layers (hub checkpoints may carry unused ones)."""
-        weights = super().sanitize(weights)
-        sources = self.model.sources
-        out = {}
-        for key, value in weights.items():
-            key = key.replace(".experts.switch_glu.", ".experts.")  # mlx-lm's layout
-            parts = key.split(".")
-            if (len(parts) > 4 and parts[:2] == ["model", "layers"] and parts[3] == "self_attn"
-                    and parts[4] in ("k_proj", "v_proj", "k_norm", "v_norm")
-                    and sources[int(parts[2])] != int(parts[2])):
-                continue
-            out[key] = value
+        weights = drop_shared_kv_weights(super().sanitize(weights), self.model.sources)
+        # mlx-lm's expert layout
+        out = {k.replace(".experts.switch_glu.", ".experts."): v for k, v in weights.items()}
         if self.args.enable_moe_block:
             for i in range(len(self.layers)):
                 stack_experts(out, f"model.layers.{i}", self.args.num_experts, src="experts",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Union
 
 from . import hunyuan_v1_dense
-from .cla import CrossLayerAttention, KVShare
+from .cla import CrossLayerAttention, ProjectionRelay
 from .layers import MLP, Attention
 from .moe import SparseMoE, stack_experts
 
@@ -64,14 +64,14 @@ class Model(hunyuan_v1_dense.Model):
                              normalize=args.norm_topk_prob, shared=shared,
                              shared_name="shared_mlp")
 
-        share = KVShare()
+        relay = ProjectionRelay()
         n = args.num_hidden_layers
 
         def make_attention(i, *a, **k):
             if not args.use_cla:
                 return Attention(*a, **k)
             last = i + 1 == n or args.projects_kv(i + 1)
-            return CrossLayerAttention(*a, share=share, produces=args.projects_kv(i), last=last,
+            return CrossLayerAttention(*a, relay=relay, produces=args.projects_kv(i), last=last,
                                        **k)
 
         super().__init__(args, make_mlp=make_mlp, make_attention=make_attention)

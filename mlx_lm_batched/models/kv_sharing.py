@@ -7,7 +7,12 @@ that long, as in mlx-lm) and masks; a sharing layer uses its source's mask, so i
 padding and window are exactly the source's. During a forward pass the source's
 cache is wrapped in a :class:`KVShare`, which keeps the keys and values the cache
 returned (or, without a cache, the new ones) for the sharing layers, handed the same
-:class:`KVShare` as their cache.
+:class:`KVShare` as their cache (:func:`layer_inputs` does this wiring per pass).
+
+A model using it: ``kv_sources`` for the sources, :class:`SharedKVAttention` in the
+sharing layers, ``layer_windows`` of the source layers only (so ``make_cache`` and
+the masks cover those), :func:`layer_inputs` in its layer loop and
+:func:`drop_shared_kv_weights` in ``sanitize``.
 """
 
 from .layers import Attention
@@ -32,6 +37,42 @@ def kv_sources(layer_types, num_shared):
     return sources
 
 
+def layer_inputs(sources, cache, masks):
+    """Per layer, the ``(mask, cache)`` it runs with in one forward pass.
+
+    ``sources``: from :func:`kv_sources`; ``cache``: one cache per source layer
+    (None: a pass without caches); ``masks``: one per source layer. A layer that
+    later layers read gets its cache wrapped in a fresh :class:`KVShare`, and those
+    layers get the same one, with the source's mask."""
+    read = {s for i, s in enumerate(sources) if s != i}
+    shares, out = {}, []
+    for i, s in enumerate(sources):
+        if s != i:
+            c = shares[s]
+        else:
+            c = None if cache is None else cache[i]
+            if i in read:
+                c = shares[i] = KVShare(c)
+        out.append((masks[s], c))
+    return out
+
+
+def drop_shared_kv_weights(weights, sources):
+    """``weights`` without the key/value projections and norms of the sharing layers
+    (``model.layers.{i}.self_attn.{k,v}_{proj,norm}.*``): hub checkpoints carry unused
+    ones."""
+    shared = {str(i) for i, s in enumerate(sources) if s != i}
+    names = ("k_proj", "v_proj", "k_norm", "v_norm")
+    out = {}
+    for key, value in weights.items():
+        parts = key.split(".", 5)
+        if (len(parts) > 4 and parts[:2] == ["model", "layers"] and parts[2] in shared
+                and parts[3] == "self_attn" and parts[4] in names):
+            continue
+        out[key] = value
+    return out
+
+
 class KVShare:
     """Stands for a source layer's cache (None: a pass without cache) and keeps the
     keys and values the last update returned, for the layers that share them."""
@@ -53,8 +94,9 @@ class KVShare:
 
 class SharedKVAttention(Attention):
     """Attention over another layer's keys and values: only queries are projected,
-    normed (per head, before RoPE) and rotated; ``cache`` is the source's
-    :class:`KVShare`. Parameters: ``q_proj``, the query norm, ``o_proj``."""
+    normed and rotated (as :class:`~.layers.Attention` does its own); ``cache`` is
+    the source's :class:`KVShare`. Parameters: ``q_proj``, the query norm,
+    ``o_proj`` (tensor parallelism shards them like the source's query side)."""
 
     def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, rope=None, bias=False,
                  scale=None, qk_norm=None, qk_norm_names=("q_norm", "k_norm")):
@@ -67,12 +109,6 @@ class SharedKVAttention(Attention):
     def __call__(self, x, mask, offset, cache=None, attention=None):
         if not isinstance(cache, KVShare):
             raise TypeError("SharedKVAttention needs its source layer's KVShare as cache")
-        B, L, _ = x.shape
-        q = self.q_proj(x).reshape(B, L, self.n_heads, -1)
-        if self.has_qk_norm:
-            q = getattr(self, self.qk_norm_names[0])(q)
-        q = q.transpose(0, 2, 1, 3)
-        if self.rope is not None:
-            q = self.rope(q, offset)
+        q = self._heads(self.q_proj(x), 0, offset)
         k, v = cache.fetch()
         return self._attend(q, k, v, mask, attention)

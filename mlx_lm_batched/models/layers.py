@@ -134,7 +134,6 @@ class Attention(nn.Module):
         sinks=False,
         clip_qkv=None,
         position_scale=None,
-        kv_proj=True,
         v_norm=None,
         values_from_keys=False,
     ):
@@ -145,33 +144,27 @@ class Attention(nn.Module):
         ``clip_qkv``: clamp the q/k/v projections to ``[-clip, clip]`` (OLMo, DBRX).
         ``position_scale``: ``f(positions (B, L)) -> (B, L)`` factors on the rotated
         queries (Llama 4's and Ministral 3's long-context temperature).
-        ``kv_proj=False``: no key/value projections (nor key norm): the layer attends
-        the keys/values of another layer, passed as ``kv`` (Gemma 3n's KV sharing).
         ``v_norm``: a function on the per-head values ``(B, L, heads, head_dim)`` (Gemma
         3n's and 4's RMS norm without weight). ``values_from_keys``: no ``v_proj``; the
         values are the key projection before its norm and RoPE (Gemma 4's
-        ``attention_k_eq_v``)."""
+        ``attention_k_eq_v``). Attention over another layer's keys and values (KV
+        sharing) is :class:`~.kv_sharing.SharedKVAttention`."""
         super().__init__()
-        if fused_qkv and not kv_proj:
-            raise ValueError("kv_proj=False needs separate projections (fused_qkv=False)")
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.fused_qkv = fused_qkv
         if fused_qkv:
             self.qkv_proj = nn.Linear(hidden_size, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
         else:
             self.q_proj = nn.Linear(hidden_size, n_heads * head_dim, bias=bias)
-            if kv_proj:
-                self.k_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
-                if not values_from_keys:
-                    self.v_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
-        self.kv_proj = kv_proj
+            self.k_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
+            if not values_from_keys:
+                self.v_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(n_heads * head_dim, hidden_size, bias=bias if o_bias is None else o_bias)
         self.qk_norm_names = qk_norm_names
         if qk_norm is not None:  # a factory: qk_norm(dims) -> norm module
             q_dims, k_dims = (n_heads * head_dim, n_kv_heads * head_dim) if qk_norm_full else (head_dim,) * 2
             setattr(self, qk_norm_names[0], qk_norm(q_dims))
-            if kv_proj:
-                setattr(self, qk_norm_names[1], qk_norm(k_dims))
+            setattr(self, qk_norm_names[1], qk_norm(k_dims))
         self.has_qk_norm = qk_norm is not None
         self.qk_norm_full = qk_norm_full
         self.qk_norm_after_rope = qk_norm_after_rope
@@ -185,38 +178,26 @@ class Attention(nn.Module):
         if sinks:  # per-head attention-sink logits (GPT-OSS)
             self.sinks = mx.zeros((n_heads,))
 
-    def __call__(self, x, mask, offset, cache=None, attention=None, kv=None, return_kv=False):
-        """``attention``: the step's :class:`~.base.StepAttention` (or None).
-
-        ``kv``: ``(keys, values)`` another layer returned (``return_kv=True``) in this
-        forward pass, attended instead of this layer's own (which are then neither
-        computed nor cached); ``return_kv``: also return the ``(keys, values)`` this
-        layer attended, i.e. everything its cache returned."""
+    def __call__(self, x, mask, offset, cache=None, attention=None):
+        """``attention``: the step's :class:`~.base.StepAttention` (or None)."""
         B, L, _ = x.shape
-        if kv is None:
-            q, k, v = self.project(x)
-        else:  # keys/values of another layer: only the query is projected here
-            q = self.q_proj(x)
+        q, k, v = self.project(x)
         q = self._heads(q, 0, offset)
         if self.position_scale is not None:
             # Padding columns have negative positions: clamp them to 0 (a finite
             # factor; their outputs are never read).
             positions = mx.maximum(offset[:, None] + mx.arange(L), 0)
             q = q * self.position_scale(positions)[:, None, :, None].astype(q.dtype)
-        if kv is None:
-            k = self._heads(k, 1, offset)
-            if self.clip_qkv is not None:
-                v = mx.clip(v, -self.clip_qkv, self.clip_qkv)
-            v = v.reshape(B, L, self.n_kv_heads, -1)
-            if self.v_norm is not None:
-                v = self.v_norm(v)
-            v = v.transpose(0, 2, 1, 3)
-            if cache is not None:
-                k, v = cache.update_and_fetch(k, v)
-        else:
-            k, v = kv
-        out = self._attend(q, k, v, mask, attention)
-        return (out, (k, v)) if return_kv else out
+        k = self._heads(k, 1, offset)
+        if self.clip_qkv is not None:
+            v = mx.clip(v, -self.clip_qkv, self.clip_qkv)
+        v = v.reshape(B, L, self.n_kv_heads, -1)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
+        v = v.transpose(0, 2, 1, 3)
+        if cache is not None:
+            k, v = cache.update_and_fetch(k, v)
+        return self._attend(q, k, v, mask, attention)
 
     def _attend(self, q, k, v, mask, attention):
         """Attention of the rotated queries ``(B, heads, L, D)`` over the fetched keys
@@ -430,7 +411,6 @@ class CausalLM(nn.Module):
         per-step :class:`~.base.StepAttention` (decode row groups), or None.
         """
         offset = resolve_offset(inputs, offset, cache)
-        cache = self.layer_caches(cache)
         masks = resolve_masks(mask, cache, self.layer_windows, inputs.shape[1], offset,
                               self.get("layer_chunks"))
         h = self.model(inputs, masks, offset, cache, input_embeddings, attention)
@@ -447,12 +427,6 @@ class CausalLM(nn.Module):
     @property
     def layers(self):
         return self.model.layers
-
-    def layer_caches(self, cache):
-        """The cache each layer attends through, from the batch's caches (None stays
-        None): one per layer here; models whose layers share caches map them, so each
-        layer's mask is built from (and its keys live in) the cache it reads."""
-        return cache
 
     def make_cache(self, max_kv_size=None):
         """A full cache per global layer, a rotating one per windowed or chunked
