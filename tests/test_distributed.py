@@ -6,6 +6,7 @@ experts, shared expert) checkpoints. Each run is one ``tests/dist_worker.py`` pe
 rank 0 compares and writes a JSON result."""
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -20,6 +21,9 @@ import pytest
 
 import arch_harness
 from conftest import model_dir
+from test_arch_minicpm3_minimax import MINIMAX
+from test_arch_recurrent import (FALCON_H1, GRANITE_HYBRID, JAMBA, KIMI_LINEAR, LFM2, MAMBA,
+                                 NEMOTRON_H, QWEN3_5, QWEN3_NEXT, RECURRENT_GEMMA)
 
 WORKER = Path(__file__).parent / "dist_worker.py"
 TIMEOUT = 240
@@ -104,6 +108,54 @@ def test_tensor_parallel_tiny_moe_and_mla(model_type, tmp_path):
     arch_harness.save_hf_model(hf, tmp_path, "transformers5")
     _tiny_tokenizer(tmp_path)
     assert_tensor_parallel_exact(tmp_path, heads)
+
+
+# Tiny recurrent and hybrid checkpoints (configs of tests/test_arch_recurrent.py and
+# test_arch_minicpm3_minimax.py), some reshaped so 2 ranks split them unevenly or share a
+# group: name -> (model_type, config, rank 0's state-cache shapes after a prefill of 2 rows
+# (None: only "smaller than whole")).
+RECURRENT = {
+    # 6 heads in 3 B/C groups: rank 0 gets 2 whole groups (4 heads), rank 1 one.
+    "mamba2": ("mamba2", dict(MAMBA, hidden_size=48, num_heads=6, head_dim=16, n_groups=3),
+               [[2, 3, 96], [2, 4, 16, 8]] * 2),  # conv: 4*16 x + 2*8 B + 2*8 C channels
+    # Gated delta (2 key heads, one each) + gated attention + MoE with a shared expert.
+    "qwen3_next": ("qwen3_next", QWEN3_NEXT, [[2, 3, 32], [2, 2, 8, 8]] * 2),
+    # One key head (replicated on both ranks), 3 value heads split 2 / 1.
+    "qwen3_5": ("qwen3_5_text", dict(QWEN3_5, linear_num_key_heads=1, linear_num_value_heads=3),
+                [[2, 3, 32], [2, 2, 8, 8]] * 2),
+    "lfm2": ("lfm2", LFM2, [[2, 2, 32]] * 2),  # short conv by channels
+    "nemotron_h": ("nemotron_h", NEMOTRON_H, None),
+    "minimax": ("minimax", MINIMAX, [[2, 2, 16, 16]] * 2),  # lightning: 4 heads split 2 / 2
+    # One B/C group of 8 heads: split 4 / 4, the gated norm sums over the ranks.
+    "granitemoehybrid": ("granitemoehybrid", dict(GRANITE_HYBRID, mamba_n_groups=1), None),
+    "falcon_h1": ("falcon_h1", dict(FALCON_H1, mamba_rms_norm=True), None),
+    "mamba": ("mamba", MAMBA, [[2, 3, 64], [2, 64, 8]] * 2),  # Mamba 1: by channels
+    "kimi_linear": ("kimi_linear", KIMI_LINEAR, None),
+    "recurrent_gemma": ("recurrent_gemma", RECURRENT_GEMMA, None),
+    "jamba": ("jamba", JAMBA, None),
+}
+
+
+def test_tensor_parallel_recurrent_and_hybrid_models(tmp_path):
+    """One launch for every family: padded logits, greedy tokens and rows joining a
+    running BatchGenerator equal one process; each rank's state caches hold its heads."""
+    for name, (model_type, config, _) in RECURRENT.items():
+        arch_harness.save_hf_model(arch_harness.build_hf_model(model_type, config),
+                                   tmp_path / name, "transformers5")
+        _tiny_tokenizer(tmp_path / name)
+    data, out, _ = launch("many", tmp_path, timeout=TIMEOUT)
+    assert data is not None, out[-3000:]
+    assert data["size"] == 2 and sorted(data["models"]) == sorted(RECURRENT)
+    for name, (_, _, shapes) in RECURRENT.items():
+        entry = data["models"][name]
+        assert "failure" not in entry, f"{name}: {entry['failure']}"
+        assert entry["passed"] == ["padded logits", "greedy tokens", "rows joining BatchGenerator"]
+        sharded, whole = entry["states"]
+        assert len(sharded) == len(whole) > 0, name
+        for a, b in zip(sharded, whole):  # same kinds of arrays, this rank's part of each
+            assert len(a) == len(b) and a[0] == b[0] and 0 < math.prod(a) < math.prod(b), name
+        if shapes is not None:
+            assert sharded == shapes, name
 
 
 def _tiny_tokenizer(directory):
