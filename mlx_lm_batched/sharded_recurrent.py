@@ -66,11 +66,12 @@ def _heads(n, group, path, what="heads"):
 
 
 def _grouped(n_heads, n_groups, group, path, what):
-    """``head_ranges`` with the layer named in its error."""
+    """``head_ranges`` (whole groups, or a replicated group whose heads are split) with
+    the layer named in its error."""
     try:
         return head_ranges(n_heads, n_groups, *_ranks(group))
-    except ValueError as e:
-        raise ValueError(f"cannot shard '{path}' ({what}): {e}") from None
+    except ValueError:
+        raise ValueError(f"cannot shard '{path}': {what} over {group.size()} ranks") from None
 
 
 def shard_mamba2(m, group, path):
@@ -219,7 +220,8 @@ def shard_rg_lru_block(m, group, path):
 def shard_gated_attention(attn, group, path):
     """Qwen3-Next's output-gated attention: ``q_proj`` holds each head's query then its
     gate; otherwise the shared attention's split (whole KV groups, per-head norms)."""
-    (qa, qb), (ka, kb) = _grouped(attn.n_heads, attn.n_kv_heads, group, path, "attention")
+    (qa, qb), (ka, kb) = _grouped(attn.n_heads, attn.n_kv_heads, group, path,
+                                  f"{attn.n_heads} heads, {attn.n_kv_heads} KV heads")
     hd = attn.head_dim
     if attn.qk_norm_full or "sinks" in attn or attn.fused_qkv:
         raise ValueError(f"cannot shard '{path}': gated attention with whole-projection "

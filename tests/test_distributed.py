@@ -133,17 +133,26 @@ RECURRENT = {
     "kimi_linear": ("kimi_linear", KIMI_LINEAR, None),
     "recurrent_gemma": ("recurrent_gemma", RECURRENT_GEMMA, None),
     "jamba": ("jamba", JAMBA, None),
+    # 4-bit conversions (groups of 32): every projection splits on whole groups.
+    "mamba2-q4": ("mamba2", dict(MAMBA, num_heads=8, head_dim=16, n_groups=2), None),
+    "lfm2-q4": ("lfm2", LFM2, [[2, 2, 32]] * 2),
 }
 
 
 def test_tensor_parallel_recurrent_and_hybrid_models(tmp_path):
     """One launch for every family: padded logits, greedy tokens and rows joining a
     running BatchGenerator equal one process; each rank's state caches hold its heads."""
+    from mlx_lm_batched import convert
+
+    models = tmp_path / "models"
     for name, (model_type, config, _) in RECURRENT.items():
-        arch_harness.save_hf_model(arch_harness.build_hf_model(model_type, config),
-                                   tmp_path / name, "transformers5")
-        _tiny_tokenizer(tmp_path / name)
-    data, out, _ = launch("many", tmp_path, timeout=TIMEOUT)
+        directory = tmp_path / name if name.endswith("-q4") else models / name
+        arch_harness.save_hf_model(arch_harness.build_hf_model(model_type, config), directory,
+                                   "transformers5")
+        _tiny_tokenizer(directory)
+        if name.endswith("-q4"):
+            convert(str(directory), str(models / name), quantize=True, q_group_size=32, q_bits=4)
+    data, out, _ = launch("many", models, timeout=TIMEOUT)
     assert data is not None, out[-3000:]
     assert data["size"] == 2 and sorted(data["models"]) == sorted(RECURRENT)
     for name, (_, _, shapes) in RECURRENT.items():
@@ -293,3 +302,84 @@ def test_quantized_layer_split_off_group_boundaries_is_refused():
     nn.quantize(model, group_size=128, bits=4)
     with pytest.raises(ValueError, match=r"'attn.o_proj'.*quantization groups of 128"):
         shard_model(model, _TwoRanks())
+
+
+def _one_layer(name, layer):
+    import mlx.nn as nn
+
+    block = nn.Module()
+    setattr(block, name, layer)
+    model = nn.Module()
+    model.layers = [block]
+    return model
+
+
+def _quantized(model, group_size=32):
+    import mlx.nn as nn
+
+    nn.quantize(model, group_size=group_size, bits=4)
+    return model
+
+
+def _kimi_one_head():
+    from mlx_lm_batched.models.gated_delta import KimiDeltaAttention
+
+    return _one_layer("self_attn", KimiDeltaAttention(64, 1, 16, 4, 1e-6))
+
+
+def _mamba2_one_head():
+    from mlx_lm_batched.models.mamba2 import Mamba2Mixer
+
+    return _one_layer("mixer", Mamba2Mixer(64, 1, 16, 8, 1, 4, 1e-6))
+
+
+def _gated_delta_4bit():
+    from mlx_lm_batched.models.gated_delta import GatedDeltaNet
+
+    return _quantized(_one_layer("linear_attn", GatedDeltaNet(64, 2, 4, 8, 8, 4, 1e-6)))
+
+
+def _nemotron_latent_moe():
+    from mlx_lm_batched.models.nemotron_h import ModelArgs, NemotronMoE
+
+    args = ModelArgs("nemotron_h", 128, 64, hybrid_override_pattern="E", moe_latent_size=32,
+                     n_routed_experts=4, moe_intermediate_size=32,
+                     moe_shared_expert_intermediate_size=32)
+    return _one_layer("mixer", NemotronMoE(args))
+
+
+@pytest.mark.parametrize("make,message", [
+    # Fewer heads than ranks.
+    (_kimi_one_head, r"cannot shard 'layers\.0\.self_attn': 1 heads over 2 ranks"),
+    (_mamba2_one_head, r"cannot shard 'layers\.0\.mixer': 1 heads in 1 groups over 2 ranks"),
+    # A 4-bit out_proj whose split (2 value heads of 8 = 16 columns) is not a whole group.
+    (_gated_delta_4bit, r"'layers\.0\.linear_attn\.out_proj': input columns \[0, 16\) are "
+                        r"not whole quantization groups of 32"),
+    # Nemotron-H's latent expert projections are not split: refused by name.
+    (_nemotron_latent_moe,
+     r"cannot shard layer 'layers\.0\.mixer\.fc1_latent_proj' of NemotronMoE"),
+])
+def test_recurrent_layers_that_cannot_split_are_named(make, message):
+    from mlx_lm_batched.distributed import shard_model
+
+    with pytest.raises(ValueError, match=message):
+        shard_model(make(), _TwoRanks())
+
+
+def test_quantized_mamba2_mixer_shards_in_whole_groups():
+    """8 heads in 2 groups, 4-bit in groups of 32: rank 0 keeps group 0 (4 heads)."""
+    import mlx.nn as nn
+
+    from mlx_lm_batched.distributed import shard_model
+    from mlx_lm_batched.models.mamba2 import Mamba2Mixer
+    from mlx_lm_batched.models.sharded_layers import QuantizedShardedToAllLinear
+
+    model = _quantized(_one_layer("mixer", Mamba2Mixer(64, 8, 16, 8, 2, 4, 1e-6)))
+    shard_model(model, _TwoRanks())
+    mixer = model.layers[0].mixer
+    assert mixer.sizes == (64, 8, 1, 4, 16)  # channels, state, groups, heads, head size
+    assert type(mixer.in_proj) is nn.QuantizedLinear
+    assert mixer.in_proj.weight.shape[0] == 64 + 64 + 2 * 8 + 4  # gate, x, B, C, dt
+    assert type(mixer.out_proj) is QuantizedShardedToAllLinear
+    assert mixer.out_proj.scales.shape == (64, 2)  # 64 of 128 input columns: 2 groups
+    assert mixer.conv1d.weight.shape[0] == 64 + 2 * 8 and mixer.norm.groups == 1
