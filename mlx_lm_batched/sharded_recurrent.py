@@ -65,6 +65,16 @@ def _heads(n, group, path, what="heads"):
     return split_range(n, size, rank)
 
 
+def _channels(n, unit, group, path):
+    """This rank's ``[a, b)`` of ``n`` channels, in blocks of ``unit`` (a quantization
+    group); refused on every rank alike when some rank would get none."""
+    size, rank = _ranks(group)
+    if n // unit < size:
+        raise ValueError(f"cannot shard '{path}': {n} channels over {size} ranks in "
+                         f"blocks of {unit}")
+    return split_range(n, size, rank, unit)
+
+
 def _grouped(n_heads, n_groups, group, path, what):
     """``head_ranges`` (whole groups, or a replicated group whose heads are split) with
     the layer named in its error."""
@@ -106,12 +116,8 @@ def shard_mamba(m, group, path):
     """Mamba's selective-SSM mixer, by channels: ``x_proj`` (channels to dt, B, C) and
     ``out_proj`` sum over the group; ``dt_proj`` keeps this rank's channels."""
     D, N, R = m.sizes
-    size, rank = _ranks(group)
     unit = math.lcm(_quant_unit(m.x_proj), _quant_unit(m.out_proj))
-    a, b = split_range(D, size, rank, unit)
-    if a == b:
-        raise ValueError(f"cannot shard '{path}': {D} channels over {size} ranks in "
-                         f"blocks of {unit}")
+    a, b = _channels(D, unit, group, path)
     _slice_out(m.in_proj, [(a, b), (D + a, D + b)])
     _slice_conv(m.conv1d, [(a, b)])
     _slice_in(m.x_proj, a, b, group, f"{path}.x_proj")
@@ -188,12 +194,7 @@ def shard_lightning(m, group, path):
 def shard_short_conv(m, group, path):
     """LFM2's gated short convolution by channels (``in_proj``: B, C, x per channel)."""
     C = m.conv.weight.shape[0]
-    size, rank = _ranks(group)
-    unit = _quant_unit(m.out_proj)
-    a, b = split_range(C, size, rank, unit)
-    if a == b:
-        raise ValueError(f"cannot shard '{path}': {C} channels over {size} ranks in "
-                         f"blocks of {unit}")
+    a, b = _channels(C, _quant_unit(m.out_proj), group, path)
     _slice_out(m.in_proj, [(a, b), (C + a, C + b), (2 * C + a, 2 * C + b)])
     _slice_conv(m.conv, [(a, b)])
     _slice_in(m.out_proj, a, b, group, f"{path}.out_proj")

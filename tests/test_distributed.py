@@ -118,13 +118,15 @@ RECURRENT = {
     # 6 heads in 3 B/C groups: rank 0 gets 2 whole groups (4 heads), rank 1 one.
     "mamba2": ("mamba2", dict(MAMBA, hidden_size=48, num_heads=6, head_dim=16, n_groups=3),
                [[2, 3, 96], [2, 4, 16, 8]] * 2),  # conv: 4*16 x + 2*8 B + 2*8 C channels
-    # Gated delta (2 key heads, one each) + gated attention + MoE with a shared expert.
-    "qwen3_next": ("qwen3_next", QWEN3_NEXT, [[2, 3, 32], [2, 2, 8, 8]] * 2),
-    # One key head (replicated on both ranks), 3 value heads split 2 / 1.
-    "qwen3_5": ("qwen3_5_text", dict(QWEN3_5, linear_num_key_heads=1, linear_num_value_heads=3),
-                [[2, 3, 32], [2, 2, 8, 8]] * 2),
+    # Gated delta (fused projections) + gated attention + MoE with a shared expert; one
+    # key head (replicated on both ranks), its 3 value heads split 2 / 1.
+    "qwen3_next": ("qwen3_next", dict(QWEN3_NEXT, linear_num_key_heads=1,
+                                      linear_num_value_heads=3), [[2, 3, 32], [2, 2, 8, 8]] * 2),
+    # Separate projections; 2 key heads with 2 value heads each: one key head per rank.
+    "qwen3_5": ("qwen3_5_text", QWEN3_5, [[2, 3, 32], [2, 2, 8, 8]] * 2),
     "lfm2": ("lfm2", LFM2, [[2, 2, 32]] * 2),  # short conv by channels
-    "nemotron_h": ("nemotron_h", NEMOTRON_H, None),
+    # Mamba-2, attention, ReLU² MLP and latent MoE blocks (latent projections whole).
+    "nemotron_h": ("nemotron_h", dict(NEMOTRON_H, moe_latent_size=32), [[2, 3, 48], [2, 4, 8, 8]]),
     "minimax": ("minimax", MINIMAX, [[2, 2, 16, 16]] * 2),  # lightning: 4 heads split 2 / 2
     # One B/C group of 8 heads: split 4 / 4, the gated norm sums over the ranks.
     "granitemoehybrid": ("granitemoehybrid", dict(GRANITE_HYBRID, mamba_n_groups=1), None),
@@ -339,13 +341,10 @@ def _gated_delta_4bit():
     return _quantized(_one_layer("linear_attn", GatedDeltaNet(64, 2, 4, 8, 8, 4, 1e-6)))
 
 
-def _nemotron_latent_moe():
-    from mlx_lm_batched.models.nemotron_h import ModelArgs, NemotronMoE
+def _short_conv_4bit():
+    from mlx_lm_batched.models.ssm import ShortConv
 
-    args = ModelArgs("nemotron_h", 128, 64, hybrid_override_pattern="E", moe_latent_size=32,
-                     n_routed_experts=4, moe_intermediate_size=32,
-                     moe_shared_expert_intermediate_size=32)
-    return _one_layer("mixer", NemotronMoE(args))
+    return _quantized(_one_layer("conv", ShortConv(64, 3)), group_size=64)
 
 
 @pytest.mark.parametrize("make,message", [
@@ -355,9 +354,8 @@ def _nemotron_latent_moe():
     # A 4-bit out_proj whose split (2 value heads of 8 = 16 columns) is not a whole group.
     (_gated_delta_4bit, r"'layers\.0\.linear_attn\.out_proj': input columns \[0, 16\) are "
                         r"not whole quantization groups of 32"),
-    # Nemotron-H's latent expert projections are not split: refused by name.
-    (_nemotron_latent_moe,
-     r"cannot shard layer 'layers\.0\.mixer\.fc1_latent_proj' of NemotronMoE"),
+    # 64 channels in one quantization group of 64: nothing for the second rank.
+    (_short_conv_4bit, r"cannot shard 'layers\.0\.conv': 64 channels over 2 ranks in blocks of 64"),
 ])
 def test_recurrent_layers_that_cannot_split_are_named(make, message):
     from mlx_lm_batched.distributed import shard_model
