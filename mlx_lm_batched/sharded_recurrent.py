@@ -57,11 +57,11 @@ def _ranks(group):
     return group.size(), group.rank()
 
 
-def _heads(n, group, path, what="heads"):
+def _heads(n, group, path):
     """This rank's ``[a, b)`` of ``n`` heads (uneven when they do not divide)."""
     size, rank = _ranks(group)
     if n < size:
-        raise ValueError(f"cannot shard '{path}': {n} {what} over {size} ranks")
+        raise ValueError(f"cannot shard '{path}': {n} heads over {size} ranks")
     return split_range(n, size, rank)
 
 
