@@ -171,7 +171,10 @@ def _shard_mla(attn, group, path):
 
 def _shard_block(module, group, path):
     """Shard ``module`` when it is a known block; return False for other modules."""
-    if isinstance(module, Attention):
+    shard = getattr(type(module), "shard", None)
+    if shard is not None:  # a layer that shards itself (recurrent mixers: sharded_recurrent.py)
+        shard(module, group, path)
+    elif isinstance(module, Attention):
         _shard_attention(module, group, path)
     elif isinstance(module, MultiHeadLatentAttention):
         _shard_mla(module, group, path)

@@ -7,6 +7,10 @@ sharded; rank 0 also runs the unsharded model as the oracle, compares, and write
 - ``tensor``: padded batch of mixed lengths (logits within 1e-4, greedy tokens equal),
   then rows joining a running ``BatchGenerator`` (tokens and logprobs equal);
   ``tensor-quick`` (4-bit models): the first two only, logits within 5e-4;
+- ``many``: ``MODEL_DIR`` holds several model directories (tiny recurrent and hybrid
+  checkpoints, one launch for all; ``-q4`` names: 4-bit, logits within 5e-4): the
+  ``tensor`` checks for each, and the shapes of its
+  state caches sharded (rank 0) and whole, per model in ``RESULT_JSON``;
 - ``die``: rank 1 dies after loading (``os._exit``); ``stall``: rank 1 stops taking part.
   Rank 0's guarded steps must then exit with a clear error, not hang.
 """
@@ -16,6 +20,7 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import mlx_lm_batched  # noqa: F401  (loads the fast BLAS before mlx.core)
 import mlx.core as mx
@@ -23,6 +28,7 @@ import numpy as np
 
 from mlx_lm_batched.batching import BatchEngine, left_pad
 from mlx_lm_batched.distributed import guard_collectives
+from mlx_lm_batched.models.state_cache import StateCache
 from mlx_lm_batched.scheduler import BatchGenerator
 from mlx_lm_batched.utils import load, sharded_load
 
@@ -93,10 +99,42 @@ def compare(ours, oracle, atol=ATOL):
     return ["padded logits", "greedy tokens", "rows joining BatchGenerator"]
 
 
+def state_shapes(model, vocab):
+    """Shapes of the ``StateCache`` arrays after a prefill of a padded batch of 2."""
+    engine = BatchEngine(model)
+    engine.prefill(*left_pad(prompts(vocab, (5, 2), 3)))
+    return [list(a.shape) for c in engine.cache if isinstance(c, StateCache) for a in c.arrays]
+
+
+def check_many(parent, rank):
+    """The ``tensor`` checks on each model directory under ``parent``: rank 0's report
+    ``{name: {"passed" or "failure", "states": [sharded, whole]}}``."""
+    out = {}
+    for directory in sorted(Path(parent).iterdir()):
+        model, _ = sharded_load(str(directory))
+        vocab = model.args.vocab_size
+        ours, shapes = run_all(model, vocab), state_shapes(model, vocab)
+        if rank:
+            continue
+        ref, _ = load(str(directory))
+        entry = out[directory.name] = {"states": [shapes, state_shapes(ref, vocab)]}
+        try:  # 4-bit conversions (names ending in -q4): the split sums round differently
+            atol = ATOL_QUICK if directory.name.endswith("-q4") else ATOL
+            entry["passed"] = compare(ours, run_all(ref, vocab), atol)
+        except AssertionError:
+            entry["failure"] = traceback.format_exc()
+    return out
+
+
 def main():
     mode, model_dir, result = sys.argv[1:4]
     group = mx.distributed.init()
     rank = group.rank()
+    if mode == "many":
+        out = {"size": group.size(), "models": check_many(model_dir, rank)}
+        if rank == 0:
+            Path(result).write_text(json.dumps(out))
+        return
     model, _ = sharded_load(model_dir)
     out = {"size": group.size(), "rank": rank}
     if mode in ("die", "stall"):

@@ -6,6 +6,7 @@ experts, shared expert) checkpoints. Each run is one ``tests/dist_worker.py`` pe
 rank 0 compares and writes a JSON result."""
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -20,6 +21,9 @@ import pytest
 
 import arch_harness
 from conftest import model_dir
+from test_arch_minicpm3_minimax import MINIMAX
+from test_arch_recurrent import (FALCON_H1, GRANITE_HYBRID, JAMBA, KIMI_LINEAR, LFM2, MAMBA,
+                                 NEMOTRON_H, QWEN3_5, QWEN3_NEXT, RECURRENT_GEMMA)
 
 WORKER = Path(__file__).parent / "dist_worker.py"
 TIMEOUT = 240
@@ -104,6 +108,65 @@ def test_tensor_parallel_tiny_moe_and_mla(model_type, tmp_path):
     arch_harness.save_hf_model(hf, tmp_path, "transformers5")
     _tiny_tokenizer(tmp_path)
     assert_tensor_parallel_exact(tmp_path, heads)
+
+
+# Tiny recurrent and hybrid checkpoints (configs of tests/test_arch_recurrent.py and
+# test_arch_minicpm3_minimax.py), some reshaped so 2 ranks split them unevenly or share a
+# group: name -> (model_type, config, rank 0's state-cache shapes after a prefill of 2 rows
+# (None: only "smaller than whole")).
+RECURRENT = {
+    # 6 heads in 3 B/C groups: rank 0 gets 2 whole groups (4 heads), rank 1 one.
+    "mamba2": ("mamba2", dict(MAMBA, hidden_size=48, num_heads=6, head_dim=16, n_groups=3),
+               [[2, 3, 96], [2, 4, 16, 8]] * 2),  # conv: 4*16 x + 2*8 B + 2*8 C channels
+    # Gated delta (fused projections) + gated attention + MoE with a shared expert; one
+    # key head (replicated on both ranks), its 3 value heads split 2 / 1.
+    "qwen3_next": ("qwen3_next", dict(QWEN3_NEXT, linear_num_key_heads=1,
+                                      linear_num_value_heads=3), [[2, 3, 32], [2, 2, 8, 8]] * 2),
+    # Separate projections; 2 key heads with 2 value heads each: one key head per rank.
+    "qwen3_5": ("qwen3_5_text", QWEN3_5, [[2, 3, 32], [2, 2, 8, 8]] * 2),
+    "lfm2": ("lfm2", LFM2, [[2, 2, 32]] * 2),  # short conv by channels
+    # Mamba-2, attention, ReLU² MLP and latent MoE blocks (latent projections whole).
+    "nemotron_h": ("nemotron_h", dict(NEMOTRON_H, moe_latent_size=32), [[2, 3, 48], [2, 4, 8, 8]]),
+    "minimax": ("minimax", MINIMAX, [[2, 2, 16, 16]] * 2),  # lightning: 4 heads split 2 / 2
+    # One B/C group of 8 heads: split 4 / 4, the gated norm sums over the ranks.
+    "granitemoehybrid": ("granitemoehybrid", dict(GRANITE_HYBRID, mamba_n_groups=1), None),
+    "falcon_h1": ("falcon_h1", dict(FALCON_H1, mamba_rms_norm=True), None),
+    "mamba": ("mamba", MAMBA, [[2, 3, 64], [2, 64, 8]] * 2),  # Mamba 1: by channels
+    "kimi_linear": ("kimi_linear", KIMI_LINEAR, None),
+    "recurrent_gemma": ("recurrent_gemma", RECURRENT_GEMMA, None),
+    "jamba": ("jamba", JAMBA, None),
+    # 4-bit conversions (groups of 32): every projection splits on whole groups.
+    "mamba2-q4": ("mamba2", dict(MAMBA, num_heads=8, head_dim=16, n_groups=2), None),
+    "lfm2-q4": ("lfm2", LFM2, [[2, 2, 32]] * 2),
+}
+
+
+def test_tensor_parallel_recurrent_and_hybrid_models(tmp_path):
+    """One launch for every family: padded logits, greedy tokens and rows joining a
+    running BatchGenerator equal one process; each rank's state caches hold its heads."""
+    from mlx_lm_batched import convert
+
+    models = tmp_path / "models"
+    for name, (model_type, config, _) in RECURRENT.items():
+        directory = tmp_path / name if name.endswith("-q4") else models / name
+        arch_harness.save_hf_model(arch_harness.build_hf_model(model_type, config), directory,
+                                   "transformers5")
+        _tiny_tokenizer(directory)
+        if name.endswith("-q4"):
+            convert(str(directory), str(models / name), quantize=True, q_group_size=32, q_bits=4)
+    data, out, _ = launch("many", models, timeout=TIMEOUT)
+    assert data is not None, out[-3000:]
+    assert data["size"] == 2 and sorted(data["models"]) == sorted(RECURRENT)
+    for name, (_, _, shapes) in RECURRENT.items():
+        entry = data["models"][name]
+        assert "failure" not in entry, f"{name}: {entry['failure']}"
+        assert entry["passed"] == ["padded logits", "greedy tokens", "rows joining BatchGenerator"]
+        sharded, whole = entry["states"]
+        assert len(sharded) == len(whole) > 0, name
+        for a, b in zip(sharded, whole):  # same kinds of arrays, this rank's part of each
+            assert len(a) == len(b) and a[0] == b[0] and 0 < math.prod(a) < math.prod(b), name
+        if shapes is not None:
+            assert sharded == shapes, name
 
 
 def _tiny_tokenizer(directory):
@@ -241,3 +304,80 @@ def test_quantized_layer_split_off_group_boundaries_is_refused():
     nn.quantize(model, group_size=128, bits=4)
     with pytest.raises(ValueError, match=r"'attn.o_proj'.*quantization groups of 128"):
         shard_model(model, _TwoRanks())
+
+
+def _one_layer(name, layer):
+    import mlx.nn as nn
+
+    block = nn.Module()
+    setattr(block, name, layer)
+    model = nn.Module()
+    model.layers = [block]
+    return model
+
+
+def _quantized(model, group_size=32):
+    import mlx.nn as nn
+
+    nn.quantize(model, group_size=group_size, bits=4)
+    return model
+
+
+def _kimi_one_head():
+    from mlx_lm_batched.models.gated_delta import KimiDeltaAttention
+
+    return _one_layer("self_attn", KimiDeltaAttention(64, 1, 16, 4, 1e-6))
+
+
+def _mamba2_one_head():
+    from mlx_lm_batched.models.mamba2 import Mamba2Mixer
+
+    return _one_layer("mixer", Mamba2Mixer(64, 1, 16, 8, 1, 4, 1e-6))
+
+
+def _gated_delta_4bit():
+    from mlx_lm_batched.models.gated_delta import GatedDeltaNet
+
+    return _quantized(_one_layer("linear_attn", GatedDeltaNet(64, 2, 4, 8, 8, 4, 1e-6)))
+
+
+def _short_conv_4bit():
+    from mlx_lm_batched.models.ssm import ShortConv
+
+    return _quantized(_one_layer("conv", ShortConv(64, 3)), group_size=64)
+
+
+@pytest.mark.parametrize("make,message", [
+    # Fewer heads than ranks.
+    (_kimi_one_head, r"cannot shard 'layers\.0\.self_attn': 1 heads over 2 ranks"),
+    (_mamba2_one_head, r"cannot shard 'layers\.0\.mixer': 1 heads in 1 groups over 2 ranks"),
+    # A 4-bit out_proj whose split (2 value heads of 8 = 16 columns) is not a whole group.
+    (_gated_delta_4bit, r"'layers\.0\.linear_attn\.out_proj': input columns \[0, 16\) are "
+                        r"not whole quantization groups of 32"),
+    # 64 channels in one quantization group of 64: nothing for the second rank.
+    (_short_conv_4bit, r"cannot shard 'layers\.0\.conv': 64 channels over 2 ranks in blocks of 64"),
+])
+def test_recurrent_layers_that_cannot_split_are_named(make, message):
+    from mlx_lm_batched.distributed import shard_model
+
+    with pytest.raises(ValueError, match=message):
+        shard_model(make(), _TwoRanks())
+
+
+def test_quantized_mamba2_mixer_shards_in_whole_groups():
+    """8 heads in 2 groups, 4-bit in groups of 32: rank 0 keeps group 0 (4 heads)."""
+    import mlx.nn as nn
+
+    from mlx_lm_batched.distributed import shard_model
+    from mlx_lm_batched.models.mamba2 import Mamba2Mixer
+    from mlx_lm_batched.models.sharded_layers import QuantizedShardedToAllLinear
+
+    model = _quantized(_one_layer("mixer", Mamba2Mixer(64, 8, 16, 8, 2, 4, 1e-6)))
+    shard_model(model, _TwoRanks())
+    mixer = model.layers[0].mixer
+    assert mixer.sizes == (64, 8, 1, 4, 16)  # channels, state, groups, heads, head size
+    assert type(mixer.in_proj) is nn.QuantizedLinear
+    assert mixer.in_proj.weight.shape[0] == 64 + 64 + 2 * 8 + 4  # gate, x, B, C, dt
+    assert type(mixer.out_proj) is QuantizedShardedToAllLinear
+    assert mixer.out_proj.scales.shape == (64, 2)  # 64 of 128 input columns: 2 groups
+    assert mixer.conv1d.weight.shape[0] == 64 + 2 * 8 and mixer.norm.groups == 1

@@ -68,29 +68,38 @@ class MLP(nn.Module):
         self.act = activation(args.hidden_act)
         self.gate_mult, self.down_mult = (float(v) for v in args.mlp_multipliers)
 
+    def shard(self, group, path):
+        """Tensor parallelism over ``group``: split the hidden units (as the shared MLP)."""
+        from ..distributed import _shard_mlp
+
+        _shard_mlp([(self.gate_proj, 1), (self.up_proj, 1)], self.down_proj, group, path)
+
     def __call__(self, x):
         y = self.up_proj(x) * self.act(self.gate_proj(x) * self.gate_mult)
         return self.down_proj(y) * self.down_mult
 
 
-class KeyScaled(nn.Module):
-    """``k_proj`` followed by Falcon-H1's ``key_multiplier``."""
+class KeyScaledAttention(Attention):
+    """The shared attention with Falcon-H1's ``key_multiplier`` on the key projection
+    (a plain ``k_proj``, so tensor parallelism splits it like any other)."""
 
-    def __init__(self, linear, scale):
-        super().__init__()
-        self.linear, self.scale = linear, scale
+    def __init__(self, *args, key_multiplier=1.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.key_multiplier = key_multiplier
 
-    def __call__(self, x):
-        return self.linear(x) * self.scale
+    def project(self, x):
+        q, k, v = super().project(x)
+        return q, k * self.key_multiplier, v
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, args, rope):
         super().__init__()
         a = args
-        self.self_attn = Attention(a.hidden_size, a.num_attention_heads, a.num_key_value_heads,
-                                   a.head_dim, rope, bias=a.attention_bias)
-        self.self_attn.k_proj = KeyScaled(self.self_attn.k_proj, a.key_multiplier)
+        self.self_attn = KeyScaledAttention(a.hidden_size, a.num_attention_heads,
+                                            a.num_key_value_heads, a.head_dim, rope,
+                                            bias=a.attention_bias,
+                                            key_multiplier=a.key_multiplier)
         self.mamba = Mamba2Mixer(a.hidden_size, a.mamba_n_heads, a.mamba_d_head, a.mamba_d_state,
                                  a.mamba_n_groups, a.mamba_d_conv, a.rms_norm_eps,
                                  a.mamba_proj_bias, a.mamba_conv_bias, a.time_step_limit,
@@ -159,8 +168,8 @@ class Model(nn.Module):
         for k, v in weights.items():
             if "rotary_emb.inv_freq" in k or k.endswith("mup_vector"):
                 continue
-            if "self_attn.k_proj.linear." not in k:  # already-converted names stay as they are
-                k = k.replace("self_attn.k_proj.", "self_attn.k_proj.linear.")
+            # Conversions by earlier versions wrapped k_proj (``k_proj.linear.``).
+            k = k.replace("self_attn.k_proj.linear.", "self_attn.k_proj.")
             if k.endswith("conv1d.weight"):
                 v = CausalConv1d.sanitize_weight(v, self.args.mamba_d_conv)
             out[k] = v

@@ -86,6 +86,13 @@ class GatedDeltaNet(nn.Module):
         qkv = mx.concatenate([q.reshape(B, L, -1), k.reshape(B, L, -1), v.reshape(B, L, -1)], -1)
         return qkv, z.reshape(B, L, Hv, Dv), b.reshape(B, L, Hv), a.reshape(B, L, Hv)
 
+    def shard(self, group, path):
+        """Tensor parallelism over ``group``: keep this rank's key and value heads (see
+        :mod:`mlx_lm_batched.sharded_recurrent`)."""
+        from ..sharded_recurrent import shard_gated_delta
+
+        shard_gated_delta(self, group, path)
+
     def __call__(self, x, mask, offset, cache=None, attention=None):
         Hk, Hv, Dk, Dv = self.sizes
         B, L, _ = x.shape
@@ -134,6 +141,13 @@ class KimiDeltaAttention(nn.Module):
         self.g_b_proj = nn.Linear(head_dim, dim, bias=False)
         self.o_norm = GatedRMSNorm(head_dim, eps=eps, norm_before_gate=True, gate_act=mx.sigmoid)
         self.o_proj = nn.Linear(dim, hidden_size, bias=False)
+
+    def shard(self, group, path):
+        """Tensor parallelism over ``group``: keep this rank's heads (see
+        :mod:`mlx_lm_batched.sharded_recurrent`)."""
+        from ..sharded_recurrent import shard_kimi_delta
+
+        shard_kimi_delta(self, group, path)
 
     def __call__(self, x, mask, offset, cache=None, attention=None):
         H, Dk = self.sizes

@@ -74,6 +74,13 @@ class LightningAttention(nn.Module):
         self.act = activation(act)
         self._slope = slope_rates(n_heads, layer_idx, n_layers)  # not a parameter
 
+    def shard(self, group, path):
+        """Tensor parallelism over ``group``: keep this rank's heads (see
+        :mod:`mlx_lm_batched.sharded_recurrent`)."""
+        from ..sharded_recurrent import shard_lightning
+
+        shard_lightning(self, group, path)
+
     def __call__(self, x, mask, offset, cache=None, attention=None):
         B, L, _ = x.shape
         valid = column_validity(cache, offset, L)

@@ -75,6 +75,13 @@ class MambaMixer(nn.Module):
             return self.dt_layernorm(dt), self.b_layernorm(Bm), self.c_layernorm(Cm)
         return dt, Bm, Cm
 
+    def shard(self, group, path):
+        """Tensor parallelism over ``group``: keep this rank's channels (see
+        :mod:`mlx_lm_batched.sharded_recurrent`)."""
+        from ..sharded_recurrent import shard_mamba
+
+        shard_mamba(self, group, path)
+
     def __call__(self, x, mask, offset, cache=None, attention=None):
         """``mask``/``attention`` are unused (the mixers share attention's signature)."""
         D, N, R = self.sizes

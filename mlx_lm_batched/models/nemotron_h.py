@@ -86,6 +86,15 @@ class NemotronMoE(nn.Module):
             self.fc1_latent_proj = nn.Linear(args.hidden_size, dims, bias=args.mlp_bias)
             self.fc2_latent_proj = nn.Linear(dims, args.hidden_size, bias=args.mlp_bias)
 
+    def shard(self, group, path):
+        """Tensor parallelism over ``group``: the experts and the shared MLP split their
+        hidden units; the router and the latent projections stay whole (the experts'
+        output is summed over the ranks before ``fc2_latent_proj``)."""
+        from ..distributed import _shard_block
+
+        _shard_block(self.switch_mlp, group, f"{path}.switch_mlp")
+        _shard_block(self.shared_experts, group, f"{path}.shared_experts")
+
     def __call__(self, x):
         indices, weights = self.gate(x)
         h = self.fc1_latent_proj(x) if "fc1_latent_proj" in self else x

@@ -49,6 +49,13 @@ class GatedAttention(Attention):
         super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, rope, bias=bias, qk_norm=norm)
         self.q_proj = nn.Linear(hidden_size, 2 * n_heads * head_dim, bias=bias)
 
+    def shard(self, group, path):
+        """Tensor parallelism over ``group``: keep this rank's heads (see
+        :mod:`mlx_lm_batched.sharded_recurrent`)."""
+        from ..sharded_recurrent import shard_gated_attention
+
+        shard_gated_attention(self, group, path)
+
     def __call__(self, x, mask, offset, cache=None, attention=None):
         B, L, _ = x.shape
         q, gate = mx.split(self.q_proj(x).reshape(B, L, self.n_heads, 2 * self.head_dim), 2, -1)

@@ -74,6 +74,13 @@ class RecurrentBlock(nn.Module):
         self.rg_lru = RGLRU(W, args.num_attention_heads)
         self.act = activation(args.hidden_activation)
 
+    def shard(self, group, path):
+        """Tensor parallelism over ``group``: keep this rank's RG-LRU heads (see
+        :mod:`mlx_lm_batched.sharded_recurrent`)."""
+        from ..sharded_recurrent import shard_rg_lru_block
+
+        shard_rg_lru_block(self, group, path)
+
     def __call__(self, x, mask, offset, cache=None, attention=None):
         L = x.shape[1]
         valid = column_validity(cache, offset, L)

@@ -149,13 +149,18 @@ class GatedRMSNorm(nn.Module):
         silu_gate = None if gate is None else self._gate_act(gate.astype(mx.float32))
         if silu_gate is not None and not self.norm_before_gate:
             x = x * silu_gate
-        shape = x.shape
-        x = x.reshape(*shape[:-1], self.groups, -1)
-        x = x * mx.rsqrt(mx.mean(x * x, axis=-1, keepdims=True) + self.eps)
-        x = self.weight * x.reshape(shape).astype(dtype)
+        x = self.weight * self._normalize(x).astype(dtype)
         if silu_gate is not None and self.norm_before_gate:
             x = (x * silu_gate).astype(dtype)
         return x
+
+    def _normalize(self, x):
+        """``x`` (float32) divided by its RMS over each group of channels (the tensor-
+        parallel norm overrides this: its groups may span ranks)."""
+        shape = x.shape
+        x = x.reshape(*shape[:-1], self.groups, -1)
+        x = x * mx.rsqrt(mx.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        return x.reshape(shape)
 
 
 class ShortConv(nn.Module):
@@ -167,6 +172,13 @@ class ShortConv(nn.Module):
         self.in_proj = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
         self.conv = CausalConv1d(hidden_size, kernel, bias=bias)
         self.out_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
+
+    def shard(self, group, path):
+        """Tensor parallelism over ``group``: keep this rank's channels (see
+        :mod:`mlx_lm_batched.sharded_recurrent`)."""
+        from ..sharded_recurrent import shard_short_conv
+
+        shard_short_conv(self, group, path)
 
     def __call__(self, x, mask, offset, cache=None, attention=None):
         valid = column_validity(cache, offset, x.shape[1])
