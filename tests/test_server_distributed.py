@@ -1,0 +1,129 @@
+"""The server sharded over 2 ring ranks (``mlx.launch -n 2 --backend ring``) on real
+SmolLM2 (float32; 9 heads and 3 KV heads, split unevenly), queried with the ``openai``
+client: concurrent greedy requests (streamed or not, with a stop string, with a prefix
+cache hit) give the text of the same prompt generated alone in this process; SIGTERM on
+rank 0 stops both ranks cleanly; a killed follower ends rank 0 with a clear error."""
+
+import concurrent.futures as futures
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import openai
+import pytest
+
+from mlx_lm_batched import generate, load
+from server_harness import ServerProcess, free_port
+from test_distributed import launcher
+
+STORY = "Once upon a time, in a small village by the sea,"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+HAIKU = [{"role": "user", "content": "Write a haiku about rain."}]
+STOP_S = 60  # SIGTERM to exit, and a killed follower to rank 0's exit
+
+
+@pytest.fixture(scope="module")
+def oracle(float_dirs):
+    return load(str(float_dirs["smollm2"]))
+
+
+def solo(oracle, prompt, max_tokens):
+    model, tokenizer = oracle
+    if isinstance(prompt, list):
+        prompt = tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
+    return generate(model, tokenizer, prompt, max_tokens=max_tokens)
+
+
+@pytest.fixture(scope="module")
+def server(float_dirs):
+    srv = ServerProcess(float_dirs["smollm2"], "--log-level", "info", launcher=launcher())
+    yield srv
+    if srv.proc.poll() is None:  # a failed test: end the launcher and its ranks
+        srv.proc.kill()
+        srv.proc.wait()
+
+
+def rank0_pid(srv):
+    found = re.search(r"tensor parallel over 2 ranks, rank 0 is pid (\d+)", srv.output())
+    assert found, srv.output()
+    return int(found.group(1))
+
+
+def test_concurrent_requests_equal_one_process(server, oracle):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=300, max_retries=0)
+    model_id = client.models.list().data[0].id
+    story = solo(oracle, STORY, 10)
+    stop = story.split()[2]  # a stop string inside the greedy text: the row leaves early
+
+    def complete(prompt, n, stream=False, **kw):
+        out = client.completions.create(model=model_id, prompt=prompt, max_tokens=n,
+                                        temperature=0, stream=stream, **kw)
+        return "".join(c.choices[0].text for c in out if c.choices) if stream else out.choices[0].text
+
+    def chat(messages, n, stream=False):
+        out = client.chat.completions.create(model=model_id, messages=messages, max_tokens=n,
+                                             temperature=0, stream=stream)
+        if stream:
+            return "".join(c.choices[0].delta.content or "" for c in out if c.choices)
+        return out.choices[0].message.content
+
+    jobs = {
+        "story": (lambda: complete(STORY, 10), story),
+        "story, streamed, stop string": (lambda: complete(STORY, 10, True, stop=[stop]),
+                                         story[: story.index(stop)]),
+        "france, streamed": (lambda: complete("The capital of France is", 4, True),
+                             solo(oracle, "The capital of France is", 4)),
+        "question chat": (lambda: chat(QUESTION, 8), solo(oracle, QUESTION, 8)),
+        "haiku chat, streamed": (lambda: chat(HAIKU, 6, True), solo(oracle, HAIKU, 6)),
+        # Sampled on rank 0 only (its tokens reach rank 1): nothing to compare, but the
+        # greedy rows next to it must stay right.
+        "sampled": (lambda: client.completions.create(model=model_id, prompt=STORY, max_tokens=5,
+                                                      temperature=0.9, seed=3).choices[0].text,
+                    None),
+    }
+    with futures.ThreadPoolExecutor(len(jobs)) as pool:
+        running = {name: pool.submit(call) for name, (call, _) in jobs.items()}
+        got = {name: f.result() for name, f in running.items()}
+    for name, (_, expected) in jobs.items():
+        if expected is not None:
+            assert got[name] == expected, (name, got[name], expected)
+    assert got["sampled"]
+    # The question's cache went to the prefix cache on every rank: this one continues it.
+    again = client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=8,
+                                           temperature=0)
+    assert again.choices[0].message.content == got["question chat"]
+    assert again.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_sigterm_on_rank_0_stops_both_ranks_cleanly(server):
+    os.kill(rank0_pid(server), signal.SIGTERM)
+    server.proc.wait(STOP_S)  # the launcher ends once both ranks have
+    out = server.output()
+    assert "exited with code" not in out and "was killed" not in out, out
+    assert "error" not in out.lower(), out
+
+
+def test_killed_follower_ends_rank_0_with_a_clear_error(float_dirs, tmp_path):
+    # Both ranks by hand (what mlx.launch does), so no launcher cleans up after rank 1.
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(2)]))
+    env = {"MLX_HOSTFILE": str(hostfile), "PYTHONPATH": os.pathsep.join(sys.path)}
+    port_args = ["--model", str(float_dirs["smollm2"]), "--log-level", "warning"]
+    follower = subprocess.Popen([sys.executable, "-m", "mlx_lm_batched.server", *port_args],
+                                env={**os.environ, **env, "MLX_RANK": "1"},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rank0 = None
+    try:
+        rank0 = ServerProcess(float_dirs["smollm2"], env={**env, "MLX_RANK": "0"})
+        follower.kill()  # idle: rank 0 notices at its next ping
+        rank0.proc.wait(STOP_S)  # raises TimeoutExpired when rank 0 hangs
+        assert rank0.proc.returncode == 1, rank0.output()
+        assert "[rank 0] error: lost a peer of the distributed group" in rank0.output()
+    finally:
+        for proc in (follower, rank0 and rank0.proc):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
