@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 
+import mlx.core as mx
 import openai
 import pytest
 
@@ -127,3 +128,44 @@ def test_killed_follower_ends_rank_0_with_a_clear_error(float_dirs, tmp_path):
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def _one_row_cache(n_tokens, heads):
+    from mlx_lm_batched.models.kv_cache import KVCache
+
+    cache = KVCache()
+    x = mx.zeros((1, heads, n_tokens, 8))
+    cache.update_and_fetch(x, x)
+    return [cache]
+
+
+def test_follower_prefix_cache_keeps_what_rank_0_keeps():
+    """Rank 0 evicts by its bytes; a follower holds fewer KV heads (other byte counts) and
+    evicts only by the entry counts rank 0 sends: both must keep the same prefixes."""
+    from mlx_lm_batched.prefix_cache import LRUPromptCache
+    from mlx_lm_batched.server.replay import Follower
+
+    model = object()  # the stores key entries by model identity only
+    entry = 2 * 2 * 8 * 4  # bytes per token of rank 0's caches (2 heads, keys and values)
+    rank0 = LRUPromptCache(max_size=3, max_bytes=entry * 20)
+    follower = Follower(model, group=None)
+    seqs = {"a": list(range(1, 6)), "b": list(range(10, 18)), "c": list(range(20, 24)),
+            "a+": list(range(1, 9)), "d": list(range(30, 40)), "e": list(range(40, 43))}
+    script = ["a", "b", "c", "fetch a", "a+", "d", "fetch c", "e"]
+    for uid, step in enumerate(script):
+        if step.startswith("fetch"):
+            prompt = seqs[step.split()[1]] + [99]
+            cache, rest = rank0.fetch_nearest_cache(model, prompt)
+            if cache is not None:
+                follower._op_fetch(uid, prompt, len(prompt) - len(rest))
+            continue
+        tokens = seqs[step]
+        rank0.insert_cache(model, tokens, _one_row_cache(len(tokens), 2))
+        follower._finished = {uid: (_one_row_cache(len(tokens), 1), tokens)}
+        follower._op_store(uid, len(tokens), len(rank0))
+        assert len(follower.store) == len(rank0), step
+    assert rank0.nbytes > 2 * follower.store.nbytes - 1  # the byte counts did differ
+    for name, tokens in seqs.items():  # the same fetches hit the same prefixes
+        hits = [len(tokens) + 1 - len(s.fetch_nearest_cache(model, tokens + [99])[1])
+                for s in (rank0, follower.store)]
+        assert hits[0] == hits[1], (name, hits)
