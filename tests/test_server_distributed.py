@@ -1,14 +1,16 @@
 """The server sharded over 2 ring ranks (``mlx.launch -n 2 --backend ring``) on real
 SmolLM2 (float32; 9 heads and 3 KV heads, split unevenly), queried with the ``openai``
 client: concurrent greedy requests (streamed or not, with a stop string, with a prefix
-cache hit) give the text of the same prompt generated alone in this process; SIGTERM on
-rank 0 stops both ranks cleanly; a killed follower ends rank 0 with a clear error."""
+cache hit) and a seeded sampled one give the text of the same prompt generated alone in
+this process; SIGTERM on rank 0 drains and stops both ranks cleanly; a killed follower
+ends rank 0 with a clear error."""
 
 import concurrent.futures as futures
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 
@@ -17,7 +19,8 @@ import openai
 import pytest
 
 from mlx_lm_batched import generate, load
-from server_harness import ServerProcess, free_port
+from mlx_lm_batched.server.sampling import SeededSampler
+from server_harness import ServerProcess
 from test_distributed import launcher
 
 STORY = "Once upon a time, in a small village by the sea,"
@@ -45,6 +48,17 @@ def server(float_dirs):
     if srv.proc.poll() is None:  # a failed test: end the launcher and its ranks
         srv.proc.kill()
         srv.proc.wait()
+
+
+def free_ports(n):
+    """``n`` distinct free local ports (held open together while they are picked)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
 def rank0_pid(srv):
@@ -79,19 +93,16 @@ def test_concurrent_requests_equal_one_process(server, oracle):
                              solo(oracle, "The capital of France is", 4)),
         "question chat": (lambda: chat(QUESTION, 8), solo(oracle, QUESTION, 8)),
         "haiku chat, streamed": (lambda: chat(HAIKU, 6, True), solo(oracle, HAIKU, 6)),
-        # Sampled on rank 0 only (its tokens reach rank 1): nothing to compare, but the
-        # greedy rows next to it must stay right.
-        "sampled": (lambda: client.completions.create(model=model_id, prompt=STORY, max_tokens=5,
-                                                      temperature=0.9, seed=3).choices[0].text,
-                    None),
+        # Sampled on rank 0 only; rank 1 must feed the same tokens to its heads' caches.
+        "seeded sample": (lambda: client.completions.create(
+            model=model_id, prompt=STORY, max_tokens=6, temperature=0.9, seed=3).choices[0].text,
+            generate(*oracle, STORY, max_tokens=6, sampler=SeededSampler(3, 0.9))),
     }
     with futures.ThreadPoolExecutor(len(jobs)) as pool:
         running = {name: pool.submit(call) for name, (call, _) in jobs.items()}
         got = {name: f.result() for name, f in running.items()}
     for name, (_, expected) in jobs.items():
-        if expected is not None:
-            assert got[name] == expected, (name, got[name], expected)
-    assert got["sampled"]
+        assert got[name] == expected, (name, got[name], expected)
     # The question's cache went to the prefix cache on every rank: this one continues it.
     again = client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=8,
                                            temperature=0)
@@ -99,19 +110,34 @@ def test_concurrent_requests_equal_one_process(server, oracle):
     assert again.usage.prompt_tokens_details.cached_tokens > 0
 
 
-def test_sigterm_on_rank_0_stops_both_ranks_cleanly(server):
+def test_sigterm_on_rank_0_drains_and_stops_both_ranks_cleanly(server, oracle):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=300, max_retries=0)
+    stream = iter(client.completions.create(model=client.models.list().data[0].id, prompt=STORY,
+                                            max_tokens=6, temperature=0, stream=True))
+    text = next(stream).choices[0].text  # the row is decoding now
     os.kill(rank0_pid(server), signal.SIGTERM)
+    text += "".join(c.choices[0].text for c in stream if c.choices)
+    assert text == solo(oracle, STORY, 6)  # the request in flight finished
     server.proc.wait(STOP_S)  # the launcher ends once both ranks have
     out = server.output()
     assert "exited with code" not in out and "was killed" not in out, out
     assert "error" not in out.lower(), out
 
 
+def test_distributed_tensor_needs_several_ranks():
+    proc = subprocess.run([sys.executable, "-m", "mlx_lm_batched.server", "--distributed", "tensor"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 2, proc.stderr
+    assert "--distributed tensor: tensor parallelism needs more than one rank" in proc.stderr
+
+
 def test_killed_follower_ends_rank_0_with_a_clear_error(float_dirs, tmp_path):
     # Both ranks by hand (what mlx.launch does), so no launcher cleans up after rank 1.
     hostfile = tmp_path / "hosts.json"
-    hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(2)]))
-    env = {"MLX_HOSTFILE": str(hostfile), "PYTHONPATH": os.pathsep.join(sys.path)}
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(2)]))
+    env = {"MLX_HOSTFILE": str(hostfile), "PYTHONPATH": os.pathsep.join(sys.path),
+           "PYTHONFAULTHANDLER": "1"}
     port_args = ["--model", str(float_dirs["smollm2"]), "--log-level", "warning"]
     follower = subprocess.Popen([sys.executable, "-m", "mlx_lm_batched.server", *port_args],
                                 env={**os.environ, **env, "MLX_RANK": "1"},
@@ -120,7 +146,12 @@ def test_killed_follower_ends_rank_0_with_a_clear_error(float_dirs, tmp_path):
     try:
         rank0 = ServerProcess(float_dirs["smollm2"], env={**env, "MLX_RANK": "0"})
         follower.kill()  # idle: rank 0 notices at its next ping
-        rank0.proc.wait(STOP_S)  # raises TimeoutExpired when rank 0 hangs
+        try:
+            rank0.proc.wait(STOP_S)
+        except subprocess.TimeoutExpired:  # a hang: SIGABRT shows where (faulthandler)
+            rank0.proc.send_signal(signal.SIGABRT)
+            rank0.proc.wait()
+            pytest.fail(f"rank 0 still runs {STOP_S} s after its follower died:\n{rank0.output()}")
         assert rank0.proc.returncode == 1, rank0.output()
         assert "[rank 0] error: lost a peer of the distributed group" in rank0.output()
     finally:
