@@ -26,7 +26,7 @@ logits or consuming random numbers in the same order (shared seeds would); it co
 all-reduce of ``B`` int32 per step. Followers therefore run no samplers or processors.
 
 Idle: MLX's ring backend waits for a collective by polling (a rank blocked in ``all_sum``
-for 8 s used 7.8 s of CPU), so followers must not wait in one while the server is idle.
+for 8 s used 6.7-7.8 s of CPU), so followers must not wait in one while the server is idle.
 When the batch empties, rank 0 sends a message without ``step``; the followers sleep and
 rank 0 pings again when that sleep ends, the sleeps doubling from ``IDLE_SLEEP_MIN`` to
 ``IDLE_SLEEP_MAX``: an idle server does a few tiny collectives a second, a request waits at
