@@ -23,11 +23,12 @@ def free_port():
 class ServerProcess:
     """A server subprocess: ``url``, ``get``/``post`` helpers, ``stop()`` -> exit status."""
 
-    def __init__(self, model_dir, *args, env=None):
+    def __init__(self, model_dir, *args, env=None, launcher=()):
+        """``launcher``: words before the Python command (``mlx.launch ... --``)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "mlx_lm_batched.server", "--model", str(model_dir),
+        cmd = [*launcher, sys.executable, "-m", "mlx_lm_batched.server", "--model", str(model_dir),
                "--port", str(self.port), "--log-level", "warning", *map(str, args)]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})

@@ -2,6 +2,11 @@
 
 SIGTERM (and Ctrl-C) stop accepting connections, let requests in flight finish for up
 to ``--drain-timeout`` seconds, stop the engine and exit with status 0.
+
+Under ``mlx.launch`` (``--distributed auto``, the default, or ``tensor``) every rank loads
+its tensor-parallel shard; rank 0 serves HTTP and the other ranks replay its steps
+(``replay.py``). SIGTERM on rank 0 drains and stops every rank; a lost rank makes rank 0
+exit with status 1 and one error line.
 """
 
 import argparse
@@ -66,12 +71,36 @@ def build_parser():
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds to let requests in flight finish on SIGTERM")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--distributed", default="auto", choices=["auto", "tensor", "off"],
+                   help="under mlx.launch: 'auto' (default) and 'tensor' shard the model over "
+                   "the ranks (tensor parallel; rank 0 serves HTTP), 'off' runs every rank alone")
     return p
 
 
+def _group(args, parser):
+    from ..distributed import group_for
+
+    try:
+        return group_for(args.distributed)
+    except ValueError as e:
+        parser.error(f"--distributed {args.distributed}: {e}")
+
+
+def _load(path, group):
+    """The model (this rank's shard when ``group`` is given) and its tokenizer."""
+    if group is None:
+        return load(path)
+    from ..distributed import finish_sharding
+
+    model, tokenizer = load(path, lazy=True)
+    return finish_sharding(model, group), tokenizer
+
+
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    group = _group(args, parser)
     if args.model:
         path = args.model
     else:
@@ -79,14 +108,31 @@ def main(argv=None):
 
         path = smollm2_gguf_path()
     name = args.served_model_name or args.model or "SmolLM2-135M-Instruct"
-    model, tokenizer = load(path)
-    engine = Engine(model, tokenizer, EngineConfig(
+    model, tokenizer = _load(path, group)
+    if group is not None and group.rank() != 0:
+        from .replay import run_follower
+
+        return run_follower(model, group)
+    config = EngineConfig(
         max_batch=args.max_batch, prefill_batch=args.prefill_batch,
         prefill_step_size=args.prefill_step_size, default_max_tokens=args.max_tokens,
         context_length=args.max_context, max_kv_bytes=args.max_kv_bytes,
         max_waiting=args.max_waiting, prompt_cache_size=args.prompt_cache_size,
-        prompt_cache_bytes=args.prompt_cache_bytes))
-    engine.warm_up()
+        prompt_cache_bytes=args.prompt_cache_bytes)
+    if group is None:
+        engine = Engine(model, tokenizer, config)
+        engine.warm_up()
+    else:
+        from .distributed_engine import DistributedEngine
+        from .replay import lost_peer
+
+        engine = DistributedEngine(model, tokenizer, group, config)
+        try:
+            engine.warm_up()
+        except RuntimeError as e:
+            if lost_peer(e):
+                raise SystemExit(f"[rank 0] error: lost a peer of the distributed group ({e})")
+            raise
     engine.start()
     app = create_app(engine, ServerConfig(
         model_id=name, model_path=path, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
@@ -101,10 +147,17 @@ def main(argv=None):
     # in place that is a no-op, so a drained shutdown ends with status 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    log.info("serving %s on http://%s:%d (context %s tokens)", name, args.host, args.port,
-             engine.context_length)
-    server.run()
-    engine.stop()
+    if group is not None:
+        engine.on_fatal = lambda: setattr(server, "should_exit", True)
+    log.info("serving %s on http://%s:%d (context %s tokens%s)", name, args.host, args.port,
+             engine.context_length, "" if group is None else
+             f"; tensor parallel over {group.size()} ranks, rank 0 is pid {os.getpid()}")
+    try:
+        server.run()
+    finally:
+        engine.stop()  # a distributed engine sends the other ranks 'shutdown'
+    if getattr(engine, "fatal", None):
+        return 1
     return 0
 
 

@@ -121,11 +121,15 @@ class Engine:
         weight = getattr(embed, "weight", None)
         return int(weight.shape[0]) if weight is not None else len(self.tokenizer)
 
+    def generator_options(self):
+        """Keyword arguments of the engine's ``BatchGenerator`` (plain JSON values)."""
+        return dict(stop_tokens=[[int(t)] for t in self.tokenizer.eos_token_ids],
+                    completion_batch_size=self.config.max_batch,
+                    prefill_batch_size=self.config.prefill_batch,
+                    prefill_step_size=self.config.prefill_step_size)
+
     def _new_generator(self):
-        return BatchGenerator(self.model, stop_tokens=[[t] for t in self.tokenizer.eos_token_ids],
-                              completion_batch_size=self.config.max_batch,
-                              prefill_batch_size=self.config.prefill_batch,
-                              prefill_step_size=self.config.prefill_step_size)
+        return BatchGenerator(self.model, **self.generator_options())
 
     # Lifecycle
     def warm_up(self):
@@ -164,7 +168,10 @@ class Engine:
 
     # Called from the event loop
     def submit(self, spec, loop, event_queue):
-        """Queue a request; raises APIError(429) when too many are waiting."""
+        """Queue a request; raises APIError(429) when too many are waiting, 503 when
+        the engine is stopping."""
+        if self._stopping:
+            raise APIError(503, "The server is stopping.", None, "server_stopping")
         with self._lock:
             if self._waiting_jobs >= self.config.max_waiting:
                 raise APIError(429, f"Too many waiting requests ({self._waiting_jobs}); retry later.",
@@ -190,15 +197,34 @@ class Engine:
                 self._drain(block=not self._rows)
                 if self._rows:
                     self._step()
+                else:
+                    self._idle()
                 self._update_gauges()
-            except Exception:  # keep serving: fail the rows in flight, start a fresh batch
-                log.error("generation step failed:\n%s", traceback.format_exc())
-                self._fail_all("generation failed: " + traceback.format_exc(limit=1).strip().splitlines()[-1])
+            except Exception:
+                self._step_failed()
+        self._closing()
+
+    # Hooks (the distributed engine, server/distributed_engine.py, overrides them)
+    def _idle_wait(self):
+        """Seconds an idle loop waits for a command (a bound only: commands wake it)."""
+        return 0.25
+
+    def _idle(self):
+        """Called once per loop while no row is in the batch."""
+
+    def _step_failed(self):
+        """A step raised: fail the rows in flight and keep serving on a fresh batch."""
+        log.error("generation step failed:\n%s", traceback.format_exc())
+        self._fail_all("generation failed: " + traceback.format_exc(limit=1).strip().splitlines()[-1])
+
+    def _closing(self):
+        """Called once when the thread ends."""
 
     def _drain(self, block):
         while True:
             try:
-                cmd, job = self._commands.get(timeout=0.25) if block else self._commands.get_nowait()
+                cmd, job = (self._commands.get(timeout=self._idle_wait()) if block
+                            else self._commands.get_nowait())
             except queue.Empty:
                 return
             block = False
@@ -332,9 +358,9 @@ class Engine:
             caches = self.gen.remove([r.uid], return_prompt_caches=True)
             if r.uid in caches:
                 cache, tokens = caches[r.uid]
-                self._store_prefix(tokens, cache)
+                self._store_prefix(r.uid, tokens, cache)
         elif r.finish_reason is not None and r.prompt_cache is not None:
-            self._store_prefix(r.all_tokens, r.prompt_cache)
+            self._store_prefix(r.uid, r.all_tokens, r.prompt_cache)
         if text or entries:
             job.send(Delta(row.index, text, entries))
         if finish is not None:
@@ -343,7 +369,8 @@ class Engine:
             if all(x.uid not in self._rows for x in job.rows):
                 self._end_job(job)
 
-    def _store_prefix(self, tokens, cache):
+    def _store_prefix(self, uid, tokens, cache):
+        """Keep row ``uid``'s cache of ``tokens`` for later prompts that share a prefix."""
         if self.config.prompt_cache_size and tokens:
             self.prefix.insert_cache(self.model, tokens, cache)
 
