@@ -82,15 +82,18 @@ def padding_share(lengths, groups):
     return 1 - real / total if total else 0.0
 
 
-def our_prefill_groups(lengths, bs):
+def our_prefill_groups(lengths, bs, split=True):
     """The groups our engine prefills: length-sorted batches of ``bs``, each split by
-    ``plan_prefill_groups`` over the tokens before the last (fed to all rows at once)."""
+    ``plan_prefill_groups`` over the tokens before the last (fed to all rows at once).
+    ``split=False``: each batch in one group (models with state caches: the engine
+    splits only batches of plain key/value caches)."""
     from mlx_lm_batched.batching import plan_prefill_groups
 
     ordered, groups = sorted(lengths), []
     for i in range(0, len(ordered), bs):
         batch = ordered[i:i + bs]
-        for a, b in plan_prefill_groups([n - 1 for n in batch]):
+        spans = plan_prefill_groups([n - 1 for n in batch]) if split else [(0, len(batch))]
+        for a, b in spans:
             groups.append([n - 1 for n in batch[a:b]])
         groups.append([1] * len(batch))  # the last column
     return [g for g in groups if max(g) > 0]
@@ -199,6 +202,13 @@ def ideal_cache_bytes(model, lengths):
     return sum(sum(cache_bytes(model, cache, 1, n)) for n in lengths)
 
 
+def plain_caches(model):
+    """True when every layer has a plain key/value cache (no state or ring caches)."""
+    from mlx_lm_batched.models.cache import KVCache, make_prompt_cache
+
+    return all(type(c) is KVCache for c in make_prompt_cache(model))
+
+
 def tree_bytes(model):
     from mlx.utils import tree_flatten
 
@@ -280,7 +290,7 @@ def run_bench(args):
         key = f"{name}@{bs}"
         m = dict(best[key], config=name, batch_size=bs)
         if name.startswith("ours"):
-            groups = our_prefill_groups(lengths, bs)
+            groups = our_prefill_groups(lengths, bs, split=plain_caches(model))
         elif name == "mlx-lm":  # prompts in arrival order, prefilled 8 at a time
             step = min(8, bs)
             groups = [lengths[i:i + step] for i in range(0, len(lengths), step)]
