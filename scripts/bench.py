@@ -36,7 +36,6 @@ import copy
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,6 +49,7 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm_batched import load, stream_generate  # noqa: E402
 from mlx_lm_batched import _blas  # noqa: E402
 
+from bench_blas import compare_blas  # noqa: E402
 from bench_report import machine, plot, print_table  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "corpus.txt"
@@ -328,54 +328,6 @@ def same_share(rows, reference):
     return sum(a == b for a, b in zip(rows, reference)) / len(reference)
 
 
-BLAS_RUNS = (("MKL", "mkl", _blas.find_mkl), ("OpenBLAS", "openblas", _blas.find_openblas),
-             ("bundled BLAS", "none", lambda: True))
-
-
-def compare_blas(args, argv):
-    """Run the bench under each BLAS found here, each in its own process."""
-    results = {}
-    base = [a for a in argv if a != "--compare-blas"]
-    env = {k: v for k, v in os.environ.items()
-           if k not in (_blas.ENV, _blas.DISABLE_ENV)}  # MLX_LM_BATCHED_OPENBLAS may pick one
-    for label, choice, find in BLAS_RUNS:
-        if not find():
-            print(f"note: {label} not found on this machine; skipped", file=sys.stderr)
-            continue
-        out = f"/tmp/bench-{os.getpid()}-{choice}.json"
-        cmd = [sys.executable, os.path.abspath(__file__), *strip_outputs(base), "--json", out]
-        subprocess.run(cmd, env=dict(env, **{_blas.ENV: choice}), check=True)
-        with open(out) as f:
-            results[label] = json.load(f)
-        os.unlink(out)
-    print(f"\nBLAS comparison (tokens/s of each BLAS over the bundled BLAS's, same configuration;"
-          f" {results['bundled BLAS']['machine']}):")
-    fast = [label for label in results if label != "bundled BLAS"]
-    print(f"{'config':8s} {'bs':>3s} " + " ".join(f"{label + ' ' + what:>16s}" for label in fast
-                                                   for what in ("prompt x", "gen x")))
-    slow = results["bundled BLAS"]["rows"]
-    for i, y in enumerate(slow):
-        cells = []
-        for label in fast:
-            x = results[label]["rows"][i]
-            cells += [f"{x['prompt_tps'] / y['prompt_tps']:16.2f}",
-                      f"{x['gen_tps'] / y['gen_tps']:16.2f}"]
-        print(f"{y['config']:8s} {y['batch_size']:3d} " + " ".join(cells))
-    return results
-
-
-def strip_outputs(argv):
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a in ("--json", "--plot"):
-            skip = True
-        else:
-            out.append(a)
-    return out
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -399,7 +351,7 @@ def main(argv=None):
                         "and transformers to build it once")
     args = p.parse_args(argv)
     if args.compare_blas:
-        results = compare_blas(args, argv)
+        results = compare_blas(os.path.abspath(__file__), argv)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)
