@@ -1,4 +1,5 @@
-"""How much key/value cache a batch needs, and whether the machine has it.
+"""How much key/value cache and recurrent state a batch needs, and whether the
+machine has it.
 
 The batch driver checks this before a batch starts: a request whose caches could
 never fit fails at once with a clear message instead of exhausting memory (or
@@ -6,9 +7,9 @@ crashing the process) many tokens later.
 """
 
 import os
+import weakref
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 # Keys of ``mx.device_info()`` giving the memory a device can use, best first.
 _DEVICE_MEMORY_KEYS = ("max_recommended_working_set_size", "memory_size", "total_memory")
@@ -24,35 +25,65 @@ def model_context(model):
     return None
 
 
-def _compute_dtype(model):
-    for _, p in tree_flatten(model.parameters()):
-        if mx.issubdtype(p.dtype, mx.floating):
-            return p.dtype
-    return mx.float32
+def _probe(model):
+    """Per cache of ``make_prompt_cache(model)``: ``(bytes per slot, fixed bytes)`` of
+    one row, or None for a cache kind this module does not know.
+
+    The model is called on one token with fresh caches and nothing is evaluated: MLX
+    is lazy, so the caches' arrays have their shapes and dtypes (the model's real
+    key/value and recurrent-state layouts, whatever the family) without memory or
+    compute spent on them."""
+    from .models.cache import make_prompt_cache
+    from .models.state_cache import StateCache
+
+    cache = make_prompt_cache(model)
+    model(mx.zeros((1, 1), dtype=mx.int32), cache=cache)
+    layout = []
+    for c in cache:
+        if isinstance(c, StateCache):  # recurrent state: fixed per row
+            layout.append((0, c.nbytes))
+        elif getattr(c, "keys", None) is not None:  # keys/values: (1, heads, slots, dim)
+            layout.append(((c.keys.nbytes + c.values.nbytes) // c.keys.shape[2], 0))
+        else:
+            layout.append(None)
+    return tuple(layout)
 
 
-def _slot_elements(layer):
-    """Key and value elements one slot of one row takes in ``layer``'s cache."""
-    attn = getattr(layer, "self_attn", None)
-    if hasattr(attn, "kv_lora_rank"):  # MLA caches expanded per-head keys and values
-        return attn.n_heads * (attn.qk_nope_head_dim + attn.qk_rope_head_dim + attn.v_head_dim)
-    if hasattr(attn, "n_kv_heads") and hasattr(attn, "head_dim"):
-        return 2 * attn.n_kv_heads * attn.head_dim
-    return None
+_LAYOUTS = {}  # id(model) -> (weak reference to the model, its probed layout)
+
+
+def cache_layout(model):
+    """``(bytes per slot, fixed bytes)`` one row takes in each of the model's caches
+    (None for an unknown kind), probed once per model (see ``_probe``)."""
+    ref, layout = _LAYOUTS.get(id(model), (None, None))
+    if ref is None or ref() is not model:
+        layout = _probe(model)
+        # Drop the entry with the model (a later model may reuse its id).
+        _LAYOUTS[id(model)] = (weakref.ref(model, lambda _, key=id(model): _LAYOUTS.pop(key, None)),
+                               layout)
+    return layout
+
+
+def cache_bytes(model, cache, rows, slots):
+    """``(key/value bytes, recurrent-state bytes)`` of ``rows`` rows holding ``slots``
+    slots each in ``cache`` (rotating layers hold at most their ring; a state cache
+    holds the same bytes whatever the length), or None when unknown."""
+    layout = cache_layout(model)
+    caches = list(cache)
+    if len(layout) != len(caches) or any(entry is None for entry in layout):
+        return None
+    kv = state = 0
+    for (per_slot, fixed), c in zip(layout, caches):
+        kv += rows * min(slots, getattr(c, "max_size", None) or slots) * per_slot
+        state += rows * fixed
+    return kv, state
 
 
 def kv_bytes(model, cache, rows, slots):
-    """Bytes of key/value cache for ``rows`` rows holding ``slots`` slots each
-    (rotating layers hold at most their ring), or None when unknown."""
-    itemsize = _compute_dtype(model).size
-    total = 0
-    for layer, c in zip(model.layers, cache):
-        elements = _slot_elements(layer)
-        if elements is None:
-            return None
-        held = min(slots, getattr(c, "max_size", slots))
-        total += rows * held * elements * itemsize
-    return total
+    """Bytes of key/value cache and recurrent state for ``rows`` rows holding ``slots``
+    slots each, or None when unknown."""
+    parts = cache_bytes(model, cache, rows, slots)
+    return None if parts is None else sum(parts)
 
 
 def available_memory():
@@ -79,12 +110,17 @@ def available_memory():
 
 
 def check_kv_fits(model, cache, rows, slots):
-    """Raise ``ValueError`` when ``rows`` rows of ``slots`` slots cannot fit in memory."""
-    need = kv_bytes(model, cache, rows, slots)
+    """Raise ``ValueError`` when ``rows`` rows of ``slots`` slots (key/value cache plus
+    each row's recurrent state, for hybrid and state-space models) cannot fit in memory."""
+    parts = cache_bytes(model, cache, rows, slots)
     have = available_memory()
-    if need is None or have is None or need <= have:
+    if parts is None or have is None or sum(parts) <= have:
         return
+    kv, state = parts
+    what = ("KV cache and recurrent state" if kv and state
+            else "KV cache" if kv else "recurrent state")
+    lower = "max_tokens or the batch size" if kv else "the batch size"
     raise ValueError(
-        f"this batch needs ~{need / 1e9:.1f} GB of KV cache ({rows} rows x {slots} slots), "
-        f"more than the {max(have, 0) / 1e9:.1f} GB available; lower max_tokens or the batch size"
+        f"this batch needs ~{sum(parts) / 1e9:.1f} GB of {what} ({rows} rows x {slots} slots), "
+        f"more than the {max(have, 0) / 1e9:.1f} GB available; lower {lower}"
     )

@@ -20,6 +20,11 @@ sides (our tokenizer copy has no EOS ids; mlx-lm's generator gets no stop tokens
 so all configurations do the same work. Prompts are cut from ``tests/data/corpus.txt``
 at seeded places with log-uniform lengths in [16, 512] (many short, a few long).
 
+``--hybrid qwen3_next`` benches a random Qwen3-Next checkpoint (hidden 512, 8 layers,
+built once by ``bench_hybrid.py`` with transformers) that has ``--model``'s tokenizer and
+vocabulary, in place of ``--model`` itself. ``same_tokens_as_own_bs1`` in the JSON (the
+table's footer) says how many rows of each batched run equal that side's batch-1 rows.
+
 ``--compare-blas`` runs the whole bench once per CPU BLAS found on the machine (MKL,
 OpenBLAS, MLX's bundled reference BLAS), each as a subprocess with
 ``MLX_LM_BATCHED_BLAS`` set: the BLAS is process-wide, so in each run both our
@@ -31,7 +36,6 @@ import copy
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,6 +49,7 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm_batched import load, stream_generate  # noqa: E402
 from mlx_lm_batched import _blas  # noqa: E402
 
+from bench_blas import compare_blas  # noqa: E402
 from bench_report import machine, plot, print_table  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "corpus.txt"
@@ -77,15 +82,18 @@ def padding_share(lengths, groups):
     return 1 - real / total if total else 0.0
 
 
-def our_prefill_groups(lengths, bs):
+def our_prefill_groups(lengths, bs, split=True):
     """The groups our engine prefills: length-sorted batches of ``bs``, each split by
-    ``plan_prefill_groups`` over the tokens before the last (fed to all rows at once)."""
+    ``plan_prefill_groups`` over the tokens before the last (fed to all rows at once).
+    ``split=False``: each batch in one group (models with state caches: the engine
+    splits only batches of plain key/value caches)."""
     from mlx_lm_batched.batching import plan_prefill_groups
 
     ordered, groups = sorted(lengths), []
     for i in range(0, len(ordered), bs):
         batch = ordered[i:i + bs]
-        for a, b in plan_prefill_groups([n - 1 for n in batch]):
+        spans = plan_prefill_groups([n - 1 for n in batch]) if split else [(0, len(batch))]
+        for a, b in spans:
             groups.append([n - 1 for n in batch[a:b]])
         groups.append([1] * len(batch))  # the last column
     return [g for g in groups if max(g) > 0]
@@ -184,12 +192,21 @@ def measure(fn, weights_bytes):
     }
 
 
-def kv_bytes_per_token(model):
-    a = model.args
-    heads = getattr(a, "num_key_value_heads", None) or a.num_attention_heads
-    head_dim = getattr(a, "head_dim", None) or a.hidden_size // a.num_attention_heads
-    dtype = model.layers[0].input_layernorm.weight.dtype
-    return 2 * len(model.layers) * heads * head_dim * dtype.size
+def ideal_cache_bytes(model, lengths):
+    """Key/value cache and recurrent state of every row alone: its prompt plus its
+    generated tokens, no padding (state: one row's worth per prompt)."""
+    from mlx_lm_batched.kv_budget import cache_bytes
+    from mlx_lm_batched.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    return sum(sum(cache_bytes(model, cache, 1, n)) for n in lengths)
+
+
+def plain_caches(model):
+    """True when every layer has a plain key/value cache (no state or ring caches)."""
+    from mlx_lm_batched.models.cache import KVCache, make_prompt_cache
+
+    return all(type(c) is KVCache for c in make_prompt_cache(model))
 
 
 def tree_bytes(model):
@@ -218,7 +235,12 @@ def resolve_model_dir(model):
 
 
 def run_bench(args):
+    load_start = os.getloadavg()
     path = resolve_model_dir(args.model)
+    if args.hybrid:  # a random hybrid checkpoint with --model's tokenizer
+        from bench_hybrid import build_checkpoint
+
+        path = str(build_checkpoint(args.hybrid, path))
     model, tokenizer = load(path)
     tokenizer = no_eos(tokenizer)
     dq = load(path, dequantize=True)[0] if args.dequantize else None
@@ -235,7 +257,7 @@ def run_bench(args):
     weights["ours+dq"] = tree_bytes(dq) if dq is not None else 0
     weights["seq"] = weights["ours"]
     weights["mlx-lm"] = tree_bytes(ref) if ref is not None else 0
-    ideal_kv = kv_bytes_per_token(dq or model) * sum(n + args.max_tokens for n in lengths)
+    ideal_kv = ideal_cache_bytes(dq or model, [n + args.max_tokens for n in lengths])
     configs = [("seq", 1, lambda: run_sequential(model, tokenizer, prompts, args.max_tokens))]
     for bs in sizes:
         configs.append(("ours", bs, lambda bs=bs: run_ours(model, tokenizer, prompts,
@@ -268,14 +290,19 @@ def run_bench(args):
         key = f"{name}@{bs}"
         m = dict(best[key], config=name, batch_size=bs)
         if name.startswith("ours"):
-            groups = our_prefill_groups(lengths, bs)
+            groups = our_prefill_groups(lengths, bs, split=plain_caches(model))
         elif name == "mlx-lm":  # prompts in arrival order, prefilled 8 at a time
             step = min(8, bs)
             groups = [lengths[i:i + step] for i in range(0, len(lengths), step)]
         else:
             groups = [[n] for n in lengths]
         m["padding_share"] = padding_share(lengths, groups)
-        m["same_tokens_as_seq"] = sum(a == b for a, b in zip(tokens[key], seq_tokens)) / len(lengths)
+        m["same_tokens_as_seq"] = same_share(tokens[key], seq_tokens)
+        # Exactness of each side against its own batch-1 rows (mlx-lm's solo rows may
+        # differ from ours by float rounding; its batched rows should not from its own).
+        solo = tokens.get(f"{name}@1")
+        if solo is not None and name != "seq":
+            m["same_tokens_as_own_bs1"] = same_share(tokens[key], solo)
         m["peak_vs_weights_plus_ideal_kv"] = m["peak_gb"] * 1e9 / (weights[name] + ideal_kv)
         rows.append(m)
     seq = best["seq@1"]
@@ -287,7 +314,8 @@ def run_bench(args):
             m["gen_vs_mlx_lm"] = m["gen_tps"] / other["gen_tps"]
             m["e2e_vs_mlx_lm"] = m["e2e_tps"] / other["e2e_tps"]
     return {
-        "model": str(args.model), "dequantize": args.dequantize, "prompts": args.prompts,
+        "model": path if args.hybrid else str(args.model), "dequantize": args.dequantize,
+        "hybrid": args.hybrid, "load_avg_start": load_start, "load_avg_end": os.getloadavg(), "prompts": args.prompts,
         "prompt_lengths": lengths, "max_tokens": args.max_tokens, "repeats": args.repeats,
         "blas": _blas.describe(), "blas_kind": _blas.loaded_kind, "weights_gb": weights["ours"] / 1e9,
         "ideal_kv_gb": ideal_kv / 1e9,
@@ -295,52 +323,9 @@ def run_bench(args):
     }
 
 
-BLAS_RUNS = (("MKL", "mkl", _blas.find_mkl), ("OpenBLAS", "openblas", _blas.find_openblas),
-             ("bundled BLAS", "none", lambda: True))
-
-
-def compare_blas(args, argv):
-    """Run the bench under each BLAS found here, each in its own process."""
-    results = {}
-    base = [a for a in argv if a != "--compare-blas"]
-    env = {k: v for k, v in os.environ.items()
-           if k not in (_blas.ENV, _blas.DISABLE_ENV)}  # MLX_LM_BATCHED_OPENBLAS may pick one
-    for label, choice, find in BLAS_RUNS:
-        if not find():
-            print(f"note: {label} not found on this machine; skipped", file=sys.stderr)
-            continue
-        out = f"/tmp/bench-{os.getpid()}-{choice}.json"
-        cmd = [sys.executable, os.path.abspath(__file__), *strip_outputs(base), "--json", out]
-        subprocess.run(cmd, env=dict(env, **{_blas.ENV: choice}), check=True)
-        with open(out) as f:
-            results[label] = json.load(f)
-        os.unlink(out)
-    print(f"\nBLAS comparison (tokens/s of each BLAS over the bundled BLAS's, same configuration;"
-          f" {results['bundled BLAS']['machine']}):")
-    fast = [label for label in results if label != "bundled BLAS"]
-    print(f"{'config':8s} {'bs':>3s} " + " ".join(f"{label + ' ' + what:>16s}" for label in fast
-                                                   for what in ("prompt x", "gen x")))
-    slow = results["bundled BLAS"]["rows"]
-    for i, y in enumerate(slow):
-        cells = []
-        for label in fast:
-            x = results[label]["rows"][i]
-            cells += [f"{x['prompt_tps'] / y['prompt_tps']:16.2f}",
-                      f"{x['gen_tps'] / y['gen_tps']:16.2f}"]
-        print(f"{y['config']:8s} {y['batch_size']:3d} " + " ".join(cells))
-    return results
-
-
-def strip_outputs(argv):
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a in ("--json", "--plot"):
-            skip = True
-        else:
-            out.append(a)
-    return out
+def same_share(rows, reference):
+    """Share of rows whose tokens equal the reference row's."""
+    return sum(a == b for a, b in zip(rows, reference)) / len(reference)
 
 
 def main(argv=None):
@@ -360,9 +345,13 @@ def main(argv=None):
     p.add_argument("--min-prompt-len", type=int, default=16)
     p.add_argument("--max-prompt-len", type=int, default=512)
     p.add_argument("--compare-blas", action="store_true")
+    p.add_argument("--hybrid", default=None, metavar="MODEL_TYPE",
+                   help="bench a random hybrid checkpoint of this family (qwen3_next: hidden "
+                        "512, 8 layers) with --model's tokenizer and vocabulary; needs torch "
+                        "and transformers to build it once")
     args = p.parse_args(argv)
     if args.compare_blas:
-        results = compare_blas(args, argv)
+        results = compare_blas(os.path.abspath(__file__), argv)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)

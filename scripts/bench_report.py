@@ -24,7 +24,12 @@ def print_table(result, file=sys.stdout):
     print(f"{result['prompts']} prompts ({min(result['prompt_lengths'])}-"
           f"{max(result['prompt_lengths'])} tokens, {sum(result['prompt_lengths'])} total), "
           f"{result['max_tokens']} new tokens each; best of {result['repeats']} interleaved runs; "
-          f"weights {result['weights_gb']:.2f} GB, ideal KV {result['ideal_kv_gb']:.2f} GB", file=file)
+          f"weights {result['weights_gb']:.2f} GB, ideal KV {result['ideal_kv_gb']:.2f} GB"
+          + (" (with recurrent state)" if result.get("hybrid") else ""), file=file)
+    if "load_avg_start" in result:
+        print("load average (1/5/15 min) at start {}, at end {}".format(
+            *("/".join(f"{x:.1f}" for x in result[k]) for k in ("load_avg_start", "load_avg_end"))),
+            file=file)
     head = (f"{'config':8s} {'bs':>3s} {'prompt t/s':>10s} {'gen t/s':>8s} {'e2e t/s':>8s} "
             f"{'TTFT 1st':>8s} {'TTFT avg':>8s} {'peak GB':>7s} {'mem x':>5s} {'pad %':>6s} "
             f"{'gen/seq':>7s} {'gen/mlx':>7s} {'e2e/mlx':>7s} {'=seq':>5s}")
@@ -37,6 +42,11 @@ def print_table(result, file=sys.stdout):
               f"{m['peak_gb']:7.2f} {m['peak_vs_weights_plus_ideal_kv']:5.2f} "
               f"{100 * m['padding_share']:6.1f} {m['gen_vs_seq']:7.2f} "
               f"{mlx_gen} {mlx_e2e} {100 * m['same_tokens_as_seq']:4.0f}%", file=file)
+    own = [m for m in result["rows"] if "same_tokens_as_own_bs1" in m and m["batch_size"] > 1]
+    if own:
+        print("rows equal to the same side's batch-1 rows: " + ", ".join(
+            f"{m['config']}@{m['batch_size']} {100 * m['same_tokens_as_own_bs1']:.0f}%"
+            for m in own), file=file)
 
 
 def plot(results, out):

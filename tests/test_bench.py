@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "scripts" / "bench.py"
 
@@ -67,3 +69,32 @@ def test_bench_compares_blas_in_separate_processes(float_dirs, tmp_path):
     # The header names the CPU and the BLAS of each run.
     assert proc.stdout.count("; BLAS: ") == len(expected)
     assert all(r["rows"][0]["generated"] == 2 * 3 for r in results.values())
+
+
+def test_bench_hybrid_random_checkpoint(float_dirs, tmp_path):
+    # A random Qwen3-Next (hidden 512, 8 layers) with SmolLM2's tokenizer and vocabulary,
+    # built with transformers once, then loaded by both libraries.
+    out = tmp_path / "hybrid.json"
+    proc = run_bench("--model", str(float_dirs["smollm2"]), "--hybrid", "qwen3_next",
+                     "--prompts", "3", "--max-tokens", "4", "--batch-sizes", "1,3",
+                     "--repeats", "1", "--max-prompt-len", "40", "--json", str(out))
+    assert "load average" in proc.stdout and "rows equal to the same side's batch-1" in proc.stdout
+    result = json.loads(out.read_text())
+    config = json.loads((Path(result["model"]) / "config.json").read_text())
+    assert config["model_type"] == "qwen3_next" and config["hidden_size"] == 512
+    assert config["vocab_size"] == 49152 and config["num_hidden_layers"] == 8
+    assert "linear_attention" in config["layer_types"] and "full_attention" in config["layer_types"]
+    assert result["hybrid"] == "qwen3_next" and len(result["load_avg_start"]) == 3
+    rows = {(m["config"], m["batch_size"]): m for m in result["rows"]}
+    assert set(rows) == {("seq", 1), ("ours", 1), ("ours", 3), ("mlx-lm", 1), ("mlx-lm", 3)}
+    for key in (("ours", 1), ("ours", 3)):
+        assert rows[key]["generated"] == 3 * 4
+        assert rows[key]["same_tokens_as_seq"] == 1.0  # padded rows equal solo generation
+    assert rows[("ours", 3)]["same_tokens_as_own_bs1"] == 1.0
+    assert 0 <= rows[("mlx-lm", 3)]["same_tokens_as_own_bs1"] <= 1
+    # Ideal memory counts each row's recurrent state (6 linear-attention layers of
+    # 8 heads x 64 x 64 float32 state and 3 x 1024 conv inputs) and its key/value
+    # slots (2 attention layers, 2 KV heads of 64, keys and values).
+    state = 3 * 6 * (8 * 64 * 64 + 3 * 1024) * 4
+    slots = sum(n + 4 for n in result["prompt_lengths"])
+    assert result["ideal_kv_gb"] * 1e9 == pytest.approx(state + slots * 2 * 2 * 2 * 64 * 4)

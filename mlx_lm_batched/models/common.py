@@ -13,13 +13,23 @@ from .rope import make_rope
 
 
 @dataclass
-class DecoderArgs(BaseModelArgs):
-    """Config fields (Hugging Face names and defaults) that llama-like families share;
-    a family's ``ModelArgs`` adds its own and redeclares a field to change its default."""
+class StackArgs(BaseModelArgs):
+    """Config fields (Hugging Face names) every family's decoder stack has, attention
+    or not: state-space families (Mamba) inherit these, attention ones ``DecoderArgs``.
+    (``vocab_size`` is declared by each subclass: families that give it a default
+    redeclare it, and a field with a default cannot precede ``DecoderArgs``'s
+    required ones.)"""
 
     model_type: str
     hidden_size: int
     num_hidden_layers: int
+
+
+@dataclass
+class DecoderArgs(StackArgs):
+    """Config fields (Hugging Face names and defaults) that llama-like families share;
+    a family's ``ModelArgs`` adds its own and redeclares a field to change its default."""
+
     intermediate_size: int
     num_attention_heads: int
     vocab_size: int

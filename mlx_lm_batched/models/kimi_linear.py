@@ -8,8 +8,7 @@ from typing import List, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from .base import BaseModelArgs
-from .common import init_causal_lm
+from .common import DecoderArgs, init_causal_lm
 from .deepseek_v3 import SigmoidGate
 from .gated_delta import KimiDeltaAttention
 from .kv_cache import KVCache, RotatingKVCache
@@ -21,13 +20,10 @@ from .state_cache import StateCache
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
+class ModelArgs(DecoderArgs):
+    """Kimi Linear's config (Hugging Face ``KimiLinearConfig`` names and defaults). The
+    latent attention has no RoPE: ``DecoderArgs``'s RoPE fields go unused."""
+
     layer_types: Optional[List[str]] = None
     mlp_layer_types: Optional[List[str]] = None
     linear_attn_config: Optional[dict] = None  # the hub checkpoints' layout
@@ -39,7 +35,7 @@ class ModelArgs(BaseModelArgs):
     moe_renormalize: bool = True
     num_expert_group: int = 1
     topk_group: int = 1
-    routed_scaling_factor: float = 1.0
+    routed_scaling_factor: float = 2.446
     kv_lora_rank: int = 512
     q_lora_rank: Optional[int] = None
     qk_rope_head_dim: int = 64
@@ -49,10 +45,9 @@ class ModelArgs(BaseModelArgs):
     linear_num_heads: int = 32
     linear_conv_kernel_dim: int = 4
     rms_norm_eps: float = 1e-5
-    hidden_act: str = "silu"
-    tie_word_embeddings: bool = False
 
     def __post_init__(self):
+        super().__post_init__()
         lac = self.linear_attn_config or {}
         self.linear_head_dim = lac.get("head_dim", self.linear_head_dim)
         self.linear_num_heads = lac.get("num_heads", self.linear_num_heads)

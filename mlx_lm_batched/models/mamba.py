@@ -8,18 +8,19 @@ from typing import Optional, Union
 import mlx.core as mx
 import mlx.nn as nn
 
-from .base import BaseModelArgs, resolve_offset
+from .base import resolve_offset
+from .common import StackArgs
 from .layers import RMSNorm
 from .ssm import CausalConv1d, base_cache, column_validity, selective_scan, weightless_rms_norm
 from .state_cache import StateCache
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    model_type: str
+class ModelArgs(StackArgs):
+    """Mamba's config (Hugging Face ``MambaConfig`` names and defaults); no attention
+    heads, so the shared stack fields only (``StackArgs``), not ``DecoderArgs``."""
+
     vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
     state_size: int = 16
     expand: int = 2
     conv_kernel: int = 4
@@ -32,6 +33,7 @@ class ModelArgs(BaseModelArgs):
     tie_word_embeddings: bool = True
 
     def __post_init__(self):
+        # Hugging Face derives both when absent (MambaConfig and Mamba2Config alike).
         if self.intermediate_size is None:
             self.intermediate_size = self.expand * self.hidden_size
         if self.time_step_rank == "auto":
