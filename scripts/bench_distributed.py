@@ -238,7 +238,11 @@ def main(argv=None):
                                  computed=computed))
     from bench_report import machine
 
-    runs = {mode: run_mode(mode, args) for mode in args.modes}
+    runs, load = {}, {}
+    for mode in args.modes:  # the machine's load average around each mode (a shared machine)
+        before = os.getloadavg()[0]
+        runs[mode] = run_mode(mode, args)
+        load[mode] = [round(before, 2), round(os.getloadavg()[0], 2)]
     single = {r["batch_size"]: r["tokens"] for r in runs.get("single", [])}
     for mode, rows in runs.items():
         for r in rows:
@@ -246,8 +250,7 @@ def main(argv=None):
             if ref is not None and mode != "single":
                 r["same_tokens_as_single"] = sum(a == b for a, b in zip(r["tokens"], ref)) / len(ref)
     result = dict(model=str(args.model), machine=machine(), prompt_len=args.prompt_len,
-                  max_tokens=args.max_tokens, runs=runs, computed=computed,
-                  load_average=os.getloadavg()[0])
+                  max_tokens=args.max_tokens, runs=runs, computed=computed, load_average=load)
     print_tables(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
