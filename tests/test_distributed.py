@@ -172,13 +172,17 @@ def launch_by_hand(mode, directory, tmp_path, timeout):
 @pytest.mark.parametrize("mode,message", [
     ("die", "[rank 0] error: lost a peer of the distributed group"),
     ("stall", "[rank 0] error: no progress from the distributed group for 10 s"),
-    ("pipeline-die", "[rank 0] error: lost a peer of the distributed group"),
+    # A send queued in the background (mx.async_eval) may fail on MLX's ring thread without
+    # raising in Python ("Failing pending tasks"): then the watchdog ends the run.
+    ("pipeline-die", ("[rank 0] error: lost a peer of the distributed group",
+                      "[rank 0] error: no progress from the distributed group for 10 s")),
 ])
 def test_lost_rank_makes_the_other_exit_with_a_clear_error(mode, message, tmp_path):
     status, out, seconds = launch_by_hand(mode, model_dir("smollm2", dtype="float32"),
                                           tmp_path, timeout=150)
     assert status == 1, out[-3000:]
-    assert message in out, out[-3000:]
+    messages = message if isinstance(message, tuple) else (message,)
+    assert any(m in out for m in messages), out[-3000:]
     assert not (tmp_path / "result.json").exists()  # rank 0 did not carry on as if all was well
 
 
