@@ -96,9 +96,9 @@ def build_parser():
                    help="turn a quantized model's weights into floats at load (default: yes on "
                    "the CPU, where MLX's quantized matmul is slow; no on a GPU)")
     p.add_argument("--distributed", choices=("auto", "tensor", "pipeline", "off"), default="auto",
-                   help="under mlx.launch: auto/tensor shard heads and MLP columns over the ranks "
-                   "(rank 0 prints and writes; the others stay silent); off: every rank runs "
-                   "the whole model; pipeline is not implemented yet")
+                   help="under mlx.launch: auto/tensor shard heads and MLP columns over the ranks, "
+                   "pipeline gives each rank a range of layers (rank 0 prints and writes; the "
+                   "others stay silent); off: every rank runs the whole model")
     p.add_argument("--max-kv-size", type=int, default=None)
     p.add_argument("--prefill-step-size", type=int, default=None,
                    help="prompt tokens per row per prefill chunk (default: 2048 on a GPU; on the "

@@ -38,7 +38,7 @@ def load_model(model_path, args):
     if group is not None:  # after dequantizing: the float layers are the ones split
         from .distributed import finish_sharding
 
-        finish_sharding(model, group)
+        finish_sharding(model, group, getattr(args, "distributed", "auto"))
     weights = "float" if not quantized else "dequantized" if dequantize else "quantized"
     if quantized and args.dequantize is None:
         weights += " (default on " + ("the CPU)" if dequantize else "a GPU)")
@@ -123,7 +123,13 @@ def prefill_step(args, model, rows):
     if mx.default_device() != mx.cpu:
         return 2048
     params = sum(v.size for _, v in tree_flatten(model.parameters()))
-    return max(MIN_CPU_CHUNK, min(2048, int(CPU_CHUNK_WORK / max(params, 1) / max(rows, 1))))
+    step = max(MIN_CPU_CHUNK, min(2048, int(CPU_CHUNK_WORK / max(params, 1) / max(rows, 1))))
+    group = getattr(args, "group", None)
+    if group is not None:
+        # Every rank must cut the prompt into the same chunks (each chunk runs the
+        # collectives once), though each holds a different share of the parameters.
+        step = mx.distributed.all_min(mx.array(step), group=group, stream=mx.cpu).item()
+    return step
 
 
 def blas_name():

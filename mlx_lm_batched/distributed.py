@@ -236,28 +236,32 @@ def group_for(mode="auto"):
     """The group to shard over for ``mode`` (the CLI's ``--distributed``), or None.
 
     ``auto``: the group of ``mx.distributed.init()`` when it has more than one rank (as
-    under ``mlx.launch``); ``tensor``: that group, required; ``off``: None. ``pipeline``
-    raises ``NotImplementedError`` (not built yet).
+    under ``mlx.launch``; sharded as ``tensor``); ``tensor`` and ``pipeline``: that group,
+    required; ``off``: None.
     """
     if mode not in MODES:
         raise ValueError(f"distributed mode must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "off":
         return None
-    if mode == "pipeline":
-        raise NotImplementedError("pipeline parallelism is not implemented yet; use tensor")
     group = mx.distributed.init()
     if group.size() > 1:
         return group
-    if mode == "tensor":
-        raise ValueError("tensor parallelism needs more than one rank: start the command "
+    if mode in ("tensor", "pipeline"):
+        raise ValueError(f"{mode} parallelism needs more than one rank: start the command "
                          "with `mlx.launch -n 2 --backend ring -- ...`")
     return None
 
 
-def finish_sharding(model, group):
-    """Shard ``model`` (weights may be lazy) over ``group``, materialise this rank's slices
-    and wait until every rank has; returns ``model``."""
-    shard_model(model, group)
+def finish_sharding(model, group, mode="tensor"):
+    """Shard ``model`` (weights may be lazy) over ``group`` — heads and columns for
+    ``mode="tensor"`` (or ``"auto"``), layer ranges for ``"pipeline"`` — materialise this
+    rank's part and wait until every rank has; returns ``model``."""
+    if mode == "pipeline":
+        from .pipeline import pipeline_model  # pipeline imports this module
+
+        pipeline_model(model, group)
+    else:
+        shard_model(model, group)
     mx.eval(model.parameters())
     mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu, group=group))
     return model

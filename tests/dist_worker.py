@@ -11,7 +11,12 @@ sharded; rank 0 also runs the unsharded model as the oracle, compares, and write
   checkpoints, one launch for all; ``-q4`` names: 4-bit, logits within 5e-4): the
   ``tensor`` checks for each, and the shapes of its
   state caches sharded (rank 0) and whole, per model in ``RESULT_JSON``;
-- ``die``: rank 1 dies after loading (``os._exit``); ``stall``: rank 1 stops taking part.
+- ``pipeline``: the model split by layers (``sharded_load(pipeline_group=...)``): the
+  ``tensor`` checks plus greedy tokens on rotating caches that wrap around; the result
+  also names every rank's layer range and rank 0's parameter bytes against the whole;
+  ``pipeline-quick``: padded logits and greedy tokens only (within 1e-4 too);
+- ``die``: rank 1 dies after loading (``os._exit``); ``stall``: rank 1 stops taking part;
+  ``pipeline-die``: ``die`` with the model split by layers.
   Rank 0's guarded steps must then exit with a clear error, not hang.
 """
 
@@ -50,9 +55,9 @@ def padded_logits(model, batch):
     return [np.array(logits[i, p:]) for i, p in enumerate(padding)]
 
 
-def greedy(model, batch, n):
+def greedy(model, batch, n, max_kv_size=None):
     tokens, padding = left_pad(batch)
-    engine = BatchEngine(model)
+    engine = BatchEngine(model, max_kv_size=max_kv_size)
     y, _ = engine.prefill(tokens, padding)
     out = [y]
     for _ in range(n - 1):
@@ -77,26 +82,45 @@ def joining(model, batch, n=6):
             return rows
 
 
-def run_all(model, vocab, join=True):
-    """Everything the tensor check computes with ``model`` (the same collectives on every
-    rank); ``join=False`` skips the BatchGenerator part (slow quantized CPU matmuls)."""
+def run_all(model, vocab, join=True, ring=False):
+    """Everything the check computes with ``model`` (the same collectives on every rank);
+    ``join=False`` skips the BatchGenerator part (slow quantized CPU matmuls); ``ring``
+    adds greedy tokens on rotating caches of 9 slots (decode steps wrap around)."""
     batch, gen = prompts(vocab, LENGTHS, 1), prompts(vocab, LENGTHS, 2)
-    return padded_logits(model, batch), greedy(model, gen, 8), joining(model, gen) if join else None
+    return (padded_logits(model, batch), greedy(model, gen, 8), joining(model, gen) if join else None,
+            greedy(model, gen, 8, max_kv_size=9) if ring else None)
 
 
 def compare(ours, oracle, atol=ATOL):
     for i, (a, b) in enumerate(zip(ours[0], oracle[0])):
         np.testing.assert_allclose(a, b, atol=atol, rtol=ATOL, err_msg=f"row {i} logits")
     assert ours[1] == oracle[1], f"greedy tokens differ: {ours[1]} vs {oracle[1]}"
+    assert ours[3] == oracle[3], f"greedy tokens on rotating caches differ: {ours[3]} vs {oracle[3]}"
+    ring = ["greedy tokens, rotating caches"] if oracle[3] is not None else []
     if oracle[2] is None:
-        return ["padded logits", "greedy tokens"]
+        return ["padded logits", "greedy tokens"] + ring
     rows, ref_rows = ours[2], oracle[2]
     assert sorted(rows) == sorted(ref_rows) and len(rows) == 4, (rows.keys(), ref_rows.keys())
     for uid in ref_rows:
         assert [t for t, _ in rows[uid]] == [t for t, _ in ref_rows[uid]], f"row {uid} tokens"
         np.testing.assert_allclose([p for _, p in rows[uid]], [p for _, p in ref_rows[uid]],
                                    atol=ATOL, err_msg=f"row {uid} logprobs")
-    return ["padded logits", "greedy tokens", "rows joining BatchGenerator"]
+    return ["padded logits", "greedy tokens", "rows joining BatchGenerator"] + ring
+
+
+def param_bytes(model):
+    from mlx.utils import tree_flatten
+
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+
+def pipeline_layers(model, group):
+    """Every rank's ``[start, stop)`` of the model's blocks, as rank 0 sees them, and
+    whether its caches hold only those layers."""
+    s = model.stage
+    mine = mx.array([s.start, s.stop, len(model.make_cache())], mx.int32)
+    every = mx.distributed.all_gather(mine[None], group=group, stream=mx.cpu)
+    return [[int(a), int(b), int(c)] for a, b, c in np.array(every).tolist()] + [s.n_layers]
 
 
 def state_shapes(model, vocab):
@@ -135,9 +159,12 @@ def main():
         if rank == 0:
             Path(result).write_text(json.dumps(out))
         return
-    model, _ = sharded_load(model_dir)
+    pipeline = mode.startswith("pipeline")
+    model, _ = sharded_load(model_dir, pipeline_group=group) if pipeline else sharded_load(model_dir)
     out = {"size": group.size(), "rank": rank}
-    if mode in ("die", "stall"):
+    if pipeline:
+        out["layers"] = pipeline_layers(model, group)
+    if mode in ("die", "stall", "pipeline-die"):
         if rank == 1:
             if mode == "stall":
                 time.sleep(600)  # alive, its sockets open, but never joins a collective
@@ -148,15 +175,18 @@ def main():
                 guard.tick()
         out["passed"] = ["no error after a rank died"]  # guard_collectives exits before this
     else:
-        vocab = model.model.embed_tokens.weight.shape[0]
-        join = mode == "tensor"
-        ours = run_all(model, vocab, join)
+        vocab = model.stage.vocab if pipeline else model.model.embed_tokens.weight.shape[0]
+        join, ring = mode in ("tensor", "pipeline"), mode == "pipeline"
+        ours = run_all(model, vocab, join, ring)
         if rank == 0:
             ref, _ = load(model_dir)
-            out["heads"] = [model.layers[0].self_attn.n_heads, ref.layers[0].self_attn.n_heads]
+            if pipeline:
+                out["bytes"] = [param_bytes(model), param_bytes(ref)]
+            else:
+                out["heads"] = [model.layers[0].self_attn.n_heads, ref.layers[0].self_attn.n_heads]
             try:
-                atol = ATOL if join else ATOL_QUICK
-                out["passed"] = compare(ours, run_all(ref, vocab, join), atol)
+                atol = ATOL if join or pipeline else ATOL_QUICK
+                out["passed"] = compare(ours, run_all(ref, vocab, join, ring), atol)
             except AssertionError:
                 out["failure"] = traceback.format_exc()
     if rank == 0:

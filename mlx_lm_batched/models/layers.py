@@ -372,7 +372,8 @@ class DecoderStack(nn.Module):
         self.norm = norm
         self.embed_scale = embed_scale
 
-    def __call__(self, inputs, masks, offset, cache, input_embeddings=None, attention=None):
+    def embed(self, inputs, offset, input_embeddings=None):
+        """Hidden states ``(B, L, hidden)`` entering the first block."""
         h = self.embed_tokens(inputs) if input_embeddings is None else input_embeddings
         if self.embed_scale is not None:
             # Python float: stays in the compute dtype instead of being rounded first.
@@ -380,6 +381,10 @@ class DecoderStack(nn.Module):
         if "embed_positions" in self:
             positions = mx.maximum(offset[:, None] + mx.arange(h.shape[1]), 0)
             h = h + self.embed_positions(positions)
+        return h
+
+    def __call__(self, inputs, masks, offset, cache, input_embeddings=None, attention=None):
+        h = self.embed(inputs, offset, input_embeddings)
         cache = cache if cache is not None else [None] * len(self.layers)
         # Only steps that carry attention data pass it: blocks that take none (state
         # layers) keep the four-argument call.
