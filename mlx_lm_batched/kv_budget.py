@@ -32,12 +32,16 @@ def _probe(model):
     The model is called on one token with fresh caches and nothing is evaluated: MLX
     is lazy, so the caches' arrays have their shapes and dtypes (the model's real
     key/value and recurrent-state layouts, whatever the family) without memory or
-    compute spent on them."""
+    compute spent on them. A model whose forward pass communicates (a pipeline stage)
+    fills them through its own ``probe_caches(cache)`` instead."""
     from .models.cache import make_prompt_cache
     from .models.state_cache import StateCache
 
     cache = make_prompt_cache(model)
-    model(mx.zeros((1, 1), dtype=mx.int32), cache=cache)
+    if hasattr(model, "probe_caches"):  # its forward pass communicates (a pipeline stage)
+        model.probe_caches(cache)
+    else:
+        model(mx.zeros((1, 1), dtype=mx.int32), cache=cache)
     layout = []
     for c in cache:
         if isinstance(c, StateCache):  # recurrent state: fixed per row

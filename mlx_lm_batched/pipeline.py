@@ -213,6 +213,19 @@ class PipelineLM:
         out = super().__call__(inputs, mask=mask, offset=offset, cache=cache, **kwargs)
         return mx.distributed.all_sum(out.astype(self.stage.logits_dtype), group=self.stage.group)
 
+    def probe_caches(self, cache):
+        """Run this stage's own layers on one zero token into ``cache``, lazily and
+        without sending anything (``kv_budget`` reads the caches' layouts from it; the
+        forward pass would queue sends the other stages never receive)."""
+        from .models.base import resolve_masks
+
+        s = self.stage
+        h = mx.zeros((1, 1, s.hidden), s.in_dtype)
+        offset = mx.zeros((1,), mx.int32)
+        masks = resolve_masks(None, cache, self.layer_windows, 1, offset, self.get("layer_chunks"))
+        for layer, m, c in zip(self.model.layers, masks, cache):
+            h = layer(h, m, offset, c)
+
     def make_cache(self, max_kv_size=None):
         caches = super().make_cache(max_kv_size=max_kv_size)
         s = self.stage
@@ -295,6 +308,8 @@ def pipeline_model(model, group=None, split="layers", micro_batches=None):
                   logits.shape[-1], micro_batches or size)
     stack.layers = layers[start:stop]
     model.layer_windows = list(model.layer_windows)[start:stop]
+    if model.get("layer_chunks") is not None:  # Llama 4's chunked layers
+        model.layer_chunks = list(model.layer_chunks)[start:stop]
     if not stage.first:
         stack.pop("embed_positions", None)
         if not (stage.last and tied):
