@@ -85,8 +85,8 @@ def padding_share(lengths, groups):
 def our_prefill_groups(lengths, bs, split=True):
     """The groups our engine prefills: length-sorted batches of ``bs``, each split by
     ``plan_prefill_groups`` over the tokens before the last (fed to all rows at once).
-    ``split=False``: each batch in one group (models with state caches: the engine
-    splits only batches of plain key/value caches)."""
+    ``split=False``: each batch in one group (models with ring caches: the engine
+    splits only batches of full key/value caches and recurrent state)."""
     from mlx_lm_batched.batching import plan_prefill_groups
 
     ordered, groups = sorted(lengths), []
@@ -203,10 +203,12 @@ def ideal_cache_bytes(model, lengths):
 
 
 def plain_caches(model):
-    """True when every layer has a plain key/value cache (no state or ring caches)."""
-    from mlx_lm_batched.models.cache import KVCache, make_prompt_cache
+    """True when the engine prefills the model's batches group by group: every layer
+    has a full key/value cache or recurrent state (no ring caches)."""
+    from mlx_lm_batched.models.cache import make_prompt_cache
+    from mlx_lm_batched.models.cache_views import has_rows_view
 
-    return all(type(c) is KVCache for c in make_prompt_cache(model))
+    return all(has_rows_view(c) for c in make_prompt_cache(model))
 
 
 def tree_bytes(model):
