@@ -130,3 +130,47 @@ def test_ring_caches_keep_one_group():
         assert int(y[i]) == int(solo_y[0])
         np.testing.assert_allclose(np.array(logprobs[i]), np.array(solo_lp[0]), atol=1e-4)
     mx.clear_cache()
+
+
+def test_server_warm_up_counts_state_per_row_not_per_token(float_dirs, tmp_path):
+    # A tiny Qwen3-Next with SmolLM2's tokenizer, served by the server's engine.
+    import json
+    import shutil
+    from types import SimpleNamespace
+
+    from arch_harness import build_hf_model, save_hf_model
+    from mlx_lm_batched import load
+    from mlx_lm_batched.server.engine import Engine, EngineConfig
+    from mlx_lm_batched.server.errors import APIError
+
+    tok_dir = float_dirs["smollm2"]
+    vocab = json.loads((tok_dir / "config.json").read_text())["vocab_size"]
+    save_hf_model(build_hf_model("qwen3_next", dict(QWEN3_NEXT, vocab_size=vocab)), tmp_path,
+                  "transformers5")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tok_dir / name).exists():
+            shutil.copy(tok_dir / name, tmp_path / name)
+    model, tokenizer = load(str(tmp_path))
+    engine = Engine(model, tokenizer, EngineConfig(max_batch=4))
+    engine.warm_up()
+    c = QWEN3_NEXT
+    full = c["layer_types"].count("full_attention")
+    linear = c["layer_types"].count("linear_attention")
+    # float32: keys and values of the attention layers, per token.
+    assert engine.kv_bytes_per_token == full * c["num_key_value_heads"] * c["head_dim"] * 2 * 4
+    # Per row: the conv inputs (kernel - 1 of q, k, v) and the delta-rule state.
+    hk, hv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
+    kernel = getattr(model.args, "linear_conv_kernel_dim")
+    conv = (kernel - 1) * (2 * hk * dk + hv * dv)
+    assert engine.state_bytes_per_row == linear * (conv + hv * dk * dv) * 4
+    # A request reserves both: n rows of (prompt + max_tokens) slots and one state each.
+    need = 2 * ((10 + 5) * engine.kv_bytes_per_token + engine.state_bytes_per_row)
+    job = SimpleNamespace(spec=SimpleNamespace(params=SimpleNamespace(n=2)), reserved=0)
+    engine.config.max_kv_bytes = need - 1
+    with pytest.raises(APIError):
+        engine._reserve(job, [[1] * 10], [5])
+    engine.config.max_kv_bytes = need
+    engine._reserve(job, [[1] * 10], [5])
+    assert job.reserved == need
+    engine.gen.close()
