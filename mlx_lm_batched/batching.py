@@ -144,9 +144,10 @@ class BatchEngine:
         ones directly and its pad columns join its leading padding.
 
         All columns but the last go through the model in chunks whose logits are
-        never computed (only the caches are evaluated); into fresh full key/value
-        and recurrent-state caches they go group by group (``_prefill_groups``). The
-        last column, for all rows at once, gives the first sampled token.
+        never computed (only the caches are evaluated); into fresh caches with row
+        views (``has_rows_view``: full key/value, recurrent state, rings the prompt
+        does not wrap) they go group by group (``_prefill_groups``). The last column,
+        for all rows at once, gives the first sampled token.
         """
         B, L = tokens.shape
         if L == 0:
@@ -167,7 +168,7 @@ class BatchEngine:
         # Position of column c in row b: cached real tokens + c - padding of row b.
         base = before - mx.array(pad, dtype=mx.int32)
         done = 0
-        grouped = all(has_rows_view(c) for c in self.cache)
+        grouped = all(has_rows_view(c, L) for c in self.cache)
         if L > 1 and start == 0 and grouped:
             self._prefill_groups(tokens, pad, base, progress, input_embeddings)
             done = L - 1

@@ -4,13 +4,14 @@ driver needs it (a group of rows, or rows that start at different columns)."""
 
 import mlx.core as mx
 
-from .kv_cache import KVCache
+from .kv_cache import KVCache, RotatingKVCache
 from .state_cache import StateCache
 
 
 class RowsView(KVCache):
-    """Rows ``[start, stop)`` of an empty ``KVCache`` of ``batch_size`` rows, seen from
-    slot ``first_slot`` on: the cache of a sub-batch prefilled on its own.
+    """Rows ``[start, stop)`` of an empty ``KVCache`` of ``batch_size`` rows (or a
+    ``RotatingKVCache`` the prefill does not wrap), seen from slot ``first_slot`` on:
+    the cache of a sub-batch prefilled on its own.
 
     ``BatchEngine`` prefills rows of similar length together so that short rows skip
     the leading columns that are padding for all of them; each group writes its keys
@@ -79,15 +80,20 @@ class StateRowsView(StateCache):
         return [a for a in self.parent.arrays if a is not None]
 
 
-def has_rows_view(cache):
-    """True for the layer cache kinds ``rows_view`` can view (full key/value caches and
-    recurrent state; ring caches keep their slots out of order)."""
+def has_rows_view(cache, slots):
+    """True when ``rows_view`` can view the fresh layer ``cache`` for a prefill of
+    ``slots`` slots: full key/value caches, recurrent state, and ring caches the
+    prefill does not wrap (``slots <= max_size``: no slot is overwritten, so the ring
+    holds its slots in order, as a full cache does)."""
+    if type(cache) is RotatingKVCache:
+        return slots <= cache.max_size
     return type(cache) in (KVCache, StateCache)
 
 
 def rows_view(cache, start, stop, first_slot, batch_size, total):
     """The view of rows ``[start, stop)`` from slot ``first_slot`` of a fresh layer cache
-    of ``batch_size`` rows that the groups fill to ``total`` slots."""
+    of ``batch_size`` rows that the groups fill to ``total`` slots (see
+    ``has_rows_view``)."""
     if type(cache) is StateCache:
         return StateRowsView(cache, start, stop, first_slot, batch_size)
     return RowsView(cache, start, stop, first_slot, batch_size, total)
