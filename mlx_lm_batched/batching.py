@@ -205,7 +205,6 @@ class BatchEngine:
         it stay zero and are padding of those rows (masked), and state rows start from
         zero, what the skipped padding columns (identity steps) leave. Every row sees
         exactly what a one-group prefill gives it: its own tokens after padding.
-        Returns the token columns computed (rows times columns, over all groups).
         """
         B, L = tokens.shape
         width = L - 1
@@ -233,7 +232,6 @@ class BatchEngine:
                 processed += (stop - start) * n
                 if progress is not None:
                     progress(max(1, round(width * processed / total)), L)
-        return processed
 
     def step(self, tokens):
         """Feed one token per row ``(B,)``; return the queued next ``(tokens, logprobs)``."""

@@ -293,7 +293,8 @@ class Engine:
         limit = self.config.max_kv_bytes
         if limit is not None and need > limit:
             raise APIError(400, f"This request needs about {need} bytes of KV cache and state "
-                           f"(prompt + max_tokens, times n), over the server's --max-kv-bytes {limit}.",
+                           f"(prompt + max_tokens, times n), over the server's "
+                           f"--max-kv-bytes {limit}.",
                            "max_tokens", "request_too_large")
         if limit is not None and self._reserved + need > limit:
             raise APIError(429, "The server's KV memory is fully reserved; retry later.", None,
