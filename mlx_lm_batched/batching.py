@@ -12,7 +12,8 @@ import mlx.core as mx
 
 from .kv_budget import check_kv_fits, model_context
 from .models.base import StepAttention
-from .models.cache import KVCache, RowsView, ShiftedView, as_prompt_cache, make_prompt_cache
+from .models.cache import KVCache, ShiftedView, as_prompt_cache, make_prompt_cache
+from .models.cache_views import has_rows_view, rows_view
 from .sample_utils import greedy_sampler
 
 PAD_ID = -1  # marks padding in token histories given to logits processors
@@ -143,9 +144,10 @@ class BatchEngine:
         ones directly and its pad columns join its leading padding.
 
         All columns but the last go through the model in chunks whose logits are
-        never computed (only the caches are evaluated); into fresh full caches
-        they go group by group (``_prefill_groups``). The last column, for all rows
-        at once, gives the first sampled token.
+        never computed (only the caches are evaluated); into fresh caches with row
+        views (``has_rows_view``: full key/value, recurrent state, rings the prompt
+        does not wrap) they go group by group (``_prefill_groups``). The last column,
+        for all rows at once, gives the first sampled token.
         """
         B, L = tokens.shape
         if L == 0:
@@ -166,8 +168,8 @@ class BatchEngine:
         # Position of column c in row b: cached real tokens + c - padding of row b.
         base = before - mx.array(pad, dtype=mx.int32)
         done = 0
-        plain = all(type(c) is KVCache for c in self.cache)
-        if L > 1 and start == 0 and plain:
+        grouped = all(has_rows_view(c, L) for c in self.cache)
+        if L > 1 and start == 0 and grouped:
             self._prefill_groups(tokens, pad, base, progress, input_embeddings)
             done = L - 1
         while L - done > 1:
@@ -197,10 +199,12 @@ class BatchEngine:
         """Prefill ``tokens[:, :-1]`` group by group (``plan_prefill_groups``) so rows
         skip the leading columns that are padding for their whole group.
 
-        Each group writes into its rows of the shared caches through ``RowsView``s
-        that start at the group's first real column; slots before it stay zero and
-        are padding of those rows (masked). Every row sees exactly what a one-group
-        prefill gives it: its own tokens, preceded by masked padding.
+        Each group writes into its rows of the shared caches through row views
+        (``rows_view``: ``RowsView`` for key/value caches, ``StateRowsView`` for
+        recurrent state) that start at the group's first real column; key slots before
+        it stay zero and are padding of those rows (masked), and state rows start from
+        zero, what the skipped padding columns (identity steps) leave. Every row sees
+        exactly what a one-group prefill gives it: its own tokens after padding.
         """
         B, L = tokens.shape
         width = L - 1
@@ -213,7 +217,7 @@ class BatchEngine:
             if longest == 0:
                 continue  # one-token prompts: nothing before their last token
             first = width - longest
-            views = [RowsView(c, start, stop, first, B, width) for c in self.cache]
+            views = [rows_view(c, start, stop, first, B, width) for c in self.cache]
             offset = base[start:stop] + first
             done = 0
             while done < longest:

@@ -85,8 +85,8 @@ def padding_share(lengths, groups):
 def our_prefill_groups(lengths, bs, split=True):
     """The groups our engine prefills: length-sorted batches of ``bs``, each split by
     ``plan_prefill_groups`` over the tokens before the last (fed to all rows at once).
-    ``split=False``: each batch in one group (models with state caches: the engine
-    splits only batches of plain key/value caches)."""
+    ``split=False``: each batch in one group (ring caches the prompts wrap: the engine
+    splits only batches whose caches all have row views)."""
     from mlx_lm_batched.batching import plan_prefill_groups
 
     ordered, groups = sorted(lengths), []
@@ -202,11 +202,13 @@ def ideal_cache_bytes(model, lengths):
     return sum(sum(cache_bytes(model, cache, 1, n)) for n in lengths)
 
 
-def plain_caches(model):
-    """True when every layer has a plain key/value cache (no state or ring caches)."""
-    from mlx_lm_batched.models.cache import KVCache, make_prompt_cache
+def plain_caches(model, slots):
+    """True when the engine prefills the model's batches of up to ``slots`` columns
+    group by group (every cache has a row view: no ring the prompts would wrap)."""
+    from mlx_lm_batched.models.cache import make_prompt_cache
+    from mlx_lm_batched.models.cache_views import has_rows_view
 
-    return all(type(c) is KVCache for c in make_prompt_cache(model))
+    return all(has_rows_view(c, slots) for c in make_prompt_cache(model))
 
 
 def tree_bytes(model):
@@ -290,7 +292,7 @@ def run_bench(args):
         key = f"{name}@{bs}"
         m = dict(best[key], config=name, batch_size=bs)
         if name.startswith("ours"):
-            groups = our_prefill_groups(lengths, bs, split=plain_caches(model))
+            groups = our_prefill_groups(lengths, bs, split=plain_caches(model, max(lengths)))
         elif name == "mlx-lm":  # prompts in arrival order, prefilled 8 at a time
             step = min(8, bs)
             groups = [lengths[i:i + step] for i in range(0, len(lengths), step)]

@@ -2,12 +2,16 @@
 chunk: the model and the mask see an ordinary cache, the write goes where the
 driver needs it (a group of rows, or rows that start at different columns)."""
 
-from .kv_cache import KVCache
+import mlx.core as mx
+
+from .kv_cache import KVCache, RotatingKVCache
+from .state_cache import StateCache
 
 
 class RowsView(KVCache):
-    """Rows ``[start, stop)`` of an empty ``KVCache`` of ``batch_size`` rows, seen from
-    slot ``first_slot`` on: the cache of a sub-batch prefilled on its own.
+    """Rows ``[start, stop)`` of an empty ``KVCache`` of ``batch_size`` rows (or a
+    ``RotatingKVCache`` the prefill does not wrap), seen from slot ``first_slot`` on:
+    the cache of a sub-batch prefilled on its own.
 
     ``BatchEngine`` prefills rows of similar length together so that short rows skip
     the leading columns that are padding for all of them; each group writes its keys
@@ -40,6 +44,59 @@ class RowsView(KVCache):
     def state(self):
         # The whole buffers: evaluating them runs this group's writes.
         return [self.parent.keys, self.parent.values]
+
+
+class StateRowsView(StateCache):
+    """Rows ``[start, stop)`` of an empty ``StateCache`` of ``batch_size`` rows, seen
+    from slot ``first_slot`` on: the recurrent state of a sub-batch prefilled on its own.
+
+    The ``RowsView`` of a state layer. The view starts empty (the group's rows start
+    from zero state, as they would alone: the columns the group skips are padding for
+    all its rows, the identity for the state), and every state array a layer stores is
+    also written into the parent's rows, which start as zeros (the state of a row that
+    saw only padding). Its ``size`` counts the group's slots from ``first_slot``, the
+    frame the group's ``RowsView``s and masks use; the parent counts the slots written.
+    """
+
+    def __init__(self, parent, start, stop, first_slot, batch_size):
+        super().__init__(len(parent))
+        self.parent, self.start, self.stop = parent, start, stop
+        self.first, self.rows = first_slot, batch_size
+
+    def __setitem__(self, i, value):
+        self.arrays[i] = value
+        p = self.parent
+        if p.arrays[i] is None:  # the first group allocates what all groups fill
+            p.arrays[i] = mx.zeros((self.rows,) + value.shape[1:], value.dtype)
+        p.arrays[i][self.start : self.stop] = value
+
+    def advance(self, n):
+        super().advance(n)
+        self.parent.size = max(self.parent.size, self.first + self.size)
+
+    @property
+    def state(self):
+        # The parent's whole arrays: evaluating them runs this group's writes.
+        return [a for a in self.parent.arrays if a is not None]
+
+
+def has_rows_view(cache, slots):
+    """True when ``rows_view`` can view the fresh layer ``cache`` for a prefill of
+    ``slots`` slots: full key/value caches, recurrent state, and ring caches the
+    prefill does not wrap (``slots <= max_size``: no slot is overwritten, so the ring
+    holds its slots in order, as a full cache does)."""
+    if type(cache) is RotatingKVCache:
+        return slots <= cache.max_size
+    return type(cache) in (KVCache, StateCache)
+
+
+def rows_view(cache, start, stop, first_slot, batch_size, total):
+    """The view of rows ``[start, stop)`` from slot ``first_slot`` of a fresh layer cache
+    of ``batch_size`` rows that the groups fill to ``total`` slots (see
+    ``has_rows_view``)."""
+    if type(cache) is StateCache:
+        return StateRowsView(cache, start, stop, first_slot, batch_size)
+    return RowsView(cache, start, stop, first_slot, batch_size, total)
 
 
 class ShiftedView:

@@ -19,6 +19,7 @@ from typing import Any, List, Optional
 
 import mlx.core as mx
 
+from ..kv_budget import cache_layout
 from ..prefix_cache import LRUPromptCache
 from ..scheduler import BatchGenerator
 from .errors import APIError
@@ -103,7 +104,8 @@ class Engine:
         self.vocab_size = self._vocab_size()
         self.prefix = LRUPromptCache(self.config.prompt_cache_size, self.config.prompt_cache_bytes)
         self.samplers = SamplerFactory()
-        self.kv_bytes_per_token = 0
+        self.kv_bytes_per_token = 0  # key/value bytes per token of a row (warm_up)
+        self.state_bytes_per_row = 0  # recurrent-state bytes per row (warm_up)
         self._commands = queue.Queue()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # guards _waiting_jobs (read by the event loop)
@@ -133,20 +135,19 @@ class Engine:
 
     # Lifecycle
     def warm_up(self):
-        """Generate two tokens once (compiles the paths) and measure KV bytes per token."""
+        """Generate two tokens once (compiles the paths) and measure the cache bytes a
+        request reserves: per token (key/value slots) and per row (recurrent state)."""
         prompt = self.tokenizer.encode("Hello", add_special_tokens=False) or [0]
         self.gen.insert([prompt * 4], max_tokens=[2])
         while True:
             _, responses = self.gen.next()
-            done = [r for r in responses if r.finish_reason]
-            if done:
+            if any(r.finish_reason for r in responses):
                 break
-        per_token = 0
-        for c in done[0].prompt_cache:
-            for a in c.state or ():
-                if a.ndim >= 3:
-                    per_token += a.nbytes // max(1, a.shape[2])
-        self.kv_bytes_per_token = per_token
+        # The model's cache layout, not the arrays' shapes: a state array's axes are
+        # not slots (it does not grow with the sequence). Unknown kinds count nothing.
+        layout = [entry for entry in cache_layout(self.model) if entry is not None]
+        self.kv_bytes_per_token = sum(per_slot for per_slot, _ in layout)
+        self.state_bytes_per_row = sum(fixed for _, fixed in layout)
         self.gen.close()
         self.gen = self._new_generator()
 
@@ -284,13 +285,16 @@ class Engine:
         job.send(Started(sum(len(p) for p in prompts), cached))
 
     def _reserve(self, job, prompts, max_tokens):
-        """Reserve the job's KV bytes (prompt + max_tokens per row) or raise 400/429."""
+        """Reserve the job's cache bytes (key/value slots for prompt + max_tokens, and
+        recurrent state, per row) or raise 400/429."""
         n = job.spec.params.n
-        need = sum((len(p) + m) * n for p, m in zip(prompts, max_tokens)) * self.kv_bytes_per_token
+        need = n * sum((len(p) + m) * self.kv_bytes_per_token + self.state_bytes_per_row
+                       for p, m in zip(prompts, max_tokens))
         limit = self.config.max_kv_bytes
         if limit is not None and need > limit:
-            raise APIError(400, f"This request needs about {need} bytes of KV cache (prompt + "
-                           f"max_tokens, times n), over the server's --max-kv-bytes {limit}.",
+            raise APIError(400, f"This request needs about {need} bytes of KV cache and state "
+                           f"(prompt + max_tokens, times n), over the server's "
+                           f"--max-kv-bytes {limit}.",
                            "max_tokens", "request_too_large")
         if limit is not None and self._reserved + need > limit:
             raise APIError(429, "The server's KV memory is fully reserved; retry later.", None,
