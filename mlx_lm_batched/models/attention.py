@@ -1,0 +1,167 @@
+"""The shared attention layer: GQA, QK-norm variants, RoPE, soft-capping, sinks, and
+decode attention by row groups. Parameter names follow Hugging Face checkpoints
+(``self_attn.q_proj`` ...)."""
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from . import cpu_ops
+
+
+def scaled_dot_product_attention(q, k, v, scale, mask, softcap=None, sinks=None):
+    """Attention over ``(B, H, L, D)`` queries; keys/values may have fewer heads (GQA).
+
+    ``mask`` is boolean (True = attend). Soft-capped logits need the explicit path.
+    ``sinks``: ``(H,)`` learned logits of an extra key with no value (GPT-OSS).
+    """
+    if softcap is None and (sinks is not None or mx.default_device() != mx.cpu):
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
+    if sinks is not None:
+        raise NotImplementedError("attention sinks with soft-capping")
+    # Soft-capping, and the CPU backend (where mx.fast falls back to unfused ops that
+    # repeat the keys per query head): the explicit attention of cpu_ops.
+    return cpu_ops.attention(q, k, v, scale, mask, softcap)
+
+
+def grouped_attention(q, k, v, scale, mask, softcap, sinks, groups):
+    """Attention by contiguous row groups ``(start, stop, first_slot)``: each group
+    skips the key slots before ``first_slot``, padding (masked) for all its rows."""
+    outs = []
+    for start, stop, first in groups:
+        rows = slice(start, stop)
+        outs.append(scaled_dot_product_attention(
+            q[rows], k[rows, :, first:], v[rows, :, first:], scale, mask[rows, ..., first:],
+            softcap, sinks))
+    return mx.concatenate(outs, axis=0)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with GQA, optional QK-norm, RoPE and soft-capping."""
+
+    def __init__(
+        self,
+        hidden_size,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        rope=None,
+        bias=False,
+        o_bias=None,
+        scale=None,
+        qk_norm=None,
+        softcap=None,
+        qk_norm_full=False,
+        qk_norm_after_rope=False,
+        qk_norm_names=("q_norm", "k_norm"),
+        fused_qkv=False,
+        sinks=False,
+        clip_qkv=None,
+        position_scale=None,
+        v_norm=None,
+        values_from_keys=False,
+    ):
+        """``qk_norm_full``: norm the whole q/k projection, not each head (OLMo 2).
+        ``qk_norm_after_rope``: norm the rotated q/k (Hunyuan). ``qk_norm_names``:
+        the checkpoint's names for the two norms. ``fused_qkv``: one ``qkv_proj``
+        holding q, k then v (Phi 3; sanitize maps other fused layouts to it).
+        ``clip_qkv``: clamp the q/k/v projections to ``[-clip, clip]`` (OLMo, DBRX).
+        ``position_scale``: ``f(positions (B, L)) -> (B, L)`` factors on the rotated
+        queries (Llama 4's and Ministral 3's long-context temperature).
+        ``v_norm``: a function on the per-head values ``(B, L, heads, head_dim)`` (Gemma
+        3n's and 4's RMS norm without weight). ``values_from_keys``: no ``v_proj``; the
+        values are the key projection before its norm and RoPE (Gemma 4's
+        ``attention_k_eq_v``). Attention over another layer's keys and values (KV
+        sharing) is :class:`~.kv_sharing.SharedKVAttention`."""
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.fused_qkv = fused_qkv
+        if fused_qkv:
+            self.qkv_proj = nn.Linear(hidden_size, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
+        else:
+            self.q_proj = nn.Linear(hidden_size, n_heads * head_dim, bias=bias)
+            self.k_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
+            if not values_from_keys:
+                self.v_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(n_heads * head_dim, hidden_size, bias=bias if o_bias is None else o_bias)
+        self.qk_norm_names = qk_norm_names
+        if qk_norm is not None:  # a factory: qk_norm(dims) -> norm module
+            q_dims, k_dims = (n_heads * head_dim, n_kv_heads * head_dim) if qk_norm_full else (head_dim,) * 2
+            setattr(self, qk_norm_names[0], qk_norm(q_dims))
+            setattr(self, qk_norm_names[1], qk_norm(k_dims))
+        self.has_qk_norm = qk_norm is not None
+        self.qk_norm_full = qk_norm_full
+        self.qk_norm_after_rope = qk_norm_after_rope
+        self.rope = rope
+        self.scale = scale if scale is not None else head_dim**-0.5
+        self.softcap = softcap
+        self.clip_qkv = clip_qkv
+        self.position_scale = position_scale
+        self.v_norm = v_norm
+        self.values_from_keys = values_from_keys
+        if sinks:  # per-head attention-sink logits (GPT-OSS)
+            self.sinks = mx.zeros((n_heads,))
+
+    def __call__(self, x, mask, offset, cache=None, attention=None):
+        """``attention``: the step's :class:`~.base.StepAttention` (or None)."""
+        B, L, _ = x.shape
+        q, k, v = self.project(x)
+        q = self._heads(q, 0, offset)
+        if self.position_scale is not None:
+            # Padding columns have negative positions: clamp them to 0 (a finite
+            # factor; their outputs are never read).
+            positions = mx.maximum(offset[:, None] + mx.arange(L), 0)
+            q = q * self.position_scale(positions)[:, None, :, None].astype(q.dtype)
+        k = self._heads(k, 1, offset)
+        if self.clip_qkv is not None:
+            v = mx.clip(v, -self.clip_qkv, self.clip_qkv)
+        v = v.reshape(B, L, self.n_kv_heads, -1)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
+        v = v.transpose(0, 2, 1, 3)
+        if cache is not None:
+            k, v = cache.update_and_fetch(k, v)
+        return self._attend(q, k, v, mask, attention)
+
+    def _attend(self, q, k, v, mask, attention):
+        """Attention of the rotated queries ``(B, heads, L, D)`` over the fetched keys
+        and values, then ``o_proj``."""
+        B, _, L, _ = q.shape
+        sinks = self.sinks.astype(q.dtype) if "sinks" in self else None
+        groups = attention.row_groups if attention is not None and L == 1 else None
+        if groups and mask is not None and mask.ndim == 4 and mask.shape[0] == B:
+            out = grouped_attention(q, k, v, self.scale, mask, self.softcap, sinks, groups)
+        else:
+            out = scaled_dot_product_attention(q, k, v, self.scale, mask, self.softcap, sinks)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+    def _heads(self, t, which, offset):
+        """Query (``which`` 0) or key (1) projection ``t`` ``(B, L, heads * D)`` as
+        normed, rotated ``(B, heads, L, D)`` heads."""
+        B, L, _ = t.shape
+        norm = getattr(self, self.qk_norm_names[which]) if self.has_qk_norm else None
+        if norm is not None and self.qk_norm_full:
+            t = norm(t)
+        if self.clip_qkv is not None:  # after a whole-projection QK-norm (OLMoE)
+            t = mx.clip(t, -self.clip_qkv, self.clip_qkv)
+        t = t.reshape(B, L, self.n_kv_heads if which else self.n_heads, -1)
+        if norm is not None and not (self.qk_norm_full or self.qk_norm_after_rope):
+            t = norm(t)
+        t = t.transpose(0, 2, 1, 3)
+        if self.rope is not None:
+            t = self.rope(t, offset)
+        if norm is not None and self.qk_norm_after_rope:
+            t = norm(t)
+        return t
+
+    def project(self, x):
+        """The ``(B, L, heads * head_dim)`` query, key and value projections of ``x``
+        (cross-layer attention overrides where keys and values come from)."""
+        if self.fused_qkv:
+            nq, nk = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+            return mx.split(self.qkv_proj(x), [nq, nq + nk], axis=-1)
+        k = self.k_proj(x)
+        return self.q_proj(x), k, k if self.values_from_keys else self.v_proj(x)
+
+    def _qk_norm(self, q, k):
+        q_name, k_name = self.qk_norm_names
+        return getattr(self, q_name)(q), getattr(self, k_name)(k)
