@@ -73,12 +73,14 @@ class ChunkedKVCache(_Unsupported):
 
 
 class ArraysCache(_Unsupported):
-    """Not supported: recurrent state caches are not implemented yet."""
+    """Not supported by this name (mlx-lm's recurrent state cache with its own padding)."""
 
-    alternative = "recurrent (SSM / linear attention) state caches are not implemented yet"
+    alternative = ("recurrent (SSM / linear attention) state lives in StateCache, whose "
+                   "rows' padding the PromptCache records; use make_prompt_cache(model)")
 
 
 class CacheList(_Unsupported):
-    """Not supported (several caches per layer)."""
+    """Not supported (several caches grouped as one)."""
 
-    alternative = "models here use one cache per layer; use make_prompt_cache(model)"
+    alternative = ("a model's caches here are one flat list (a layer with two keeps two "
+                   "entries); use make_prompt_cache(model)")
