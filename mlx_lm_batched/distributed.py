@@ -316,3 +316,35 @@ class guard_collectives:
             raise SystemExit(f"[rank {self.rank}] error: lost a peer of the distributed "
                              f"group ({exc})") from exc
         return False
+
+
+def sharded_load(repo, pipeline_group=None, tensor_group=None, return_config=False, *,
+                 tokenizer_config=None, trust_remote_code=False):
+    """Load a model sharded over ``mx.distributed`` groups (mlx-lm's ``sharded_load``).
+
+    ``tensor_group`` splits attention heads and MLP/expert columns over its ranks (see
+    :mod:`mlx_lm_batched.distributed`); ``pipeline_group`` splits the layers into one
+    contiguous range per rank (see :mod:`mlx_lm_batched.pipeline`); with neither given,
+    tensor parallelism over ``mx.distributed.init()``. The weights are read lazily and
+    cut before they are evaluated, so each rank materialises only its part. Both groups
+    with more than one rank each raise ``ValueError`` (not supported: MLX's ring backend
+    cannot split a group, so the combination could not be tested).
+    Returns ``(model, tokenizer)``, plus the config when ``return_config``.
+    """
+    from .utils import load  # utils resolves its sharded_load here
+
+    pipeline = pipeline_group is not None and pipeline_group.size() > 1
+    if pipeline and tensor_group is not None and tensor_group.size() > 1:
+        raise ValueError("sharded_load: pipeline_group and tensor_group cannot both have more "
+                         "than one rank; pass one of them")
+    if pipeline_group is None and tensor_group is None:
+        tensor_group = mx.distributed.init()
+    model, tokenizer, config = load(repo, tokenizer_config=tokenizer_config, lazy=True,
+                                    return_config=True, trust_remote_code=trust_remote_code)
+    if pipeline:
+        finish_sharding(model, pipeline_group, "pipeline")
+    elif tensor_group is not None:
+        finish_sharding(model, tensor_group)
+    else:  # a pipeline group of one rank: the whole model here
+        mx.eval(model.parameters())
+    return (model, tokenizer, config) if return_config else (model, tokenizer)

@@ -12,6 +12,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from .dequantize import _dequantize_dtype, cast_floats, dequantize_model  # noqa: F401
 from .models import get_model_module
 from .validation import check_config_fields
 
@@ -375,100 +376,6 @@ def _load_tokenizer(model_path, tokenizer_config, eos):
                              f"{type(e).__name__}: {_one_line(e)}") from None
 
 
-def cast_floats(model, dtype):
-    """Cast the model's floating-point parameters to ``dtype`` in place."""
-    from mlx.utils import tree_map
-
-    model.update(
-        tree_map(lambda p: p.astype(dtype) if mx.issubdtype(p.dtype, mx.floating) else p,
-                 model.parameters())
-    )
-    mx.eval(model.parameters())
-
-
-def _dequantize_dtype():
-    """float32 when the default device is the CPU (its half-float matmuls skip the
-    BLAS), else None: keep the checkpoint's dtype, whose GPU kernels are fast."""
-    return mx.float32 if mx.default_device() == mx.cpu else None
-
-
-def dequantize_model(model, dtype=None):
-    """Replace quantized layers (Linear, Embedding, MoE switch layers) by float ones.
-
-    The float weights are exactly what the quantized ones encode, in ``dtype``
-    (scales and biases are widened first, so float32 loses nothing) or, when
-    None, in the dtype of the quantization scales. Works in place and returns
-    the model.
-    """
-    from mlx.utils import tree_unflatten
-
-    def weight(module):
-        scales, biases = module.scales, module.get("biases")
-        widen = dtype is not None and module.mode == "affine"  # other modes: packed scales
-        if widen:
-            scales = scales.astype(dtype)
-            biases = None if biases is None else biases.astype(dtype)
-        w = mx.dequantize(module.weight, scales, biases, module.group_size, module.bits,
-                          mode=module.mode)
-        return w if dtype is None or widen else w.astype(dtype)
-
-    layers = []
-    for name, module in model.named_modules():
-        if isinstance(module, nn.QuantizedLinear):
-            w = weight(module)
-            lin = nn.Linear(w.shape[1], w.shape[0], bias="bias" in module)
-            lin.weight = w
-            if "bias" in module:
-                lin.bias = module.bias
-            layers.append((name, lin))
-        elif hasattr(module, "dequantized"):  # quantized MoE switch layers
-            layer = module.dequantized()
-            if dtype is not None:
-                layer.weight = layer.weight.astype(dtype)
-            layers.append((name, layer))
-        elif isinstance(module, nn.QuantizedEmbedding):
-            w = weight(module)
-            emb = nn.Embedding(*w.shape)
-            emb.weight = w
-            layers.append((name, emb))
-    if layers:
-        model.update_modules(tree_unflatten(layers))
-        mx.eval(model.parameters())
-    return model
-
-
-def sharded_load(repo, pipeline_group=None, tensor_group=None, return_config=False, *,
-                 tokenizer_config=None, trust_remote_code=False):
-    """Load a model sharded over ``mx.distributed`` groups (mlx-lm's ``sharded_load``).
-
-    ``tensor_group`` splits attention heads and MLP/expert columns over its ranks (see
-    :mod:`mlx_lm_batched.distributed`); ``pipeline_group`` splits the layers into one
-    contiguous range per rank (see :mod:`mlx_lm_batched.pipeline`); with neither given,
-    tensor parallelism over ``mx.distributed.init()``. The weights are read lazily and
-    cut before they are evaluated, so each rank materialises only its part. Both groups
-    with more than one rank each raise ``ValueError`` (not supported: MLX's ring backend
-    cannot split a group, so the combination could not be tested).
-    Returns ``(model, tokenizer)``, plus the config when ``return_config``.
-    """
-    from .distributed import finish_sharding
-
-    pipeline = pipeline_group is not None and pipeline_group.size() > 1
-    if pipeline and tensor_group is not None and tensor_group.size() > 1:
-        raise ValueError("sharded_load: pipeline_group and tensor_group cannot both have more "
-                         "than one rank; pass one of them")
-    if pipeline_group is None and tensor_group is None:
-        tensor_group = mx.distributed.init()
-    model, tokenizer, config = load(repo, tokenizer_config=tokenizer_config, lazy=True,
-                                    return_config=True, trust_remote_code=trust_remote_code)
-    if pipeline:
-        finish_sharding(model, pipeline_group, "pipeline")
-    elif tensor_group is not None:
-        finish_sharding(model, tensor_group)
-    else:  # a pipeline group of one rank: the whole model here
-        mx.eval(model.parameters())
-    return (model, tokenizer, config) if return_config else (model, tokenizer)
-
-
 # mlx-lm's names for writing models, loading tokenizers and counting parameters live
 # in model_io.py, which imports this module (through convert.py): resolved on first use.
 _MODEL_IO = ("load_tokenizer", "save", "save_model", "save_config", "quantize_model",
@@ -480,4 +387,8 @@ def __getattr__(name):
         from . import model_io
 
         return getattr(model_io, name)
+    if name == "sharded_load":  # mlx-lm's name; lives with the rest of the sharding
+        from .distributed import sharded_load
+
+        return sharded_load
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

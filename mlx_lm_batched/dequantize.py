@@ -1,0 +1,67 @@
+"""Float weights from quantized or half-precision ones: what the CLI and ``convert`` use
+to run float32 on the CPU (whose half-float matmuls skip the BLAS)."""
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+def cast_floats(model, dtype):
+    """Cast the model's floating-point parameters to ``dtype`` in place."""
+    from mlx.utils import tree_map
+
+    model.update(
+        tree_map(lambda p: p.astype(dtype) if mx.issubdtype(p.dtype, mx.floating) else p,
+                 model.parameters())
+    )
+    mx.eval(model.parameters())
+
+
+def _dequantize_dtype():
+    """float32 when the default device is the CPU (its half-float matmuls skip the
+    BLAS), else None: keep the checkpoint's dtype, whose GPU kernels are fast."""
+    return mx.float32 if mx.default_device() == mx.cpu else None
+
+
+def dequantize_model(model, dtype=None):
+    """Replace quantized layers (Linear, Embedding, MoE switch layers) by float ones.
+
+    The float weights are exactly what the quantized ones encode, in ``dtype``
+    (scales and biases are widened first, so float32 loses nothing) or, when
+    None, in the dtype of the quantization scales. Works in place and returns
+    the model.
+    """
+    from mlx.utils import tree_unflatten
+
+    def weight(module):
+        scales, biases = module.scales, module.get("biases")
+        widen = dtype is not None and module.mode == "affine"  # other modes: packed scales
+        if widen:
+            scales = scales.astype(dtype)
+            biases = None if biases is None else biases.astype(dtype)
+        w = mx.dequantize(module.weight, scales, biases, module.group_size, module.bits,
+                          mode=module.mode)
+        return w if dtype is None or widen else w.astype(dtype)
+
+    layers = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.QuantizedLinear):
+            w = weight(module)
+            lin = nn.Linear(w.shape[1], w.shape[0], bias="bias" in module)
+            lin.weight = w
+            if "bias" in module:
+                lin.bias = module.bias
+            layers.append((name, lin))
+        elif hasattr(module, "dequantized"):  # quantized MoE switch layers
+            layer = module.dequantized()
+            if dtype is not None:
+                layer.weight = layer.weight.astype(dtype)
+            layers.append((name, layer))
+        elif isinstance(module, nn.QuantizedEmbedding):
+            w = weight(module)
+            emb = nn.Embedding(*w.shape)
+            emb.weight = w
+            layers.append((name, emb))
+    if layers:
+        model.update_modules(tree_unflatten(layers))
+        mx.eval(model.parameters())
+    return model
