@@ -97,6 +97,29 @@ def _load(path, group):
 
 
 def main(argv=None):
+    """Serve until SIGTERM/Ctrl-C (or a lost rank), then end the process with the
+    status (:func:`_leave`)."""
+    _leave(_serve(argv))
+
+
+def _leave(status):
+    """Exit without interpreter teardown. After a clean drain, MLX work an engine step
+    queued (``mx.async_eval``) may still be running on MLX's own threads, and C++ static
+    destructors racing it abort the process ("terminate called without an active
+    exception", status -6: seen in CI after SIGTERM). Wait for the device, flush, leave."""
+    try:
+        import mlx.core as mx
+
+        mx.synchronize()
+    except Exception:  # nothing to wait for, or the device is already gone
+        pass
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _serve(argv):
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
@@ -156,10 +179,12 @@ def main(argv=None):
         server.run()
     finally:
         engine.stop()  # a distributed engine sends the other ranks 'shutdown'
+    if engine.alive:
+        log.warning("the engine thread is still in a step at exit; leaving without it")
     if getattr(engine, "fatal", None):
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
