@@ -93,7 +93,8 @@ def generate_step(
     if kv_bits is not None:
         raise NotImplementedError("quantized KV caches (kv_bits) are not supported yet: drop "
                                   "kv_bits, or bound the cache with max_kv_size")
-    max_tokens = V.check_max_tokens(max_tokens, allow_unlimited=True)
+    # 0 prefills the prompt into the cache and yields nothing (mlx-lm's meaning).
+    max_tokens = V.check_int("max_tokens", max_tokens, 0, allow=(-1,))
     prefill_step_size = V.check_int("prefill_step_size", prefill_step_size, 1)
     max_kv_size = V.check_optional_int("max_kv_size", max_kv_size, 1, V.INT32_MAX)
     kv_group_size = V.check_int("kv_group_size", kv_group_size, 1)
@@ -132,11 +133,11 @@ def generate_step(
             V.warn_context("generation (max_tokens=-1) passed the model's context "
                            "(max_position_embeddings): later tokens are out of range")
         # Queue the next step before handing this one out, so the device works
-        # while the caller detokenizes.
-        next_y, next_logprobs = (None, None)
-        if n + 1 != max_tokens:
-            next_y, next_logprobs = engine.step(y)
-            mx.async_eval(next_y, next_logprobs)
+        # while the caller detokenizes. The step runs for the last token too: as in
+        # mlx-lm, the cache then holds every token yielded, so a later call continues
+        # from it (and logits processors see the same histories as mlx-lm's).
+        next_y, next_logprobs = engine.step(y)
+        mx.async_eval(next_y, next_logprobs)
         if single:
             yield y.item(), logprobs[0]
         else:

@@ -33,10 +33,12 @@ def smol(float_models):
 
 @pytest.fixture(scope="module")
 def stored(smol):
-    """A store holding the cache of ``base`` plus its generated tokens (but the last)."""
+    """A store holding the cache of ``base`` plus its generated tokens (as mlx-lm's
+    ``generate_step`` leaves it: every yielded token is in the cache)."""
     model, base = smol
     tokens, _, cache = run(model, base)
-    history = base + tokens[:-1]  # the last sampled token never entered the cache
+    history = base + tokens
+    assert cache[0].offset == len(history)
     store = LRUPromptCache(max_size=4)
     store.insert_cache(model, history, cache)
     return store, history, tokens
@@ -53,7 +55,7 @@ def assert_continues_exactly(model, prompt, cache, rest):
 def test_a_longer_prompt_continues_from_the_cached_prefix(smol, stored):
     model, _ = smol
     store, history, tokens = stored
-    follow_up = history + [tokens[-1], 198, 504, 2506, 30]
+    follow_up = history + [198, 504, 2506, 30]
     cache, rest = store.fetch_nearest_cache(model, follow_up)
     assert cache is not None and len(rest) == len(follow_up) - len(history)
     assert_continues_exactly(model, follow_up, cache, rest)
@@ -89,7 +91,7 @@ def test_bounds_evict_the_least_recently_used(smol):
     store = LRUPromptCache(max_size=2)
     caches = {}
     for n in (20, 30, 40):
-        _, _, cache = run(model, base[-n:], n=1)
+        _, _, cache = run(model, base[-n:], n=0)  # prefill only: the cache holds the n tokens
         caches[n] = cache
     store.insert_cache(model, base[-20:], caches[20])
     store.insert_cache(model, base[-30:], caches[30])

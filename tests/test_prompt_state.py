@@ -53,7 +53,8 @@ def test_padded_cache_reused_by_a_second_call_is_exact():
     cache = make_prompt_cache(model)
     list(generate_step(mx.array([[0] * 3 + a, b]), model, max_tokens=1, left_padding=[3, 0],
                        prompt_cache=cache))
-    assert isinstance(cache, PromptCache) and cache.padding == [3, 0] and cache.lengths == [3, 6]
+    # Each row holds its prompt and the token generated for it (mlx-lm's cache contract).
+    assert isinstance(cache, PromptCache) and cache.padding == [3, 0] and cache.lengths == [4, 7]
     _, batched = next(generate_step(mx.array(follow), model, max_tokens=1, prompt_cache=cache))
     for row, prompt in enumerate([a, b]):
         solo_cache = make_prompt_cache(model)
@@ -73,9 +74,9 @@ def conversation_check(model, first, second, n1, n2, max_kv_size=None, between=N
             assert trim_prompt_cache(cache, 2) == 2
 
     def carry_over(generated):
-        # What turn 2 feeds before the user turn: turn 1's last token (never fed),
-        # plus the two trimmed ones when trimming.
-        return generated[-3:] if between == "trim" else generated[-1:]
+        # What turn 2 feeds before the user turn: nothing (the caches hold every token
+        # turn 1 yielded), or the two trimmed ones when trimming.
+        return generated[-2:] if between == "trim" else []
 
     def maybe_reload(cache, name):
         if between != "save":
@@ -197,16 +198,17 @@ def test_our_cache_file_continues_in_mlx_lm(float_models, float_dirs, tmp_path, 
     model, tokenizer = float_models["smollm2"]
     prompt = corpus_prompts(tokenizer, (40,))[0]
     cache = make_prompt_cache(model, max_kv_size)
-    (first,), _ = solo_turn(model, cache, prompt, 1)
+    (first,), _ = solo_turn(model, cache, prompt, 1)  # the cache holds prompt + first
     path = str(tmp_path / "ours.safetensors")
     save_prompt_cache(path, cache, {"source": "mlx_lm_batched"})
-    ours, our_lp = solo_turn(model, cache, [first], 8)
+    follow = prompt[5]  # the next turn's first token
+    ours, our_lp = solo_turn(model, cache, [follow], 8)
 
     theirs_cache, meta = lm_load(path, return_metadata=True)
     assert meta == {"source": "mlx_lm_batched"}
     assert [type(c).__name__ for c in theirs_cache] == [type(c).__name__ for c in cache]
-    assert theirs_cache[0].offset == len(prompt)
-    theirs, their_lp = _mlx_lm_continue(_mlx_lm_model(float_dirs), theirs_cache, first, 8)
+    assert theirs_cache[0].offset == len(prompt) + 1
+    theirs, their_lp = _mlx_lm_continue(_mlx_lm_model(float_dirs), theirs_cache, follow, 8)
     assert theirs == ours
     np.testing.assert_allclose(their_lp, our_lp, atol=1e-3)
 
@@ -236,7 +238,8 @@ def test_mlx_lm_cache_file_continues_here(float_models, float_dirs, tmp_path, ki
     got, got_lp = solo_turn(model, loaded, [first], 8)
 
     ref = make_prompt_cache(model, max_kv_size)
-    (ref_first,), _ = solo_turn(model, ref, prompt, 1)
+    assert list(generate_step(mx.array(prompt), model, max_tokens=0, prompt_cache=ref)) == []
+    (ref_first,), _ = solo_turn(model, make_prompt_cache(model, max_kv_size), prompt, 1)
     want, want_lp = solo_turn(model, ref, [first], 8)
     assert ref_first == first and got == want
     np.testing.assert_allclose(got_lp, want_lp, atol=1e-3)

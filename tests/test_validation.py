@@ -107,9 +107,12 @@ def test_max_tokens_must_be_an_int(float_models):
             generate(model, tokenizer, "Hi", max_tokens=bad)
         with pytest.raises(TypeError, match="max_tokens"):
             batch_generate(model, tokenizer, ["Hi"], max_tokens=bad)
-    for bad in (0, -2):
-        with pytest.raises(ValueError, match="max_tokens"):
-            next(generate_step(mx.array([1, 2]), model, max_tokens=bad))
+    with pytest.raises(ValueError, match="max_tokens"):
+        next(generate_step(mx.array([1, 2]), model, max_tokens=-2))
+    # 0 prefills and yields nothing, as in mlx-lm; stream_generate refuses it, as mlx-lm's.
+    assert list(generate_step(mx.array([1, 2]), model, max_tokens=0)) == []
+    with pytest.raises(ValueError, match="max_tokens"):
+        generate(model, tokenizer, "Hi", max_tokens=0)
     with pytest.raises(ValueError, match="max_tokens has 1 entries for 2 prompts"):
         batch_generate(model, tokenizer, ["a", "b"], max_tokens=[3])
     with pytest.raises(ValueError, match=r"max_tokens\[1\]"):
