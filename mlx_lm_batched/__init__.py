@@ -24,16 +24,18 @@ warnings.filterwarnings(
 __version__ = "0.1.0"
 
 _LAZY = {
-    "load": ".utils",
-    "generate": ".generate",
-    "stream_generate": ".generate",
-    "batch_generate": ".generate",
-    "stream_batch_generate": ".generate",
-    "generate_step": ".generate",
-    "GenerationResponse": ".generate",
-    "BatchResponse": ".generate",
-    "convert": ".convert",
+    "load": ".loading.load",
+    "generate": ".api.generate",
+    "stream_generate": ".api.generate",
+    "batch_generate": ".api.batch",
+    "stream_batch_generate": ".api.batch",
+    "generate_step": ".api.generate",
+    "GenerationResponse": ".api.responses",
+    "BatchResponse": ".api.responses",
+    "convert": ".loading.convert",
 }
+# Submodules named like the function they hold (mlx-lm's ``generate`` and ``convert``).
+_SHADOWED = ("generate", "convert")
 
 __all__ = list(_LAZY)
 
@@ -57,7 +59,7 @@ class _Package(types.ModuleType):
     submodule would otherwise bind the module object over the function."""
 
     def __setattr__(self, name, value):
-        if isinstance(value, types.ModuleType) and _LAZY.get(name) == "." + name:
+        if isinstance(value, types.ModuleType) and name in _SHADOWED:
             value = getattr(value, name)
         super().__setattr__(name, value)
 

@@ -1,170 +1,18 @@
-"""Tokenizer wrapper (drop-in for mlx-lm's tokenizer_utils); the streaming
-detokenizers live in ``detokenizers.py`` and are re-exported here.
+"""mlx-lm's ``mlx_lm.tokenizer_utils``: the tokenizer wrapper, its streaming
+detokenizers and ``load`` (``tokenization/``)."""
 
-Batching: ``TokenizerWrapper.make_detokenizer()`` (and the ``detokenizer`` property)
-hands out a fresh, independent detokenizer per call, so a batch driver keeps one per
-row. The expensive token maps are built once per wrapper and shared read-only.
-"""
-
-import copy
-import json
-import os
-
-from transformers import AutoTokenizer
-
-from .detokenizers import (  # noqa: F401  (re-exported: mlx-lm's names live here)
+from .tokenization.detokenizers import (
     BPEStreamingDetokenizer,
     NaiveStreamingDetokenizer,
     SPMStreamingDetokenizer,
     StreamingDetokenizer,
-    detect_detokenizer,
+)
+from .tokenization.tokenizer import (
+    TokenizerWrapper,
+    encode_prompt,
+    load,
+    load_tokenizer,
 )
 
-
-class TokenizerWrapper:
-    """An HF tokenizer plus streaming detokenizers and the EOS id set.
-
-    Attributes not defined here (``encode``, ``decode``, ``eos_token_id``,
-    ``bos_token``, ...) are read from and written to the wrapped tokenizer.
-    """
-
-    def __init__(self, tokenizer, detokenizer_class=None, eos_token_ids=None, chat_template=None):
-        """``detokenizer_class`` defaults to ``detect_detokenizer(tokenizer)``.
-        ``eos_token_ids`` (int or iterable) are extra stop ids; the tokenizer's own
-        ``eos_token_id`` is always included. ``chat_template`` is a callable
-        ``(messages, **kw) -> str`` (mlx-lm style) or a Jinja template string."""
-        self._tokenizer = tokenizer
-        factory = detokenizer_class or detect_detokenizer(tokenizer)
-        # Built once: token maps are expensive; copies share them read-only.
-        self._prototype = factory(tokenizer)
-        if isinstance(eos_token_ids, int):
-            eos_token_ids = [eos_token_ids]
-        self._eos_token_ids = set(eos_token_ids or [])
-        if tokenizer.eos_token_id is not None:
-            self._eos_token_ids.add(tokenizer.eos_token_id)
-        self._chat_template = chat_template
-
-    def make_detokenizer(self):
-        """A new, reset detokenizer independent of every other one (one per batch row)."""
-        detok = copy.copy(self._prototype)
-        detok.reset()  # reset() rebinds all state, so nothing mutable is shared
-        return detok
-
-    @property
-    def detokenizer(self):
-        """A fresh detokenizer on every access (as in mlx-lm): keep the returned
-        object for the whole stream rather than re-reading this property."""
-        return self.make_detokenizer()
-
-    @property
-    def eos_token_ids(self):
-        return self._eos_token_ids
-
-    @eos_token_ids.setter
-    def eos_token_ids(self, value):
-        self._eos_token_ids = set(value) if value is not None else set()
-
-    def add_eos_token(self, token):
-        """Add a stop token given as an id, a numeric string, or a token string."""
-        try:
-            token_id = int(token)
-        except ValueError:
-            # convert_tokens_to_ids maps unknown strings to <unk>, so check the vocab.
-            token_id = self._tokenizer.get_vocab().get(token)
-            if token_id is None:
-                raise ValueError(f"'{token}' is not a token for this tokenizer") from None
-        self._eos_token_ids.add(token_id)
-
-    @property
-    def has_chat_template(self):
-        return self._chat_template is not None or getattr(self._tokenizer, "chat_template", None) is not None
-
-    def apply_chat_template(self, *args, tokenize=True, **kwargs):
-        """Like the HF method, but returns a plain list of ids (or a str)."""
-        if callable(self._chat_template):
-            out = self._chat_template(*args, **kwargs)
-            # The rendered text already holds the template's specials (BOS included).
-            return self._tokenizer.encode(out, add_special_tokens=False) if tokenize else out
-        if self._chat_template is not None:
-            kwargs.setdefault("chat_template", self._chat_template)
-        kwargs["return_dict"] = False
-        return self._tokenizer.apply_chat_template(*args, tokenize=tokenize, **kwargs)
-
-    def encode_prompt(self, prompt, add_special_tokens=None):
-        """See :func:`encode_prompt`."""
-        return encode_prompt(self._tokenizer, prompt, add_special_tokens)
-
-    def __len__(self):
-        return len(self._tokenizer)  # dunders bypass __getattr__
-
-    def __getattr__(self, attr):
-        # Only called for names not found normally. Private names and names this
-        # class defines are not forwarded, so a failing property reports itself
-        # (and copy/pickle probing cannot recurse into _tokenizer).
-        if attr.startswith("_") or hasattr(type(self), attr):
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {attr!r}")
-        return getattr(self._tokenizer, attr)
-
-    def __setattr__(self, attr, value):
-        if attr.startswith("_") or hasattr(type(self), attr):
-            object.__setattr__(self, attr, value)  # our state, and property setters
-        else:
-            setattr(self._tokenizer, attr, value)
-
-
-def encode_prompt(tokenizer, prompt, add_special_tokens=None):
-    """Encode a prompt without ever producing a doubled BOS.
-
-    The classic bug: a chat template renders text that already begins with the
-    BOS token (Gemma's ``<bos>``, Llama's ``<s>``), and ``encode`` then prepends
-    another one; models degrade noticeably on ``<bos><bos>``. With
-    ``add_special_tokens=None`` specials are added only when the text does not
-    already start with the BOS string (mlx-lm's rule). Even when the caller
-    forces ``True``, a BOS duplicated this way is removed. A list of ids is
-    returned unchanged. Works on a raw HF tokenizer or a TokenizerWrapper.
-    """
-    if not isinstance(prompt, str):
-        return list(prompt)
-    bos = tokenizer.bos_token
-    starts_with_bos = bool(bos) and prompt.startswith(bos)
-    if add_special_tokens is None:
-        add_special_tokens = not starts_with_bos
-    ids = list(tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
-    bos_id = tokenizer.bos_token_id
-    if starts_with_bos and len(ids) >= 2 and ids[0] == ids[1] == bos_id:
-        ids = ids[1:]
-    return ids
-
-
-def _read_json(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
-
-
-def load_tokenizer(model_path, tokenizer_config_extra=None, eos_token_ids=None):
-    """Load the tokenizer of a local model directory into a TokenizerWrapper.
-
-    The detokenizer is chosen from the ``decoder`` of the loaded fast backend
-    (or of tokenizer.json when there is none). If ``eos_token_ids`` is None, the ``eos_token_id`` (int or list) of
-    generation_config.json, else of config.json, is used, as mlx-lm's loader does;
-    instruct models often list their end-of-turn token only there.
-    ``tokenizer_config_extra`` is passed to ``AutoTokenizer.from_pretrained``.
-    """
-    model_path = os.fspath(model_path)
-    tokenizer = AutoTokenizer.from_pretrained(model_path, **(tokenizer_config_extra or {}))
-    decoder = None
-    if getattr(tokenizer, "backend_tokenizer", None) is None:  # else the backend knows
-        decoder = _read_json(os.path.join(model_path, "tokenizer.json")).get("decoder")
-    factory = detect_detokenizer(tokenizer, decoder=decoder)
-    if eos_token_ids is None:
-        for name in ("generation_config.json", "config.json"):
-            eos_token_ids = _read_json(os.path.join(model_path, name)).get("eos_token_id")
-            if eos_token_ids is not None:
-                break
-    return TokenizerWrapper(tokenizer, factory, eos_token_ids=eos_token_ids)
-
-
-load = load_tokenizer  # mlx-lm's name
+__all__ = ["BPEStreamingDetokenizer", "NaiveStreamingDetokenizer", "SPMStreamingDetokenizer",
+           "StreamingDetokenizer", "TokenizerWrapper", "encode_prompt", "load", "load_tokenizer"]

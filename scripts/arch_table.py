@@ -11,17 +11,18 @@ from mlx_lm_batched.models import MODEL_TYPES, supported_model_types
 
 
 def uses_experts(module_name, seen=None):
-    """True when the module (or a family module it builds on) uses models/moe.py."""
+    """True when the module (or a family module it builds on) uses layers/moe.py."""
     seen = set() if seen is None else seen
     seen.add(module_name)
     module = importlib.import_module(f"mlx_lm_batched.models.{module_name}")
     for value in vars(module).values():
         origin = getattr(value, "__module__", None) or getattr(value, "__name__", "")
+        if origin == "mlx_lm_batched.layers.moe":
+            return True
         if not origin.startswith("mlx_lm_batched.models."):
             continue
         name = origin.rsplit(".", 1)[1]
-        if name == "moe" or (name in MODEL_TYPES.values() and name not in seen
-                             and uses_experts(name, seen)):
+        if name in MODEL_TYPES.values() and name not in seen and uses_experts(name, seen):
             return True
     return False
 

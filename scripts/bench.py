@@ -46,8 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mlx_lm_batched  # noqa: E402,F401  (BLAS preload before anything imports mlx.core)
 import mlx.core as mx  # noqa: E402
 
-from mlx_lm_batched import load, stream_generate  # noqa: E402
-from mlx_lm_batched import _blas  # noqa: E402
+from mlx_lm_batched import load, stream_generate, _blas  # noqa: E402
 
 from bench_blas import compare_blas  # noqa: E402
 from bench_report import machine, plot, print_table  # noqa: E402
@@ -87,7 +86,7 @@ def our_prefill_groups(lengths, bs, split=True):
     ``plan_prefill_groups`` over the tokens before the last (fed to all rows at once).
     ``split=False``: each batch in one group (ring caches the prompts wrap: the engine
     splits only batches whose caches all have row views)."""
-    from mlx_lm_batched.batching import plan_prefill_groups
+    from mlx_lm_batched.engine.prefill_plan import plan_prefill_groups
 
     ordered, groups = sorted(lengths), []
     for i in range(0, len(ordered), bs):
@@ -195,7 +194,7 @@ def measure(fn, weights_bytes):
 def ideal_cache_bytes(model, lengths):
     """Key/value cache and recurrent state of every row alone: its prompt plus its
     generated tokens, no padding (state: one row's worth per prompt)."""
-    from mlx_lm_batched.kv_budget import cache_bytes
+    from mlx_lm_batched.engine.kv_budget import cache_bytes
     from mlx_lm_batched.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
@@ -206,7 +205,7 @@ def plain_caches(model, slots):
     """True when the engine prefills the model's batches of up to ``slots`` columns
     group by group (every cache has a row view: no ring the prompts would wrap)."""
     from mlx_lm_batched.models.cache import make_prompt_cache
-    from mlx_lm_batched.models.cache_views import has_rows_view
+    from mlx_lm_batched.cache.views import has_rows_view
 
     return all(has_rows_view(c, slots) for c in make_prompt_cache(model))
 

@@ -67,9 +67,9 @@ def worker(args):
     import mlx.core as mx
     import numpy as np
 
-    from mlx_lm_batched.batching import BatchEngine
-    from mlx_lm_batched.distributed import finish_sharding
-    from mlx_lm_batched.pipeline import pipeline_model
+    from mlx_lm_batched.engine.batch_engine import BatchEngine
+    from mlx_lm_batched.parallel.load import finish_sharding
+    from mlx_lm_batched.parallel.pipeline import pipeline_model
     from mlx_lm_batched.utils import load
 
     mode = args.worker

@@ -29,11 +29,11 @@ import mlx.core as mx  # noqa: E402
 
 from bench import build_prompts, no_eos  # noqa: E402
 from bench_report import machine  # noqa: E402
-from mlx_lm_batched import _blas  # noqa: E402
-from mlx_lm_batched import load  # noqa: E402
-from mlx_lm_batched.batching import BatchEngine, left_pad  # noqa: E402
-from mlx_lm_batched.models import layers as layers_lib  # noqa: E402
-from mlx_lm_batched.models import masks as masks_lib  # noqa: E402
+from mlx_lm_batched import _blas, load  # noqa: E402
+from mlx_lm_batched.engine.batch_engine import BatchEngine
+from mlx_lm_batched.engine.prefill_plan import left_pad  # noqa: E402
+from mlx_lm_batched.layers import attention as layers_lib  # noqa: E402
+from mlx_lm_batched.layers import masks as masks_lib  # noqa: E402
 
 
 def timed(fn, repeats):
@@ -63,7 +63,7 @@ def profile(model, tokenizer, batch, steps, repeats):
     prompts = sorted(build_prompts(tokenizer, batch, seed=0), key=len)  # as batch_generate
     tokens, padding = left_pad(prompts)
     engine = BatchEngine(model)
-    engine.want_logprobs = False  # as batch_generate without return_logprobs
+    engine.sampling.want_logprobs = False  # as batch_generate without return_logprobs
     engine.reserve(64)
     y, _ = engine.prefill(tokens, padding)
     mx.eval(y)

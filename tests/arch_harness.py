@@ -28,8 +28,9 @@ import torch
 from mlx.utils import tree_flatten
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-from mlx_lm_batched.batching import BatchEngine, left_pad
-from mlx_lm_batched.scheduler import BatchGenerator
+from mlx_lm_batched.engine.batch_engine import BatchEngine
+from mlx_lm_batched.engine.prefill_plan import left_pad
+from mlx_lm_batched.sched.generator import BatchGenerator
 from mlx_lm_batched.utils import load_model
 
 ATOL = 1e-4

@@ -31,7 +31,8 @@ SOURCES = {"smollm2": smollm2_gguf_path, "gemma3": gemma3_gguf_path}
 
 def _conversion_key(gguf, options):
     h = hashlib.sha1()
-    for name in ("gguf.py", "gguf_tokenizer.py", "convert.py", "utils.py"):
+    for name in ("loading/gguf.py", "loading/gguf_tokenizer.py", "loading/convert.py",
+                 "loading/load.py", "loading/save.py"):
         h.update((PACKAGE / name).read_bytes())
     st = os.stat(gguf)
     h.update(f"{st.st_size}:{sorted(options.items())}".encode())

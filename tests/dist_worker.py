@@ -31,10 +31,11 @@ import mlx_lm_batched  # noqa: F401  (loads the fast BLAS before mlx.core)
 import mlx.core as mx
 import numpy as np
 
-from mlx_lm_batched.batching import BatchEngine, left_pad
-from mlx_lm_batched.distributed import guard_collectives
-from mlx_lm_batched.models.state_cache import StateCache
-from mlx_lm_batched.scheduler import BatchGenerator
+from mlx_lm_batched.engine.batch_engine import BatchEngine
+from mlx_lm_batched.engine.prefill_plan import left_pad
+from mlx_lm_batched.parallel.group import guard_collectives
+from mlx_lm_batched.cache.state import StateCache
+from mlx_lm_batched.sched.generator import BatchGenerator
 from mlx_lm_batched.utils import load, sharded_load
 
 ATOL = 1e-4

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import corpus_prompts
-from mlx_lm_batched import batch_generate, generate, generate_step, stream_batch_generate
+from mlx_lm_batched import batch_generate, generate_step, stream_batch_generate, generate
 from mlx_lm_batched.models.cache import (
     load_prompt_cache,
     make_prompt_cache,

@@ -16,7 +16,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
 from mlx_lm_batched.models import MODEL_TYPES, get_model_module
 from mlx_lm_batched.models.cache import make_prompt_cache
-from mlx_lm_batched.models.layers import Attention
+from mlx_lm_batched.layers.attention import Attention
 
 TYPES = sorted(t for t in MODEL_TYPES if t in CONFIG_MAPPING_NAMES)
 # State-space stacks without attention heads: checked by their state, conv and head

@@ -71,7 +71,7 @@ def test_yarn_frequencies_match_transformers(extra):
     from transformers import DeepseekV3Config
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from mlx_lm_batched.models.rope import make_rope
+    from mlx_lm_batched.layers.rope import make_rope
 
     params = dict(YARN, rope_theta=10000.0, **extra)
     config = DeepseekV3Config(**dict(MLA, max_position_embeddings=512, rope_parameters=params))
@@ -126,7 +126,7 @@ def test_mlx_lm_split_kv_b_proj_is_merged_back(bits):
     import mlx.core as mx
     import numpy as np
 
-    from mlx_lm_batched.models.mla import merge_absorbed_kv_b
+    from mlx_lm_batched.layers.mla import merge_absorbed_kv_b
 
     H, nope, v_dim, rank = 4, 32, 24, 64
     kv_b = mx.random.normal((H * (nope + v_dim), rank), key=mx.random.key(0))

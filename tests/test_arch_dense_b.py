@@ -18,7 +18,8 @@ import torch
 
 from arch_harness import (VOCAB, ATOL, build_hf_model, make_prompts, run_family,
                           reset_hf_rope, save_hf_model)
-from mlx_lm_batched.batching import BatchEngine, left_pad
+from mlx_lm_batched.engine.batch_engine import BatchEngine
+from mlx_lm_batched.engine.prefill_plan import left_pad
 from mlx_lm_batched.utils import load_model
 
 BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

@@ -18,10 +18,11 @@ import pytest
 from mlx.utils import tree_flatten
 
 from arch_harness import VOCAB, make_prompts, run_family
-from mlx_lm_batched.batching import BatchEngine, left_pad
+from mlx_lm_batched.engine.batch_engine import BatchEngine
+from mlx_lm_batched.engine.prefill_plan import left_pad
 from mlx_lm_batched.models import gemma3n_text, gemma4_text
 from mlx_lm_batched.models.cache import load_prompt_cache, save_prompt_cache
-from mlx_lm_batched.models.kv_sharing import KVShare, SharedKVAttention, layer_inputs
+from mlx_lm_batched.layers.kv_sharing import KVShare, SharedKVAttention, layer_inputs
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 TEXT = dict(vocab_size=VOCAB, vocab_size_per_layer_input=96, hidden_size=64, intermediate_size=96,
@@ -170,8 +171,8 @@ def test_tensor_parallel_kv_shared_attention_keeps_its_query_heads_and_gemma3n_i
     the whole model is refused by name (AltUp/LAuReL projections are not shardable)."""
     import mlx.nn as nn
 
-    from mlx_lm_batched.distributed import shard_model
-    from mlx_lm_batched.models.layers import RMSNorm
+    from mlx_lm_batched.parallel.shard import shard_model
+    from mlx_lm_batched.layers.norms import RMSNorm
 
     holder = nn.Module()
     holder.attn = SharedKVAttention(64, 4, 2, 16, qk_norm=lambda d: RMSNorm(d))

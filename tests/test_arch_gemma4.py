@@ -77,7 +77,7 @@ def test_mlx_lm_converted_checkpoints_load_with_mlx_lm_logits(name):
     import numpy as np
 
     from arch_harness import ATOL, make_prompts
-    from mlx_lm_batched.batching import left_pad
+    from mlx_lm_batched.engine.prefill_plan import left_pad
     from mlx_lm_batched.utils import load_model
 
     text = FAMILIES["gemma4_text_moe" if name == "gemma4_text_moe" else "gemma4_text"][0]

@@ -13,10 +13,11 @@ import pytest
 from transformers import Llama4Config, Llama4TextConfig
 
 from arch_harness import VOCAB, run_family
-from mlx_lm_batched.models import llama4, llama4_text, masks
-from mlx_lm_batched.models.kv_cache import KVCache, RotatingKVCache
-from mlx_lm_batched.models.layers import MLP
-from mlx_lm_batched.models.moe import InputScaledMoE
+from mlx_lm_batched.models import llama4, llama4_text
+from mlx_lm_batched.layers import masks
+from mlx_lm_batched.cache.kv import KVCache, RotatingKVCache
+from mlx_lm_batched.layers.mlp import MLP
+from mlx_lm_batched.layers.moe import InputScaledMoE
 
 # Scout's RoPE scaling (llama3 type with equal low/high frequency factors: a step
 # between scaled and unscaled frequencies), its context shrunk to the test lengths.
@@ -139,9 +140,9 @@ def test_4bit_conversion_of_the_multimodal_checkpoint_batches_exactly(tmp_path):
     from safetensors import safe_open
 
     from arch_harness import build_hf_model, greedy_tokens, make_prompts, save_hf_model
-    from mlx_lm_batched.batching import left_pad
+    from mlx_lm_batched.engine.prefill_plan import left_pad
     from mlx_lm_batched.convert import convert
-    from mlx_lm_batched.models.moe import QuantizedSwitchLinear
+    from mlx_lm_batched.layers.moe import QuantizedSwitchLinear
     from mlx_lm_batched.utils import load_model
 
     config, _ = FAMILIES["llama4"]

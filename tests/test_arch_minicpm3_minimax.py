@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from arch_harness import BASE_SMALL, VOCAB, make_prompts, run_family
-from mlx_lm_batched.batching import BatchEngine, left_pad
+from mlx_lm_batched.engine.batch_engine import BatchEngine
+from mlx_lm_batched.engine.prefill_plan import left_pad
 from mlx_lm_batched.models.cache import load_prompt_cache, save_prompt_cache
 from test_arch_deepseek import sharpen
 from test_arch_recurrent import _prefill, _states

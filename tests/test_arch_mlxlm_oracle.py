@@ -188,7 +188,7 @@ def test_tensor_parallel_cla_matches_one_process(tmp_path):
 def test_bailing_shards_heads_and_experts_and_replicates_its_router():
     """Rank 0 of 2 keeps half of the fused q/k/v heads and of each expert, and the
     whole router (``gate.gate_proj``, a linear inside the router module)."""
-    from mlx_lm_batched.distributed import shard_model
+    from mlx_lm_batched.parallel.shard import shard_model
     from mlx_lm_batched.models import bailing_moe
     from test_distributed import _TwoRanks
 

@@ -85,9 +85,9 @@ def test_moe_4bit_conversion_batches_exactly(tmp_path):
     import numpy as np
 
     from arch_harness import build_hf_model, greedy_tokens, make_prompts, save_hf_model
-    from mlx_lm_batched.batching import left_pad
+    from mlx_lm_batched.engine.prefill_plan import left_pad
     from mlx_lm_batched.convert import convert
-    from mlx_lm_batched.models.moe import QuantizedSwitchLinear, SwitchLinear
+    from mlx_lm_batched.layers.moe import QuantizedSwitchLinear, SwitchLinear
     from mlx_lm_batched.utils import load_model
 
     config, _ = FAMILIES["gpt_oss"]
@@ -133,8 +133,8 @@ def test_gpt_oss_mxfp4_checkpoint_matches_transformers(tmp_path):
     from transformers.integrations.mxfp4 import _convert_moe_packed_tensors
 
     from arch_harness import build_hf_model, hf_logits, make_prompts
-    from mlx_lm_batched.batching import left_pad
-    from mlx_lm_batched.models.moe import QuantizedSwitchLinear
+    from mlx_lm_batched.engine.prefill_plan import left_pad
+    from mlx_lm_batched.layers.moe import QuantizedSwitchLinear
     from mlx_lm_batched.utils import load_model
 
     config, _ = FAMILIES["gpt_oss"]
@@ -176,7 +176,7 @@ def test_switch_layers_match_per_expert_reference(kind):
     import mlx.nn as nn
     import numpy as np
 
-    from mlx_lm_batched.models.moe import SORT_THRESHOLD, SwitchGLU, SwitchMLP
+    from mlx_lm_batched.layers.moe import SORT_THRESHOLD, SwitchGLU, SwitchMLP
 
     mx.random.seed(0)
     E, D, H, k = 4, 64, 32, 2

@@ -11,7 +11,8 @@ import pytest
 
 from arch_harness import (BASE_SMALL, VOCAB, build_hf_model, check_architecture, greedy_tokens,
                           make_prompts, save_hf_model)
-from mlx_lm_batched.batching import BatchEngine, left_pad
+from mlx_lm_batched.engine.batch_engine import BatchEngine
+from mlx_lm_batched.engine.prefill_plan import left_pad
 from mlx_lm_batched.generate import BatchGenerator, generate_step
 from mlx_lm_batched.models.cache import StateCache, load_prompt_cache, save_prompt_cache
 from mlx_lm_batched.utils import load_model

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import corpus_prompts
-from mlx_lm_batched.batching import BatchEngine
-from mlx_lm_batched.models import cpu_ops
+from mlx_lm_batched.engine.batch_engine import BatchEngine
+from mlx_lm_batched.layers import cpu_ops
 
 TOLERANCE = 1e-4
 

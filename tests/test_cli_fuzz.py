@@ -10,7 +10,7 @@ import random
 import pytest
 
 import test_cli as base
-from mlx_lm_batched.cli_args import MAX_MESSAGE
+from mlx_lm_batched.cli.args import MAX_MESSAGE
 
 CASES = 40
 GARBAGE = ["", "-", "--", "nan", "inf", "-inf", "1e309", "-1", "0", "1", "2", "0.5", "-0.5",

@@ -13,9 +13,9 @@ import pytest
 from arch_harness import BASE_SMALL, VOCAB, build_hf_model
 from mlx.utils import tree_flatten
 
-from mlx_lm_batched import batch_generate, convert, load, stream_generate
-from mlx_lm_batched.batching import left_pad
-from mlx_lm_batched.cli import build_parser
+from mlx_lm_batched import batch_generate, load, stream_generate, convert
+from mlx_lm_batched.engine.prefill_plan import left_pad
+from mlx_lm_batched.cli.args import build_parser
 from mlx_lm_batched.models.cache import make_prompt_cache
 
 PROMPTS = [[3, 17, 99, 5, 42, 8, 77], [64, 2], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22], [9]]

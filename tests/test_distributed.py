@@ -282,7 +282,7 @@ def test_cli_distributed_flag_errors(mode, message):
 
 
 def test_head_ranges_cover_every_query_head_once():
-    from mlx_lm_batched.distributed import head_ranges
+    from mlx_lm_batched.parallel.tensor import head_ranges
 
     # SmolLM2 (9 heads, 3 KV) over 2 ranks: whole KV groups, uneven.
     assert [head_ranges(9, 3, 2, r) for r in range(2)] == [((0, 6), (0, 2)), ((6, 9), (2, 3))]
@@ -311,8 +311,8 @@ class _TwoRanks:
 def test_a_layer_the_sharder_does_not_know_is_named():
     import mlx.nn as nn
 
-    from mlx_lm_batched.distributed import shard_model
-    from mlx_lm_batched.models.layers import MLP
+    from mlx_lm_batched.parallel.shard import shard_model
+    from mlx_lm_batched.layers.mlp import MLP
 
     class OddBlock(nn.Module):
         def __init__(self):
@@ -329,8 +329,8 @@ def test_a_layer_the_sharder_does_not_know_is_named():
 def test_quantized_layer_split_off_group_boundaries_is_refused():
     import mlx.nn as nn
 
-    from mlx_lm_batched.distributed import shard_model
-    from mlx_lm_batched.models.layers import Attention
+    from mlx_lm_batched.parallel.shard import shard_model
+    from mlx_lm_batched.layers.attention import Attention
 
     model = nn.Module()
     model.attn = Attention(128, 6, 2, 64)  # rank 0 gets 3 heads = 192 columns of o_proj
@@ -357,7 +357,7 @@ def _quantized(model, group_size=32):
 
 
 def _kimi_one_head():
-    from mlx_lm_batched.models.gated_delta import KimiDeltaAttention
+    from mlx_lm_batched.layers.gated_delta import KimiDeltaAttention
 
     return _one_layer("self_attn", KimiDeltaAttention(64, 1, 16, 4, 1e-6))
 
@@ -369,13 +369,13 @@ def _mamba2_one_head():
 
 
 def _gated_delta_4bit():
-    from mlx_lm_batched.models.gated_delta import GatedDeltaNet
+    from mlx_lm_batched.layers.gated_delta import GatedDeltaNet
 
     return _quantized(_one_layer("linear_attn", GatedDeltaNet(64, 2, 4, 8, 8, 4, 1e-6)))
 
 
 def _short_conv_4bit():
-    from mlx_lm_batched.models.ssm import ShortConv
+    from mlx_lm_batched.layers.ssm import ShortConv
 
     return _quantized(_one_layer("conv", ShortConv(64, 3)), group_size=64)
 
@@ -391,7 +391,7 @@ def _short_conv_4bit():
     (_short_conv_4bit, r"cannot shard 'layers\.0\.conv': 64 channels over 2 ranks in blocks of 64"),
 ])
 def test_recurrent_layers_that_cannot_split_are_named(make, message):
-    from mlx_lm_batched.distributed import shard_model
+    from mlx_lm_batched.parallel.shard import shard_model
 
     with pytest.raises(ValueError, match=message):
         shard_model(make(), _TwoRanks())
@@ -401,9 +401,9 @@ def test_quantized_mamba2_mixer_shards_in_whole_groups():
     """8 heads in 2 groups, 4-bit in groups of 32: rank 0 keeps group 0 (4 heads)."""
     import mlx.nn as nn
 
-    from mlx_lm_batched.distributed import shard_model
+    from mlx_lm_batched.parallel.shard import shard_model
     from mlx_lm_batched.models.mamba2 import Mamba2Mixer
-    from mlx_lm_batched.models.sharded_layers import QuantizedShardedToAllLinear
+    from mlx_lm_batched.parallel.sharded_layers import QuantizedShardedToAllLinear
 
     model = _quantized(_one_layer("mixer", Mamba2Mixer(64, 8, 16, 8, 2, 4, 1e-6)))
     shard_model(model, _TwoRanks())
@@ -439,7 +439,7 @@ def _tiny_llama(layers, tied=True, vocab=64):
 
 
 def test_pipeline_stages_keep_only_their_layers_and_parts():
-    from mlx_lm_batched.pipeline import ZeroHead, pipeline_model
+    from mlx_lm_batched.parallel.pipeline import ZeroHead, pipeline_model
 
     first = pipeline_model(_tiny_llama(5), _Rank(2, 0))
     assert (first.stage.start, first.stage.stop) == (0, 2) and len(first.layers) == 2
@@ -456,7 +456,7 @@ def test_pipeline_stages_keep_only_their_layers_and_parts():
 
 
 def test_pipeline_split_by_bytes_counts_the_embedding_and_head():
-    from mlx_lm_batched.pipeline import layer_ranges, stage_ranges
+    from mlx_lm_batched.parallel.pipeline import layer_ranges, stage_ranges
 
     assert layer_ranges([1] * 30, 2) == [(0, 15), (15, 30)]
     assert layer_ranges([1] * 7, 3) == [(0, 2), (2, 5), (5, 7)]
@@ -470,7 +470,7 @@ def test_pipeline_split_by_bytes_counts_the_embedding_and_head():
 def test_pipeline_refusals_name_the_problem():
     import mlx.nn as nn
 
-    from mlx_lm_batched.pipeline import pipeline_model
+    from mlx_lm_batched.parallel.pipeline import pipeline_model
     from mlx_lm_batched.utils import sharded_load
 
     with pytest.raises(ValueError, match="cannot split 1 layers into 2 pipeline stages"):

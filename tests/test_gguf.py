@@ -15,7 +15,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_lm_batched.gguf import _parse, _rope_scaling, _unpermute, gguf_architecture, read_gguf
+from mlx_lm_batched.loading.gguf import _parse, _rope_scaling, _unpermute, gguf_architecture, read_gguf
 
 import torch  # the oracle (test extra): missing fails, never skips
 import transformers
@@ -36,7 +36,7 @@ def _reference(path):
 
 
 def _config_only(path):
-    from mlx_lm_batched.gguf import _config
+    from mlx_lm_batched.loading.gguf import _config
 
     md, tensors = _parse(path)
     return _config(md, md["general.architecture"], tensors)

@@ -1,4 +1,4 @@
-"""The tokenizer built from a GGUF's own metadata (mlx_lm_batched.gguf_tokenizer).
+"""The tokenizer built from a GGUF's own metadata (mlx_lm_batched.loading.gguf_tokenizer).
 
 References: transformers' GGUF tokenizer conversion (its GGUF reader needs torch, so it is
 an oracle here only), a sentencepiece model rebuilt from Gemma's GGUF vocabulary (an
@@ -12,9 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from mlx_lm_batched.detokenizers import BPEStreamingDetokenizer, SPMStreamingDetokenizer
-from mlx_lm_batched.gguf import _parse
-from mlx_lm_batched.gguf_tokenizer import TOKENIZER_VERSION, build_gguf_tokenizer, save_gguf_tokenizer
+from mlx_lm_batched.tokenization.detokenizers import (
+    BPEStreamingDetokenizer,
+    SPMStreamingDetokenizer,
+)
+from mlx_lm_batched.loading.gguf import _parse
+from mlx_lm_batched.loading.gguf_tokenizer import (
+    TOKENIZER_VERSION,
+    build_gguf_tokenizer,
+    save_gguf_tokenizer,
+)
 from mlx_lm_batched.tokenizer_utils import load_tokenizer
 
 import transformers
@@ -262,7 +269,7 @@ def test_llama_sentencepiece_gguf(tmp_path, prefix):
 
 
 def _byte_level_gguf(path, pre):
-    from mlx_lm_batched.gguf_tokenizer import _byte_alphabet
+    from mlx_lm_batched.loading.gguf_tokenizer import _byte_alphabet
 
     alphabet = _byte_alphabet()
     merges = ["3 4", "Ġ t", "h e", "Ġt he", "1 2", "12 3", "' s", "i t", "Ġ 1", "Ġ1 2", "Ġ12 3", "Ċ Ċ"]
@@ -307,7 +314,7 @@ def test_unsupported_tokenizer_model(tmp_path):
 
 def test_cache_dir_changes_with_tokenizer_version(smol_path, monkeypatch, tmp_path):
     """A tokenizer directory written by an older builder is not reused."""
-    from mlx_lm_batched import gguf_tokenizer, utils
+    from mlx_lm_batched.loading import gguf_tokenizer, load as utils
 
     monkeypatch.setenv("MLX_LM_BATCHED_CACHE", str(tmp_path))
     current = utils._gguf_tokenizer_dir(smol_path)

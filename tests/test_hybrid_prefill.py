@@ -5,10 +5,11 @@ and every row still equals that prompt run alone (state, logits, greedy tokens).
 import numpy as np
 import pytest
 
-import mlx_lm_batched.batching as batching
+import mlx_lm_batched.engine.batch_engine as batching
 from arch_harness import greedy_tokens, make_prompts
-from mlx_lm_batched.kv_budget import cache_layout
-from mlx_lm_batched.batching import BatchEngine, left_pad, plan_prefill_groups
+from mlx_lm_batched.engine.kv_budget import cache_layout
+from mlx_lm_batched.engine.batch_engine import BatchEngine
+from mlx_lm_batched.engine.prefill_plan import left_pad, plan_prefill_groups
 from mlx_lm_batched.models.cache import KVCache, RotatingKVCache, StateCache
 from test_arch_minicpm3_minimax import MINIMAX
 from test_arch_recurrent import LFM2, MAMBA, QWEN3_NEXT, _load, _states

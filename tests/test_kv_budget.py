@@ -7,8 +7,9 @@ import json
 import mlx.core as mx
 import pytest
 
-from mlx_lm_batched import kv_budget
-from mlx_lm_batched.batching import BatchEngine, left_pad
+from mlx_lm_batched.engine import kv_budget
+from mlx_lm_batched.engine.batch_engine import BatchEngine
+from mlx_lm_batched.engine.prefill_plan import left_pad
 from mlx_lm_batched.generate import generate_step
 from mlx_lm_batched.models import get_model_module
 from mlx_lm_batched.models.cache import StateCache, make_prompt_cache

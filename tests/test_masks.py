@@ -5,7 +5,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlx_lm_batched.models.cache import KVCache, RotatingKVCache
-from mlx_lm_batched.models.masks import attention_mask, causal_mask, masks_for_layers
+from mlx_lm_batched.layers.masks import attention_mask, causal_mask, masks_for_layers
 
 
 def as_np(mask):

@@ -15,7 +15,7 @@ import pytest
 from conftest import corpus_prompts
 from mlx_lm_batched.generate import BatchGenerator, generate_step, stream_generate
 from mlx_lm_batched.models.cache import make_prompt_cache
-from mlx_lm_batched.prefix_cache import LRUPromptCache
+from mlx_lm_batched.sched.prefix_cache import LRUPromptCache
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_lm_batched import demo_models
+from mlx_lm_batched.loading import demo_models
 
 HIDE_TORCH = '''
 import sys

@@ -8,7 +8,7 @@ import pytest
 from conftest import corpus_prompts
 from mlx_lm_batched.generate import generate_step
 from mlx_lm_batched.models.cache import make_prompt_cache
-from mlx_lm_batched.prefix_cache import LRUPromptCache
+from mlx_lm_batched.sched.prefix_cache import LRUPromptCache
 
 NEW = 12
 

@@ -9,7 +9,8 @@ import pytest
 
 from conftest import corpus_prompts
 from mlx_lm_batched import batch_generate, generate
-from mlx_lm_batched.batching import BatchEngine, left_pad
+from mlx_lm_batched.engine.batch_engine import BatchEngine
+from mlx_lm_batched.engine.prefill_plan import left_pad
 from mlx_lm_batched.generate import generate_step
 from mlx_lm_batched.models import llama
 from mlx_lm_batched.models.cache import (

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import corpus_prompts
 from mlx_lm_batched import batch_generate, stream_generate
-from mlx_lm_batched.batching import left_pad
+from mlx_lm_batched.engine.prefill_plan import left_pad
 from mlx_lm_batched.models.cache import make_prompt_cache
 
 LENGTHS = (1, 2, 9, 33, 120, 257, 509, 600)
@@ -100,7 +100,7 @@ def test_rows_finish_independently(float_models):
 def test_grouped_decode_attention_matches_one_call(float_models):
     # batch_generate's decode steps on the CPU split attention into row groups that
     # skip their shared padding slots: same logits as one call over every slot.
-    from mlx_lm_batched.batching import BatchEngine
+    from mlx_lm_batched.engine.batch_engine import BatchEngine
 
     model, tokenizer = float_models["smollm2"]
     prompts = sorted(corpus_prompts(tokenizer, [3, 9, 40, 60, 180, 200, 410, 430]), key=len)

@@ -166,7 +166,7 @@ def test_killed_follower_ends_rank_0_with_a_clear_error(float_dirs, tmp_path):
 
 
 def _one_row_cache(n_tokens, heads):
-    from mlx_lm_batched.models.kv_cache import KVCache
+    from mlx_lm_batched.cache.kv import KVCache
 
     cache = KVCache()
     x = mx.zeros((1, heads, n_tokens, 8))
@@ -177,7 +177,7 @@ def _one_row_cache(n_tokens, heads):
 def test_follower_prefix_cache_keeps_what_rank_0_keeps():
     """Rank 0 evicts by its bytes; a follower holds fewer KV heads (other byte counts) and
     evicts only by the entry counts rank 0 sends: both must keep the same prefixes."""
-    from mlx_lm_batched.prefix_cache import LRUPromptCache
+    from mlx_lm_batched.sched.prefix_cache import LRUPromptCache
     from mlx_lm_batched.server.replay import Follower
 
     model = object()  # the stores key entries by model identity only

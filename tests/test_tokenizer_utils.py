@@ -18,7 +18,7 @@ import mlx_lm_batched  # noqa: F401  (must precede any mlx import)
 import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from mlx_lm_batched import detokenizers
+from mlx_lm_batched.tokenization import detokenizers
 from mlx_lm_batched import tokenizer_utils as tu
 from mlx_lm_batched.demo_models import gemma3_gguf_path, smollm2_gguf_path
 
@@ -189,13 +189,13 @@ def test_random_token_fuzz(request, name):
 
 
 def test_detection(smol, gemma, tiny_llama, smol_dir):
-    assert tu.detect_detokenizer(smol._tokenizer) is tu.BPEStreamingDetokenizer
-    assert tu.detect_detokenizer(gemma._tokenizer) is tu.SPMStreamingDetokenizer
+    assert detokenizers.detect_detokenizer(smol._tokenizer) is tu.BPEStreamingDetokenizer
+    assert detokenizers.detect_detokenizer(gemma._tokenizer) is tu.SPMStreamingDetokenizer
     assert isinstance(smol.make_detokenizer(), tu.BPEStreamingDetokenizer)
     assert isinstance(gemma.make_detokenizer(), tu.SPMStreamingDetokenizer)
     assert gemma.make_detokenizer().trim_space is False  # Gemma's decoder has no Strip
     assert tiny_llama.make_detokenizer().trim_space is True
-    assert tu.detect_detokenizer(smol._tokenizer, decoder={"type": "WordPiece"}) is tu.NaiveStreamingDetokenizer
+    assert detokenizers.detect_detokenizer(smol._tokenizer, decoder={"type": "WordPiece"}) is tu.NaiveStreamingDetokenizer
     with open(os.path.join(smol_dir, "tokenizer.json"), encoding="utf-8") as f:
         assert detokenizers._match_decoder(json.load(f)["decoder"]) is tu.BPEStreamingDetokenizer
 
@@ -207,7 +207,7 @@ def test_cleanup_spaces_falls_back_to_naive(tiny_llama):
     tok.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = True
     try:
         assert tok.decode(tok.encode("a , b .", add_special_tokens=False)) == "a, b."
-        assert tu.detect_detokenizer(tok) is tu.NaiveStreamingDetokenizer
+        assert detokenizers.detect_detokenizer(tok) is tu.NaiveStreamingDetokenizer
         for text in ["a , b . ab , , c", "ab ,\n , a", "a b c ,"]:
             naive = tu.TokenizerWrapper(tok, tu.NaiveStreamingDetokenizer)
             _stream(tiny_llama, naive.make_detokenizer, tok.encode(text, add_special_tokens=False))

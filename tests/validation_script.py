@@ -13,7 +13,7 @@ import warnings
 import mlx_lm_batched  # noqa: F401  (BLAS preload before mlx.core)
 import mlx.core as mx
 
-from mlx_lm_batched import batch_generate, generate, generate_step, load, stream_generate
+from mlx_lm_batched import batch_generate, generate_step, load, stream_generate, generate
 from mlx_lm_batched.sample_utils import make_logits_processors
 
 

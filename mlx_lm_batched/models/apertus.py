@@ -8,8 +8,12 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import activation
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
-from .layers import Attention, CausalLM, PreNormBlock, RMSNorm, activation
 
 XIELU_DEFAULTS = {"beta": 0.5, "eps": -1e-6}
 

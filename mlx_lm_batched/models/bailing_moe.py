@@ -13,10 +13,14 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import MLP, activation
+from ..layers.moe import SparseMoE, SwitchGLU, stack_experts, topk_indices
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, config_rope, init_causal_lm
 from .deepseek_v2 import limit_to_groups
-from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm, activation
-from .moe import SparseMoE, SwitchGLU, stack_experts, topk_indices
 
 RENAMES = [  # checkpoint name pattern -> ours
     (r"^model\.word_embeddings\.", "model.embed_tokens."),

@@ -1,86 +1,31 @@
-"""Caches of a batch (mlx-lm's module name): the per-layer key/value caches
-(``kv_cache.py``), the ``PromptCache`` that holds them with each row's padding, and
-saving, loading and trimming it (``prompt_cache.py``)."""
+"""mlx-lm's ``models.cache``: the cache classes and functions code written for mlx-lm
+imports from here (this package's live in ``mlx_lm_batched.cache``)."""
 
-from .base import create_attention_mask  # noqa: F401  (mlx-lm also exports it here)
-from .cache_views import RowsView, ShiftedView  # noqa: F401
-from .kv_cache import KVCache, RotatingKVCache  # noqa: F401
-from .state_cache import StateCache  # noqa: F401
-from .prompt_cache import (  # noqa: F401
+from ..cache.compat import (
+    ArraysCache,
+    BatchKVCache,
+    BatchRotatingKVCache,
+    CacheList,
+    ChunkedKVCache,
+    QuantizedKVCache,
+)
+from ..cache.factory import make_prompt_cache
+from ..cache.files import load_prompt_cache, save_prompt_cache
+from ..cache.kv import KVCache, RotatingKVCache
+from ..cache.prompt_cache import (
     PromptCache,
     as_prompt_cache,
     can_trim_prompt_cache,
-    load_prompt_cache,
-    save_prompt_cache,
     trim_prompt_cache,
 )
+from ..cache.state import StateCache
+from ..cache.views import RowsView, ShiftedView
+from ..layers.mlx_lm_api import create_attention_mask
 
-
-def make_prompt_cache(model, max_kv_size=None):
-    """A :class:`PromptCache` of one cache per layer: the model's own layout when it
-    has one, else full caches (or rotating caches of ``max_kv_size`` slots when given)."""
-    if hasattr(model, "make_cache"):
-        try:
-            caches = model.make_cache(max_kv_size=max_kv_size)
-        except TypeError:
-            caches = model.make_cache()
-    else:
-        n = len(model.layers)
-        if max_kv_size is not None:
-            caches = [RotatingKVCache(max_size=max_kv_size) for _ in range(n)]
-        else:
-            caches = [KVCache() for _ in range(n)]
-    return PromptCache(caches)
-
-
-# mlx-lm's other cache class names. Their semantics do not match this package's (a batch
-# here is one set of per-layer caches holding every row, with each row's padding in the
-# PromptCache), so constructing one raises and names what to use instead.
-class _Unsupported:
-    alternative = ""
-
-    def __init__(self, *args, **kwargs):
-        raise NotImplementedError(f"{type(self).__name__} is not supported by mlx_lm_batched: "
-                                  f"{self.alternative}")
-
-
-class BatchKVCache(_Unsupported):
-    """Not supported (mlx-lm's per-layer batch cache with left padding)."""
-
-    alternative = ("every KVCache holds a whole batch; use make_prompt_cache(model) (or "
-                   "PromptCache(caches, padding=left_padding)) and let batch_generate, "
-                   "generate_step or BatchGenerator record each row's padding")
-
-
-class BatchRotatingKVCache(_Unsupported):
-    """Not supported (mlx-lm's rotating batch cache)."""
-
-    alternative = ("every RotatingKVCache holds a whole batch; use "
-                   "make_prompt_cache(model, max_kv_size=N)")
-
-
-class QuantizedKVCache(_Unsupported):
-    """Not supported: quantized KV caches are not implemented yet."""
-
-    alternative = "quantized KV caches are not implemented yet; use KVCache (make_prompt_cache)"
-
-
-class ChunkedKVCache(_Unsupported):
-    """Not supported (mlx-lm's chunked attention cache, Llama 4)."""
-
-    alternative = ("chunked-attention layers (Llama 4) use a RotatingKVCache of "
-                   "attention_chunk_size slots with a chunk mask; use make_prompt_cache(model)")
-
-
-class ArraysCache(_Unsupported):
-    """Not supported by this name (mlx-lm's recurrent state cache with its own padding)."""
-
-    alternative = ("recurrent (SSM / linear attention) state lives in StateCache, whose "
-                   "rows' padding the PromptCache records; use make_prompt_cache(model)")
-
-
-class CacheList(_Unsupported):
-    """Not supported (several caches grouped as one)."""
-
-    alternative = ("a model's caches here are one flat list (a layer with two keeps two "
-                   "entries); use make_prompt_cache(model)")
+__all__ = [
+    "ArraysCache", "BatchKVCache", "BatchRotatingKVCache", "CacheList", "ChunkedKVCache",
+    "KVCache", "PromptCache", "QuantizedKVCache", "RotatingKVCache", "RowsView",
+    "ShiftedView", "StateCache", "as_prompt_cache", "can_trim_prompt_cache",
+    "create_attention_mask", "load_prompt_cache", "make_prompt_cache", "save_prompt_cache",
+    "trim_prompt_cache",
+]

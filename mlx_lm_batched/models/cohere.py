@@ -3,8 +3,13 @@ interleaved RoPE, optional per-head QK LayerNorm, tied output scaled by
 ``logit_scale``."""
 
 from dataclasses import dataclass
+
+from ..layers.attention import Attention
+from ..layers.blocks import ParallelBlock
+from ..layers.mlp import MLP
+from ..layers.norms import HeadwiseLayerNorm, LayerNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, config_rope, init_causal_lm
-from .layers import MLP, Attention, CausalLM, HeadwiseLayerNorm, LayerNorm, ParallelBlock
 
 
 @dataclass

@@ -7,9 +7,9 @@ from typing import Optional
 
 import mlx.nn as nn
 
-from .base import BaseModelArgs
-from .layers import DecoderStack
-from .rope import make_rope
+from ..layers.rope import make_rope
+from ..layers.stack import DecoderStack
+from .args import BaseModelArgs
 
 
 @dataclass

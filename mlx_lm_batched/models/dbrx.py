@@ -6,13 +6,18 @@ under ``attn_config`` and ``ffn_config``; names are mapped in ``sanitize``."""
 
 import re
 from dataclasses import dataclass, field
+
 import mlx.core as mx
 
-from .base import BaseModelArgs
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import activation
+from ..layers.moe import SparseMoE, softmax_topk
+from ..layers.norms import LayerNorm
+from ..layers.rope import make_rope
+from ..layers.stack import CausalLM
+from .args import BaseModelArgs
 from .common import init_causal_lm
-from .layers import Attention, CausalLM, LayerNorm, PreNormBlock, activation
-from .moe import SparseMoE, softmax_topk
-from .rope import make_rope
 
 RENAMES = [  # checkpoint name pattern -> ours
     (r"^transformer\.wte\.", "model.embed_tokens."),

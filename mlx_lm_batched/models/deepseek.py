@@ -5,9 +5,13 @@ weights not renormalised, plus always-on ``shared_experts``."""
 from dataclasses import dataclass
 from typing import Optional
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import MLP
+from ..layers.moe import SparseMoE, stack_experts
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, config_rope, init_causal_lm
-from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
-from .moe import SparseMoE, stack_experts
 
 
 @dataclass

@@ -8,13 +8,19 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from .base import BaseModelArgs
+from ..layers.blocks import PreNormBlock
+from ..layers.mla import (
+    MultiHeadLatentAttention,
+    merge_absorbed_kv_b,
+    mla_softmax_scale,
+)
+from ..layers.mlp import MLP, activation
+from ..layers.moe import SwitchGLU, combine_experts, stack_experts, topk_indices
+from ..layers.norms import RMSNorm
+from ..layers.rope import make_rope
+from ..layers.stack import CausalLM
+from .args import BaseModelArgs
 from .common import init_causal_lm
-from .layers import MLP, CausalLM, PreNormBlock, RMSNorm, activation
-from .mla import (MultiHeadLatentAttention, merge_absorbed_kv_b,
-                  mla_softmax_scale)
-from .moe import SwitchGLU, combine_experts, stack_experts, topk_indices
-from .rope import make_rope
 
 
 @dataclass

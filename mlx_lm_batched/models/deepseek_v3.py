@@ -7,9 +7,9 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..layers.moe import topk_indices
 from . import deepseek_v2
 from .deepseek_v2 import limit_to_groups
-from .moe import topk_indices
 
 
 @dataclass

@@ -8,9 +8,13 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import MLP, activation
+from ..layers.moe import SparseMoE, softmax_topk, stack_experts
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, config_rope, init_causal_lm
-from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm, activation
-from .moe import SparseMoE, softmax_topk, stack_experts
 
 
 @dataclass

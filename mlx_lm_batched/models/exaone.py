@@ -5,6 +5,7 @@ shared layers'."""
 
 import re
 from dataclasses import dataclass
+
 from . import llama
 
 RENAMES = [  # checkpoint name pattern -> ours

@@ -5,8 +5,12 @@ layers that use no positional encoding."""
 from dataclasses import dataclass
 from typing import List, Optional, Union
 
+from ..layers.attention import Attention
+from ..layers.blocks import SandwichBlock
+from ..layers.mlp import MLP
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
-from .layers import MLP, Attention, CausalLM, RMSNorm, SandwichBlock
 from .olmo2 import POST_NORMS
 
 

@@ -9,14 +9,16 @@ from typing import List, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import masks as masks_lib
-from .base import resolve_offset
+from ..cache.kv import KVCache, RotatingKVCache
+from ..cache.state import StateCache
+from ..layers import masks as masks_lib
+from ..layers.attention import Attention
+from ..layers.mlp import activation
+from ..layers.norms import RMSNorm
+from ..layers.ssm import CausalConv1d
+from ..layers.step import resolve_offset
 from .common import DecoderArgs, config_rope
-from .kv_cache import KVCache, RotatingKVCache
-from .layers import Attention, RMSNorm, activation
 from .mamba2 import Mamba2Mixer
-from .ssm import CausalConv1d
-from .state_cache import StateCache
 
 
 @dataclass
@@ -68,11 +70,6 @@ class MLP(nn.Module):
         self.act = activation(args.hidden_act)
         self.gate_mult, self.down_mult = (float(v) for v in args.mlp_multipliers)
 
-    def shard(self, group, path):
-        """Tensor parallelism over ``group``: split the hidden units (as the shared MLP)."""
-        from ..distributed import _shard_mlp
-
-        _shard_mlp([(self.gate_proj, 1), (self.up_proj, 1)], self.down_proj, group, path)
 
     def __call__(self, x):
         y = self.up_proj(x) * self.act(self.gate_proj(x) * self.gate_mult)

@@ -4,8 +4,12 @@
 from dataclasses import dataclass
 from typing import Optional
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import MLP
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
-from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
 
 
 def gemma_activation(hidden_activation, hidden_act):

@@ -5,10 +5,14 @@ alternating with global ones (even layers slide unless ``layer_types`` says)."""
 from dataclasses import dataclass
 from typing import List, Optional
 
+from ..layers.attention import Attention
+from ..layers.blocks import SandwichBlock
+from ..layers.mlp import MLP
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from . import gemma
-from .gemma import gemma_activation
 from .common import attention_dims, config_rope, init_causal_lm, type_windows
-from .layers import MLP, Attention, CausalLM, RMSNorm, SandwichBlock
+from .gemma import gemma_activation
 
 
 @dataclass

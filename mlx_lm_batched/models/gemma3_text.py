@@ -4,10 +4,14 @@ output, and five sliding-window layers per global layer with their own RoPE base
 from dataclasses import dataclass
 from typing import List, Optional
 
+from ..layers.attention import Attention
+from ..layers.blocks import SandwichBlock
+from ..layers.mlp import MLP
+from ..layers.norms import RMSNorm
+from ..layers.rope import make_rope
+from ..layers.stack import CausalLM, DecoderStack
 from . import gemma
 from .common import type_windows
-from .layers import MLP, Attention, CausalLM, DecoderStack, RMSNorm, SandwichBlock
-from .rope import make_rope
 
 
 @dataclass

@@ -15,10 +15,18 @@ from typing import List, Optional, Union
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..layers.attention import Attention
+from ..layers.kv_sharing import (
+    SharedKVAttention,
+    drop_shared_kv_weights,
+    kv_sources,
+    layer_inputs,
+)
+from ..layers.mlp import MLP, activation
+from ..layers.norms import RMSNorm
+from ..layers.rope import make_rope
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, type_windows
-from .kv_sharing import SharedKVAttention, drop_shared_kv_weights, kv_sources, layer_inputs
-from .layers import MLP, Attention, CausalLM, RMSNorm, activation
-from .rope import make_rope
 
 
 @dataclass

@@ -19,12 +19,21 @@ from typing import List, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..layers.attention import Attention
+from ..layers.blocks import SandwichBlock
+from ..layers.kv_sharing import (
+    SharedKVAttention,
+    drop_shared_kv_weights,
+    kv_sources,
+    layer_inputs,
+)
+from ..layers.mlp import MLP, activation
+from ..layers.moe import SwitchGLU, combine_experts, softmax_topk, stack_experts
+from ..layers.norms import RMSNorm
+from ..layers.rope import make_rope
+from ..layers.stack import CausalLM, DecoderStack
 from . import gemma
 from .common import type_windows
-from .kv_sharing import SharedKVAttention, drop_shared_kv_weights, kv_sources, layer_inputs
-from .layers import MLP, Attention, CausalLM, DecoderStack, RMSNorm, SandwichBlock, activation
-from .moe import SwitchGLU, combine_experts, softmax_topk, stack_experts
-from .rope import make_rope
 
 # transformers' Gemma4TextConfig RoPE when a config names none.
 DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},

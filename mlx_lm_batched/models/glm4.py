@@ -4,8 +4,12 @@ interleaved RoPE over only the first ``partial_rotary_factor`` of each head."""
 
 from dataclasses import dataclass
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock, SandwichBlock
+from ..layers.mlp import MLP
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
-from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm, SandwichBlock
 
 NORM_NAMES = ("input_layernorm", "post_self_attn_layernorm",
               "post_attention_layernorm", "post_mlp_layernorm")

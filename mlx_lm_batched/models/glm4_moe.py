@@ -8,11 +8,15 @@ the last decoder layer) are dropped."""
 from dataclasses import dataclass
 from typing import List, Optional
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import MLP
+from ..layers.moe import stack_experts
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, config_rope, init_causal_lm, type_windows
 from .deepseek_v2 import DeepseekMoE
 from .deepseek_v3 import SigmoidGate
-from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
-from .moe import stack_experts
 
 
 @dataclass

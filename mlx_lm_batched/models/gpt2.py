@@ -7,8 +7,12 @@ from typing import Optional
 
 import mlx.nn as nn
 
-from .base import BaseModelArgs
-from .layers import Attention, CausalLM, DecoderStack, DenseMLP, LayerNorm, PreNormBlock
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import DenseMLP
+from ..layers.norms import LayerNorm
+from ..layers.stack import CausalLM, DecoderStack
+from .args import BaseModelArgs
 
 # Hugging Face (``transformer.`` prefix optional) -> our names.
 _RENAMES = [

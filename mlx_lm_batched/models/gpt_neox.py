@@ -6,9 +6,13 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from .base import BaseModelArgs
+from ..layers.attention import Attention
+from ..layers.blocks import ParallelBlock, PreNormBlock
+from ..layers.mlp import DenseMLP
+from ..layers.norms import LayerNorm
+from ..layers.stack import CausalLM
+from .args import BaseModelArgs
 from .common import config_rope, init_causal_lm
-from .layers import Attention, CausalLM, DenseMLP, LayerNorm, ParallelBlock, PreNormBlock
 
 _RENAMES = [
     (r"^embed_in\.", "model.embed_tokens."),

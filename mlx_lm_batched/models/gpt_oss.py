@@ -15,9 +15,12 @@ from typing import List, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.moe import SwitchGLU, combine_experts, softmax_topk
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, config_rope, init_causal_lm, type_windows
-from .layers import Attention, CausalLM, PreNormBlock, RMSNorm
-from .moe import SwitchGLU, combine_experts, softmax_topk
 
 
 @dataclass

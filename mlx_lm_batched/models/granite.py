@@ -4,8 +4,13 @@ the embeddings, ``attention_multiplier`` as the attention scale,
 by ``logits_scaling``."""
 
 from dataclasses import dataclass
+
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import MLP
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, config_rope, init_causal_lm
-from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
 
 
 @dataclass

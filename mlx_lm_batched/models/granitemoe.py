@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..layers.mlp import activation
+from ..layers.moe import SparseMoE, softmax_topk
 from . import granite
-from .layers import activation
-from .moe import SparseMoE, softmax_topk
 
 
 @dataclass

@@ -9,13 +9,16 @@ from typing import List, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..cache.kv import KVCache, RotatingKVCache
+from ..cache.state import StateCache
+from ..layers.attention import Attention
+from ..layers.mlp import MLP
+from ..layers.norms import RMSNorm
+from ..layers.ssm import CausalConv1d
+from ..layers.stack import CausalLM
 from . import granitemoe
 from .common import attention_dims, config_rope, init_causal_lm
-from .kv_cache import KVCache, RotatingKVCache
-from .layers import MLP, Attention, CausalLM, RMSNorm
 from .mamba2 import Mamba2Mixer
-from .ssm import CausalConv1d
-from .state_cache import StateCache
 
 _KINDS = {"linear_attention": "mamba", "full_attention": "attention"}
 

@@ -4,9 +4,13 @@
 
 from dataclasses import dataclass
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import MLP
+from ..layers.norms import RMSNorm
+from ..layers.rope import make_rope
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
-from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
-from .rope import make_rope
 
 
 @dataclass

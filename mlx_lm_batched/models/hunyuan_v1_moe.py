@@ -10,10 +10,11 @@ key/value projections (cross-layer attention, :mod:`.cla`)."""
 from dataclasses import dataclass
 from typing import List, Optional, Union
 
+from ..layers.attention import Attention
+from ..layers.cla import CrossLayerAttention, ProjectionRelay
+from ..layers.mlp import MLP
+from ..layers.moe import SparseMoE, stack_experts
 from . import hunyuan_v1_dense
-from .cla import CrossLayerAttention, ProjectionRelay
-from .layers import MLP, Attention
-from .moe import SparseMoE, stack_experts
 
 
 def per_layer(value, i):

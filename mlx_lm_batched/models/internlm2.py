@@ -7,8 +7,12 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import MLP
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, config_rope, init_causal_lm
-from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
 
 RENAMES = [  # checkpoint name pattern -> ours
     (r"^model\.tok_embeddings\.", "model.embed_tokens."),

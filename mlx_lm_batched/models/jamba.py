@@ -5,13 +5,16 @@ attention layers without RoPE every ``attn_layer_period``, and a softmax top-k M
 from dataclasses import dataclass
 from typing import Optional
 
+from ..cache.kv import KVCache, RotatingKVCache
+from ..cache.state import StateCache
+from ..layers.attention import Attention
+from ..layers.mlp import MLP
+from ..layers.moe import SparseMoE, stack_experts
+from ..layers.norms import RMSNorm
+from ..layers.ssm import CausalConv1d, HybridBlock
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, attention_dims, init_causal_lm
-from .kv_cache import KVCache, RotatingKVCache
-from .layers import MLP, Attention, CausalLM, RMSNorm
 from .mamba import MambaMixer
-from .moe import SparseMoE, stack_experts
-from .ssm import CausalConv1d, HybridBlock
-from .state_cache import StateCache
 
 
 @dataclass

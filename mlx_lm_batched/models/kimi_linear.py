@@ -8,15 +8,17 @@ from typing import List, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..cache.kv import KVCache, RotatingKVCache
+from ..cache.state import StateCache
+from ..layers.gated_delta import KimiDeltaAttention
+from ..layers.mla import MultiHeadLatentAttention
+from ..layers.mlp import MLP
+from ..layers.moe import SwitchGLU, combine_experts, stack_experts
+from ..layers.norms import RMSNorm
+from ..layers.ssm import CausalConv1d, HybridBlock
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, init_causal_lm
 from .deepseek_v3 import SigmoidGate
-from .gated_delta import KimiDeltaAttention
-from .kv_cache import KVCache, RotatingKVCache
-from .layers import MLP, CausalLM, RMSNorm
-from .mla import MultiHeadLatentAttention
-from .moe import SwitchGLU, combine_experts, stack_experts
-from .ssm import CausalConv1d, HybridBlock
-from .state_cache import StateCache
 
 
 @dataclass

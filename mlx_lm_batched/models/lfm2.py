@@ -4,11 +4,14 @@ layers with QK-norm (``KVCache``), each followed by a SwiGLU MLP."""
 from dataclasses import dataclass
 from typing import Optional
 
+from ..cache.kv import KVCache, RotatingKVCache
+from ..cache.state import StateCache
+from ..layers.attention import Attention
+from ..layers.mlp import MLP
+from ..layers.norms import RMSNorm
+from ..layers.ssm import CausalConv1d, HybridBlock, ShortConv
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
-from .kv_cache import KVCache, RotatingKVCache
-from .layers import MLP, Attention, CausalLM, RMSNorm
-from .ssm import CausalConv1d, HybridBlock, ShortConv
-from .state_cache import StateCache
 
 # Hugging Face names -> the shared layers' names.
 _RENAMES = (("self_attn.out_proj.", "self_attn.o_proj."), ("feed_forward.w1.", "feed_forward.gate_proj."),

@@ -5,9 +5,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from ..layers.mlp import MLP
+from ..layers.moe import SparseMoE, stack_experts, topk_indices
 from . import lfm2
-from .layers import MLP
-from .moe import SparseMoE, stack_experts, topk_indices
 
 
 @dataclass

@@ -22,9 +22,13 @@ from typing import Optional
 
 import mlx.core as mx
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import MLP, activation
+from ..layers.moe import InputScaledMoE
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
-from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm, activation
-from .moe import InputScaledMoE
 
 
 @dataclass

@@ -8,11 +8,17 @@ from typing import Optional, Union
 import mlx.core as mx
 import mlx.nn as nn
 
-from .base import resolve_offset
+from ..cache.state import StateCache
+from ..layers.norms import RMSNorm
+from ..layers.ssm import (
+    CausalConv1d,
+    base_cache,
+    column_validity,
+    selective_scan,
+    weightless_rms_norm,
+)
+from ..layers.step import resolve_offset
 from .common import StackArgs
-from .layers import RMSNorm
-from .ssm import CausalConv1d, base_cache, column_validity, selective_scan, weightless_rms_norm
-from .state_cache import StateCache
 
 
 @dataclass
@@ -77,12 +83,6 @@ class MambaMixer(nn.Module):
             return self.dt_layernorm(dt), self.b_layernorm(Bm), self.c_layernorm(Cm)
         return dt, Bm, Cm
 
-    def shard(self, group, path):
-        """Tensor parallelism over ``group``: keep this rank's channels (see
-        :mod:`mlx_lm_batched.sharded_recurrent`)."""
-        from ..sharded_recurrent import shard_mamba
-
-        shard_mamba(self, group, path)
 
     def __call__(self, x, mask, offset, cache=None, attention=None):
         """``mask``/``attention`` are unused (the mixers share attention's signature)."""

@@ -7,8 +7,14 @@ from typing import Optional, Union
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..layers.ssm import (
+    CausalConv1d,
+    GatedRMSNorm,
+    base_cache,
+    column_validity,
+    ssd_scan,
+)
 from . import mamba
-from .ssm import CausalConv1d, GatedRMSNorm, base_cache, column_validity, ssd_scan
 
 
 @dataclass
@@ -61,12 +67,6 @@ class Mamba2Mixer(nn.Module):
                    args.conv_kernel, args.layer_norm_epsilon, args.use_bias, args.use_conv_bias,
                    args.time_step_limit)
 
-    def shard(self, group, path):
-        """Tensor parallelism over ``group``: keep this rank's heads and B/C groups (see
-        :mod:`mlx_lm_batched.sharded_recurrent`)."""
-        from ..sharded_recurrent import shard_mamba2
-
-        shard_mamba2(self, group, path)
 
     def __call__(self, x, mask, offset, cache=None, attention=None):
         D, N, G, H, P = self.sizes

@@ -7,10 +7,13 @@ two halves of the rotary part (``rotate_half``), not adjacent pairs."""
 from dataclasses import dataclass
 from typing import Optional
 
+from ..layers.blocks import PreNormBlock
+from ..layers.mla import MultiHeadLatentAttention, mla_softmax_scale
+from ..layers.mlp import MLP
+from ..layers.norms import RMSNorm
+from ..layers.rope import make_rope
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, init_causal_lm
-from .layers import MLP, CausalLM, PreNormBlock, RMSNorm
-from .mla import MultiHeadLatentAttention, mla_softmax_scale
-from .rope import make_rope
 
 
 @dataclass

@@ -12,14 +12,17 @@ model, as mlx-lm would load it."""
 from dataclasses import dataclass
 from typing import List, Optional
 
+from ..cache.state import StateCache
+from ..layers.attention import Attention
+from ..layers.lightning import LightningAttention
+from ..layers.mlp import activation
+from ..layers.moe import SparseMoE
+from ..layers.norms import RMSNorm
+from ..layers.ssm import NormedResidualBlock
+from ..layers.stack import CausalLM
 from . import minimax_m2
 from .common import DecoderArgs, config_rope, init_causal_lm
-from .layers import Attention, CausalLM, RMSNorm, activation
-from .lightning import LightningAttention
 from .mixtral import stack_mixtral_experts
-from .moe import SparseMoE
-from .ssm import NormedResidualBlock
-from .state_cache import StateCache
 
 LAYER_TYPES = ("full_attention", "linear_attention")
 

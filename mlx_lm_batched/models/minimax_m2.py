@@ -8,10 +8,13 @@ from typing import Optional
 
 import mlx.core as mx
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.moe import SparseMoE, softmax_topk
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, config_rope, init_causal_lm
-from .layers import Attention, CausalLM, PreNormBlock, RMSNorm
 from .mixtral import stack_mixtral_experts
-from .moe import SparseMoE, softmax_topk
 
 
 @dataclass

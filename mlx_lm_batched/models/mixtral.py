@@ -4,9 +4,13 @@
 from dataclasses import dataclass
 from typing import Optional
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import activation
+from ..layers.moe import SparseMoE, stack_experts
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
-from .layers import Attention, CausalLM, PreNormBlock, RMSNorm, activation
-from .moe import SparseMoE, stack_experts
 
 MIXTRAL_EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 

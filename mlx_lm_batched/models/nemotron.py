@@ -3,8 +3,12 @@ by ``1 + w``), an ungated squared-ReLU MLP and partial rotary."""
 
 from dataclasses import dataclass
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import DenseMLP
+from ..layers.norms import LayerNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
-from .layers import Attention, CausalLM, DenseMLP, LayerNorm, PreNormBlock
 
 
 @dataclass

@@ -7,15 +7,18 @@ from typing import Optional
 
 import mlx.nn as nn
 
-from . import masks as masks_lib
-from .base import BaseModelArgs, resolve_offset
+from ..cache.kv import KVCache, RotatingKVCache
+from ..cache.state import StateCache
+from ..layers import masks as masks_lib
+from ..layers.attention import Attention
+from ..layers.mlp import DenseMLP, activation
+from ..layers.moe import SwitchMLP, combine_experts, stack_experts
+from ..layers.norms import RMSNorm
+from ..layers.ssm import CausalConv1d
+from ..layers.step import resolve_offset
+from .args import BaseModelArgs
 from .deepseek_v3 import SigmoidGate
-from .kv_cache import KVCache, RotatingKVCache
-from .layers import Attention, DenseMLP, RMSNorm, activation
 from .mamba2 import Mamba2Mixer
-from .moe import SwitchMLP, combine_experts, stack_experts
-from .ssm import CausalConv1d
-from .state_cache import StateCache
 
 # hybrid_override_pattern letters (hub configs) -> layers_block_type names
 _PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
@@ -86,14 +89,6 @@ class NemotronMoE(nn.Module):
             self.fc1_latent_proj = nn.Linear(args.hidden_size, dims, bias=args.mlp_bias)
             self.fc2_latent_proj = nn.Linear(dims, args.hidden_size, bias=args.mlp_bias)
 
-    def shard(self, group, path):
-        """Tensor parallelism over ``group``: the experts and the shared MLP split their
-        hidden units; the router and the latent projections stay whole (the experts'
-        output is summed over the ranks before ``fc2_latent_proj``)."""
-        from ..distributed import _shard_block
-
-        _shard_block(self.switch_mlp, group, f"{path}.switch_mlp")
-        _shard_block(self.shared_experts, group, f"{path}.shared_experts")
 
     def __call__(self, x):
         indices, weights = self.gate(x)

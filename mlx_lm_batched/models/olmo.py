@@ -6,8 +6,11 @@ from typing import Optional
 
 import mlx.nn as nn
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import MLP
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, config_rope, init_causal_lm
-from .layers import MLP, Attention, CausalLM, PreNormBlock
 
 
 @dataclass

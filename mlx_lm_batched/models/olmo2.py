@@ -3,8 +3,12 @@ QK-norm over the whole q/k projections before they are split into heads."""
 
 from dataclasses import dataclass
 
+from ..layers.attention import Attention
+from ..layers.blocks import SandwichBlock
+from ..layers.mlp import MLP
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
-from .layers import MLP, Attention, CausalLM, RMSNorm, SandwichBlock
 
 POST_NORMS = (None, "post_attention_layernorm", None, "post_feedforward_layernorm")
 

@@ -5,9 +5,9 @@ windowed layers use plain RoPE."""
 from dataclasses import dataclass
 from typing import List, Optional
 
+from ..layers.rope import make_rope
 from .olmo2 import Model as Olmo2Model
 from .olmo2 import ModelArgs as Olmo2Args
-from .rope import make_rope
 
 
 @dataclass

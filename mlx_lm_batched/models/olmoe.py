@@ -5,8 +5,8 @@ covers the whole q/k projections, experts of ``intermediate_size``, and optional
 from dataclasses import dataclass
 from typing import Optional
 
+from ..layers.norms import RMSNorm
 from . import qwen2_moe
-from .layers import RMSNorm
 
 
 @dataclass

@@ -3,8 +3,12 @@ and dense projections, partial rotary, an ungated MLP and a biased output head."
 
 from dataclasses import dataclass
 
+from ..layers.attention import Attention
+from ..layers.blocks import ParallelBlock
+from ..layers.mlp import DenseMLP
+from ..layers.norms import LayerNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
-from .layers import Attention, CausalLM, DenseMLP, LayerNorm, ParallelBlock
 
 
 @dataclass

@@ -13,11 +13,15 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import activation
+from ..layers.moe import SparseMoE
+from ..layers.norms import LayerNorm
+from ..layers.rope import make_rope
+from ..layers.stack import CausalLM, DecoderStack
 from .common import DecoderArgs
-from .layers import Attention, CausalLM, DecoderStack, LayerNorm, PreNormBlock, activation
 from .mixtral import stack_mixtral_experts
-from .moe import SparseMoE
-from .rope import make_rope
 
 
 @dataclass

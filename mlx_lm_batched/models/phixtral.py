@@ -10,11 +10,14 @@ from dataclasses import dataclass
 
 import mlx.nn as nn
 
-from .base import BaseModelArgs
+from ..layers.attention import Attention
+from ..layers.blocks import ParallelBlock
+from ..layers.moe import SparseMoE, SwitchMLP, stack_experts
+from ..layers.norms import LayerNorm
+from ..layers.rope import make_rope
+from ..layers.stack import CausalLM
+from .args import BaseModelArgs
 from .common import init_causal_lm
-from .layers import Attention, CausalLM, LayerNorm, ParallelBlock
-from .moe import SparseMoE, SwitchMLP, stack_experts
-from .rope import make_rope
 
 RENAMES = [  # checkpoint name pattern -> ours
     (r"^transformer\.embd\.wte\.", "model.embed_tokens."),

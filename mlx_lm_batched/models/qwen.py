@@ -6,10 +6,14 @@ RMS ``ln_1``/``ln_2``. As in mlx-lm, the reference code's long-context tricks
 import re
 from dataclasses import dataclass
 
-from .base import BaseModelArgs
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import MLP
+from ..layers.norms import RMSNorm
+from ..layers.rope import make_rope
+from ..layers.stack import CausalLM
+from .args import BaseModelArgs
 from .common import init_causal_lm
-from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
-from .rope import make_rope
 
 RENAMES = [  # checkpoint name pattern -> ours
     (r"^transformer\.wte\.", "model.embed_tokens."),

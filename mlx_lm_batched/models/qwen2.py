@@ -7,8 +7,12 @@ The optional sliding window applies only to layers from ``max_window_layers`` on
 from dataclasses import dataclass
 from typing import List, Optional
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import MLP
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, config_rope, init_causal_lm, type_windows
-from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
 
 
 @dataclass

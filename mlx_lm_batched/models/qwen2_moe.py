@@ -5,9 +5,13 @@ softmax top-k MoE plus a shared expert scaled by a sigmoid gate. Layers listed i
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import MLP, activation
+from ..layers.moe import SparseMoE, stack_experts
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, config_rope, init_causal_lm, type_windows
-from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm, activation
-from .moe import SparseMoE, stack_experts
 
 
 @dataclass

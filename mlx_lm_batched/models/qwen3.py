@@ -1,7 +1,7 @@
 """Qwen 3: Qwen 2 with per-head RMS QK-norm before RoPE and one bias flag for all
 four attention projections."""
 
-from .layers import RMSNorm
+from ..layers.norms import RMSNorm
 from .qwen2 import Model as Qwen2Model
 from .qwen2 import ModelArgs  # noqa: F401  (same config fields)
 

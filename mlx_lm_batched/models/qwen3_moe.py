@@ -3,8 +3,8 @@ no shared expert, and (with ``use_sliding_window``) the window on every layer.""
 
 from dataclasses import dataclass
 
+from ..layers.norms import RMSNorm
 from . import qwen2_moe
-from .layers import RMSNorm
 
 
 @dataclass

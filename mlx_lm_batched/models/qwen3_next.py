@@ -8,14 +8,17 @@ from typing import List, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..cache.kv import KVCache, RotatingKVCache
+from ..cache.state import StateCache
+from ..layers.attention import Attention, scaled_dot_product_attention
+from ..layers.gated_delta import GatedDeltaNet
+from ..layers.mlp import MLP, activation
+from ..layers.moe import SparseMoE, stack_experts
+from ..layers.norms import RMSNorm
+from ..layers.ssm import CausalConv1d, HybridBlock
+from ..layers.stack import CausalLM
 from . import qwen2_moe
 from .common import config_rope, init_causal_lm
-from .gated_delta import GatedDeltaNet
-from .kv_cache import KVCache, RotatingKVCache
-from .layers import MLP, Attention, CausalLM, RMSNorm, activation, scaled_dot_product_attention
-from .moe import SparseMoE, stack_experts
-from .ssm import CausalConv1d, HybridBlock
-from .state_cache import StateCache
 
 
 @dataclass
@@ -49,12 +52,6 @@ class GatedAttention(Attention):
         super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, rope, bias=bias, qk_norm=norm)
         self.q_proj = nn.Linear(hidden_size, 2 * n_heads * head_dim, bias=bias)
 
-    def shard(self, group, path):
-        """Tensor parallelism over ``group``: keep this rank's heads (see
-        :mod:`mlx_lm_batched.sharded_recurrent`)."""
-        from ..sharded_recurrent import shard_gated_attention
-
-        shard_gated_attention(self, group, path)
 
     def __call__(self, x, mask, offset, cache=None, attention=None):
         B, L, _ = x.shape

@@ -9,12 +9,21 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..cache.kv import RotatingKVCache
+from ..cache.state import StateCache
+from ..layers.attention import Attention
+from ..layers.mlp import MLP, activation
+from ..layers.norms import RMSNorm
+from ..layers.rope import make_rope
+from ..layers.ssm import (
+    CausalConv1d,
+    HybridBlock,
+    base_cache,
+    column_validity,
+    rg_lru_scan,
+)
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, init_causal_lm
-from .kv_cache import RotatingKVCache
-from .layers import MLP, Attention, CausalLM, RMSNorm, activation
-from .rope import make_rope
-from .ssm import CausalConv1d, HybridBlock, base_cache, column_validity, rg_lru_scan
-from .state_cache import StateCache
 
 
 @dataclass
@@ -74,12 +83,6 @@ class RecurrentBlock(nn.Module):
         self.rg_lru = RGLRU(W, args.num_attention_heads)
         self.act = activation(args.hidden_activation)
 
-    def shard(self, group, path):
-        """Tensor parallelism over ``group``: keep this rank's RG-LRU heads (see
-        :mod:`mlx_lm_batched.sharded_recurrent`)."""
-        from ..sharded_recurrent import shard_rg_lru_block
-
-        shard_rg_lru_block(self, group, path)
 
     def __call__(self, x, mask, offset, cache=None, attention=None):
         L = x.shape[1]

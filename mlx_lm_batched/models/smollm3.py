@@ -5,8 +5,12 @@ windows on the layers ``layer_types`` marks when ``use_sliding_window``."""
 from dataclasses import dataclass
 from typing import List, Optional
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import MLP
+from ..layers.norms import RMSNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
-from .layers import MLP, Attention, CausalLM, PreNormBlock, RMSNorm
 
 
 @dataclass

@@ -7,9 +7,12 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from ..layers.attention import Attention
+from ..layers.blocks import ParallelBlock, PreNormBlock
+from ..layers.mlp import MLP
+from ..layers.norms import HeadwiseLayerNorm, LayerNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
-from .layers import (MLP, Attention, CausalLM, HeadwiseLayerNorm, LayerNorm, ParallelBlock,
-                     PreNormBlock)
 
 
 @dataclass

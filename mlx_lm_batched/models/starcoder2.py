@@ -4,8 +4,12 @@
 from dataclasses import dataclass
 from typing import Optional
 
+from ..layers.attention import Attention
+from ..layers.blocks import PreNormBlock
+from ..layers.mlp import DenseMLP
+from ..layers.norms import LayerNorm
+from ..layers.stack import CausalLM
 from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
-from .layers import Attention, CausalLM, DenseMLP, LayerNorm, PreNormBlock
 
 
 @dataclass

@@ -78,7 +78,7 @@ def build_parser():
 
 
 def _group(args, parser):
-    from ..distributed import group_for
+    from ..parallel.group import group_for
 
     try:
         return group_for(args.distributed)
@@ -90,7 +90,7 @@ def _load(path, group):
     """The model (this rank's shard when ``group`` is given) and its tokenizer."""
     if group is None:
         return load(path)
-    from ..distributed import finish_sharding
+    from ..parallel.load import finish_sharding
 
     model, tokenizer = load(path, lazy=True)
     return finish_sharding(model, group), tokenizer
@@ -127,7 +127,7 @@ def _serve(argv):
     if args.model:
         path = args.model
     else:
-        from ..demo_models import smollm2_gguf_path
+        from ..loading.demo_models import smollm2_gguf_path
 
         path = smollm2_gguf_path()
     name = args.served_model_name or args.model or "SmolLM2-135M-Instruct"

@@ -13,7 +13,13 @@ from .errors import APIError
 from .handlers import serve
 from .job_prep import JobSpec
 from .middleware import AuthMiddleware, StatusCounter, read_json
-from .schema import ChatCompletionRequest, CompletionRequest, chat_messages, generation_params, parse
+from .schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    chat_messages,
+    generation_params,
+    parse,
+)
 
 
 @dataclass

@@ -11,7 +11,7 @@ import logging
 import sys
 import traceback
 
-from ..distributed import STEP_TIMEOUT
+from ..parallel.group import STEP_TIMEOUT
 from .engine import Engine, Failed
 from .errors import APIError
 from .replay import Recorder, ReplayGenerator, lost_peer

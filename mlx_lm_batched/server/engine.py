@@ -19,9 +19,10 @@ from typing import Any, List, Optional
 
 import mlx.core as mx
 
-from ..kv_budget import cache_layout
-from ..prefix_cache import LRUPromptCache
-from ..scheduler import BatchGenerator
+from ..engine.kv_budget import cache_layout
+from ..models.context import context_length
+from ..sched.generator import BatchGenerator
+from ..sched.prefix_cache import LRUPromptCache
 from .errors import APIError
 from .job_prep import prepare_prompts
 from .metrics import Metrics
@@ -39,7 +40,7 @@ class EngineConfig:
     prefill_batch: int = 8  # rows prefilled together
     prefill_step_size: int = 2048
     default_max_tokens: int = 512  # when a request gives none (bounded by the context)
-    context_length: Optional[int] = None  # None: the model's max_position_embeddings
+    context_length: Optional[int] = None  # None: the model's (models.context.context_length)
     max_kv_bytes: Optional[int] = None  # KV reserved by admitted requests; None: no bound
     max_waiting: int = 256  # requests admitted but not started; more -> 429
     prompt_cache_size: int = 10  # prefix-cache entries (0: off)
@@ -99,8 +100,7 @@ class Engine:
         self.model, self.tokenizer = model, tokenizer
         self.config = config or EngineConfig()
         self.metrics = metrics or Metrics()
-        args = getattr(model, "args", None)
-        self.context_length = self.config.context_length or getattr(args, "max_position_embeddings", None)
+        self.context_length = self.config.context_length or context_length(model)
         self.vocab_size = self._vocab_size()
         self.prefix = LRUPromptCache(self.config.prompt_cache_size, self.config.prompt_cache_bytes)
         self.samplers = SamplerFactory()

@@ -11,7 +11,14 @@ import asyncio
 from starlette.responses import JSONResponse, StreamingResponse
 
 from .engine import Delta, Failed, Finished
-from .responses import SSE_DONE, ResponseIds, chat_logprobs, completion_logprobs, sse, usage
+from .responses import (
+    SSE_DONE,
+    ResponseIds,
+    chat_logprobs,
+    completion_logprobs,
+    sse,
+    usage,
+)
 from .tool_calls import ToolCallStream, split_tool_calls
 
 DISCONNECT_POLL_S = 1.0

@@ -18,9 +18,9 @@ waiting for the next message.
 Wire: a message is sent with two ``mx.distributed.all_sum`` calls, its length then its
 bytes, rank 0 contributing the data and the others zeros (MLX has no broadcast).
 
-Sampling agrees because rank 0 broadcasts the sampled tokens: each prefill group's sampler
-is wrapped so that rank 0 samples and an ``all_sum`` (zeros elsewhere) hands its tokens to
-every rank inside the same graph as the step. That is exact by construction, whatever the
+Sampling agrees because rank 0 broadcasts the sampled tokens: the generator's token hook
+lets rank 0 sample and an ``all_sum`` (zeros elsewhere) hands its tokens to every rank
+inside the same graph as the step. That is exact by construction, whatever the
 sampler, seed or logits processor, and does not rely on every rank computing bit-identical
 logits or consuming random numbers in the same order (shared seeds would); it costs one
 all-reduce of ``B`` int32 per step. Followers therefore run no samplers or processors.
@@ -42,9 +42,9 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from ..distributed import STEP_TIMEOUT, guard_collectives
-from ..prefix_cache import LRUPromptCache
-from ..scheduler import BatchGenerator
+from ..parallel.group import STEP_TIMEOUT, guard_collectives
+from ..sched.generator import BatchGenerator
+from ..sched.prefix_cache import LRUPromptCache
 
 log = logging.getLogger("mlx_lm_batched.server")
 
@@ -59,7 +59,7 @@ class ReplayError(RuntimeError):
 
 def lost_peer(exc):
     """Whether ``exc`` is a collective failing because a peer went away (what
-    :class:`~mlx_lm_batched.distributed.guard_collectives` turns into a clear exit)."""
+    :class:`~mlx_lm_batched.parallel.tensor.guard_collectives` turns into a clear exit)."""
     return isinstance(exc, RuntimeError) and ("[ring]" in str(exc) or "peer" in str(exc))
 
 
@@ -73,16 +73,18 @@ def broadcast(data, group):
 
 
 class RankZeroTokens:
-    """A sampler whose tokens are rank 0's: rank 0 samples, an ``all_sum`` hands them on."""
+    """A token hook (``BatchGenerator(token_hook=...)``) whose tokens are rank 0's: rank 0
+    keeps what it sampled, the others contribute zeros, and an ``all_sum`` hands rank 0's
+    tokens to every rank inside the same graph as the step."""
 
-    def __init__(self, sampler, group):
-        self.sampler, self.group = sampler, group
+    def __init__(self, group):
+        self.group = group
 
-    def __call__(self, logprobs):
+    def __call__(self, tokens):
         if self.group.rank() == 0:
-            tokens = self.sampler(logprobs).astype(mx.int32)
+            tokens = tokens.astype(mx.int32)
         else:
-            tokens = mx.zeros(logprobs.shape[:1], mx.int32)
+            tokens = mx.zeros(tokens.shape, mx.int32)
         return mx.distributed.all_sum(tokens, group=self.group)
 
 
@@ -90,13 +92,8 @@ class SharedTokensGenerator(BatchGenerator):
     """A ``BatchGenerator`` whose every sampled token is rank 0's (same on every rank)."""
 
     def __init__(self, model, group, **options):
-        super().__init__(model, **options)
+        super().__init__(model, token_hook=RankZeroTokens(group), **options)
         self.group = group
-
-    def _make_group(self, rows):
-        g = super()._make_group(rows)
-        g.engine.sampler = RankZeroTokens(g.engine.sampler, self.group)
-        return g
 
 
 class Recorder:

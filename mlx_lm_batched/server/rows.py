@@ -1,8 +1,9 @@
-"""Per-row text state in the engine: streaming detokenizer, stop strings, logprobs."""
+"""Per-row state in the server's engine: the row's text (``sched.output.RowText``), its
+request and its progress."""
 
 import mlx.core as mx
 
-from .text_stops import TextStops
+from ..sched.output import RowText
 
 
 class RowState:
@@ -12,28 +13,16 @@ class RowState:
         self.job = job
         self.index = index  # the choice index in the response
         self.uid = None
-        self.detok = tokenizer.make_detokenizer()
-        self.stops = TextStops(stops)
+        self.text = RowText(tokenizer, stops)
         self.started = False  # prefill began
         self.prefilled = 0  # prompt tokens fed so far
         self.generated = 0
 
     def add_token(self, token, finish_reason):
-        """Take one generated token; returns ``(text to send, finish reason or None)``.
-
-        ``finish_reason`` is the batch's ("stop": an EOS token, whose text is not
-        part of the answer; "length"); a stop string found in the text turns into
-        "stop" and cuts the text before it.
-        """
+        """Take one generated token; returns ``(text to send, finish reason or None)``
+        (see ``RowText.add``: a stop string turns into "stop")."""
         self.generated += 1
-        if finish_reason != "stop":
-            self.detok.add_token(token)
-        if finish_reason is not None:
-            self.detok.finalize()
-        text, hit = self.stops.feed(self.detok.last_segment, final=finish_reason is not None)
-        if hit:
-            return text, "stop"
-        return text, finish_reason
+        return self.text.add(token, finish_reason)
 
 
 def token_logprobs(tokenizer, token, logprobs, top):

@@ -8,12 +8,12 @@ not depend on what else is in the batch, or on when it joined.
 
 import mlx.core as mx
 
-from ..sample_utils import (
+from ..sampling.logits_processors import make_logits_processors
+from ..sampling.samplers import (
     apply_min_p,
     apply_top_k,
     apply_top_p,
     greedy_sampler,
-    make_logits_processors,
     make_sampler,
 )
 

@@ -1,0 +1,227 @@
+"""Many prompts at once: ``batch_generate`` and its streaming form, on the one batch loop
+(``sched.generator.BatchGenerator``) that the CLI and the server also run on.
+
+Every prompt is known up front, so the rows go in sorted by length: the generator admits
+up to ``completion_batch_size`` of them onto one engine whose prefill groups rows of
+similar length (little padding), and later rows join as earlier ones finish. Each row
+stops on its own EOS, stop sequence, stop string or ``max_tokens``; each row's text comes
+from its own streaming detokenizer (``sched.output.RowText``).
+"""
+
+import mlx.core as mx
+
+from ..cache.rows import cache_length
+from ..models.context import model_vocab_size
+from ..sampling.text_stops import check_stops, cut_at_stop
+from ..sched.generator import BatchGenerator
+from ..sched.output import RowText
+from ..sched.stats import BatchStats
+from ..tokenization.tokenizer import wrap_tokenizer
+from . import validation as V
+from .batch_args import (
+    check_prompt_caches,
+    check_seeds,
+    encode_prompts,
+    per_row_lists,
+    row_limits,
+    row_samplers,
+)
+from .responses import BatchResponse, BatchStreamResponse
+
+# Keywords batch_generate passes on to stream_batch_generate (mlx-lm's BatchGenerator's).
+BATCH_KWARGS = ("sampler", "logits_processors", "completion_batch_size", "prefill_step_size",
+                "max_kv_size", "prefill_batch_size", "stream", "stop", "seeds")
+
+
+def stream_batch_generate(
+    model,
+    tokenizer,
+    prompts,
+    max_tokens=128,
+    sampler=None,
+    logits_processors=None,
+    completion_batch_size=32,
+    prefill_step_size=2048,
+    max_kv_size=None,
+    stats=None,
+    logprobs=True,
+    prefill_batch_size=None,
+    stream=None,
+    prompt_caches=None,
+    stop=None,
+    seeds=None,
+):
+    """Yield a :class:`BatchStreamResponse` per row per generated token.
+
+    ``prompts``: strings or token lists; ``max_tokens``: int or one per prompt.
+    ``index`` says which prompt a response belongs to; each row's ``text`` pieces
+    come from its own streaming detokenizer, so they never split a character.
+    Pass a :class:`BatchStats` as ``stats`` to collect timings. ``logprobs=False``
+    leaves ``logprob`` None, which spares greedy decoding a log-softmax per step.
+
+    Everything is checked before any row is computed: a bad prompt (empty,
+    non-integer or out-of-vocabulary ids) raises naming its index; sizes are ints
+    >= 1 (``TypeError`` / ``ValueError``). A row whose prompt + ``max_tokens``
+    passes the model's context gets ``max_tokens`` cut to fit, with one
+    ``ContextLengthWarning`` for the call. ``prefill_batch_size`` (mlx-lm's) bounds
+    the rows prefilled together (default: ``completion_batch_size``); ``stream`` is the
+    MLX stream the generator runs on. Unknown keywords raise ``TypeError``.
+
+    Per-row options:
+
+    - ``prompt_caches``: one prompt cache (or None) per prompt, e.g. ``BatchResponse.caches``
+      of an earlier call; each prompt continues its cache. The caches are not modified.
+    - ``sampler``: also a list with one sampler per prompt, or a ``make_sampler`` sampler
+      with one setting per prompt (``make_sampler(temp=[0.0, 0.8, ...])``).
+    - ``logits_processors``: also one list of processors per prompt.
+    - ``stop``: stop strings, a string or list shared by all prompts or one per prompt,
+      matched on the detokenized text; the stop text is not output and the row ends
+      with ``finish_reason`` "stop".
+    - ``seeds``: one int (or None) per prompt: the row samples from its own key
+      stream, so its tokens do not depend on its batch mates (samplers must come
+      from ``make_sampler``).
+    """
+    for response, _ in _stream(model, tokenizer, prompts, max_tokens, sampler, logits_processors,
+                               completion_batch_size, prefill_step_size, max_kv_size, stats,
+                               logprobs, prefill_batch_size, stream, prompt_caches, stop, seeds):
+        yield response
+
+
+def _stream(model, tokenizer, prompts, max_tokens, sampler, logits_processors,
+            completion_batch_size, prefill_step_size, max_kv_size, stats, logprobs,
+            prefill_batch_size, stream, prompt_caches, stop, seeds, want_caches=False):
+    """:func:`stream_batch_generate` yielding ``(response, cache or None)`` pairs."""
+    completion_batch_size = V.check_int("completion_batch_size", completion_batch_size, 1)
+    prefill_step_size = V.check_int("prefill_step_size", prefill_step_size, 1)
+    prefill_batch_size = V.check_optional_int("prefill_batch_size", prefill_batch_size, 1)
+    max_kv_size = V.check_optional_int("max_kv_size", max_kv_size, 1, V.INT32_MAX)
+    if stream is not None and not isinstance(stream, (mx.Stream, mx.Device, mx.DeviceType)):
+        raise TypeError(f"stream must be an mx.Stream or a device, got {type(stream).__name__}")
+    if not isinstance(sampler, (list, tuple)):
+        V.check_callable("sampler", sampler)
+    per_row = per_row_lists(logits_processors)
+    if per_row:
+        logits_processors = [V.check_processors(p) for p in logits_processors]
+    else:
+        logits_processors = V.check_processors(logits_processors)
+    if stats is not None and not isinstance(stats, BatchStats):
+        raise TypeError(f"stats must be a BatchStats or None, got {type(stats).__name__}")
+    tokenizer = wrap_tokenizer(tokenizer)
+    encoded = encode_prompts(tokenizer, prompts, model_vocab_size(model))
+    n = len(encoded)
+    prompt_caches = check_prompt_caches(prompt_caches, n)
+    stops = check_stops(stop, n)
+    seeds = check_seeds(seeds, n)
+    samplers = row_samplers(sampler, n)
+    if per_row and len(logits_processors) != n:
+        raise ValueError(f"logits_processors must have one list per prompt: expected {n}, "
+                         f"got {len(logits_processors)}")
+    cached = [cache_length(c) for c in prompt_caches] if prompt_caches else None
+    limits = row_limits(model, encoded, max_tokens, cached)
+
+    gen = BatchGenerator(
+        model, stop_tokens=[[t] for t in tokenizer.eos_token_ids],
+        logits_processors=None if per_row else logits_processors,
+        completion_batch_size=completion_batch_size,
+        prefill_batch_size=prefill_batch_size or completion_batch_size,
+        prefill_step_size=prefill_step_size, max_kv_size=max_kv_size, stream=stream,
+        return_logprobs=logprobs, return_caches=want_caches)
+    # Shortest first: the generator admits rows in this order, so rows of similar length
+    # share a prefill (as static length-sorted batches would) and short ones finish first.
+    order = sorted(range(n), key=lambda i: len(encoded[i]))
+    pick = lambda values: None if values is None else [values[i] for i in order]  # noqa: E731
+    uids = gen.insert([encoded[i] for i in order], [limits[i] for i in order],
+                      caches=pick(prompt_caches), samplers=pick(samplers),
+                      logits_processors=pick(logits_processors) if per_row else None,
+                      seeds=pick(seeds))
+    index = dict(zip(uids, order))
+    texts = {i: RowText(tokenizer, stops[i]) for i in range(n)}
+    with gen.stats() as window:
+        while responses := gen.next_generated():
+            for r in responses:
+                i = index[r.uid]
+                text, finish = texts[i].add(r.token, r.finish_reason)
+                cache = r.prompt_cache
+                if finish == "stop" and r.finish_reason is None:  # a stop string: leave now
+                    removed = gen.remove([r.uid], return_prompt_caches=want_caches)
+                    cache = removed[r.uid][0] if want_caches else None
+                lp = None if r.logprobs is None else r.logprobs[r.token].item()
+                yield BatchStreamResponse(i, r.token, text, lp, finish), cache
+    gen.close()
+    if stats is not None:
+        stats += window
+
+
+def batch_generate(
+    model,
+    tokenizer,
+    prompts,
+    prompt_caches=None,
+    max_tokens=128,
+    verbose=False,
+    return_prompt_caches=False,
+    return_token_ids=False,
+    return_logprobs=False,
+    **kwargs,
+):
+    """Generate for every prompt at once; returns a :class:`BatchResponse`.
+
+    ``prompts`` are strings or token lists; ``max_tokens`` an int or one per
+    prompt. Texts exclude the EOS token, as mlx-lm's do. Other keyword arguments
+    (``sampler``, ``logits_processors``, ``completion_batch_size``,
+    ``prefill_step_size``, ``max_kv_size``, ``prefill_batch_size``, ``stream``, ``stop``,
+    ``seeds``) go to :func:`stream_batch_generate`, which checks them and every
+    prompt before any work; others raise ``TypeError`` naming them.
+
+    ``prompt_caches``: one prompt cache (or None) per prompt to continue from, e.g.
+    the ``caches`` of an earlier call (they are not modified). With
+    ``return_prompt_caches=True``, ``caches`` holds one unpadded prompt cache per
+    prompt (its prompt and generated tokens, the last one included), ready for a
+    second turn, ``save_prompt_cache`` or ``generate_step``. A row ended by a stop
+    string has the stop cut from its text; its token ids keep every generated token.
+    """
+    V.unknown_kwargs("batch_generate", kwargs, BATCH_KWARGS)
+    prompts = V.prompt_list(prompts)
+    tokenizer = wrap_tokenizer(tokenizer)
+    n = len(prompts)
+    ids = [[] for _ in range(n)]
+    logprobs = [[] for _ in range(n)]
+    reasons = [None] * n
+    stats = BatchStats()
+    caches = [None] * n
+    options = {k: kwargs.get(k) for k in BATCH_KWARGS}
+    options["completion_batch_size"] = kwargs.get("completion_batch_size", 32)
+    options["prefill_step_size"] = kwargs.get("prefill_step_size", 2048)
+    eos = set(tokenizer.eos_token_ids)
+    finished = 0
+    for r, cache in _stream(model, tokenizer, prompts, max_tokens, options["sampler"],
+                            options["logits_processors"], options["completion_batch_size"],
+                            options["prefill_step_size"], options["max_kv_size"], stats,
+                            return_logprobs, options["prefill_batch_size"], options["stream"],
+                            prompt_caches, options["stop"], options["seeds"],
+                            want_caches=return_prompt_caches):
+        if r.finish_reason != "stop" or r.token not in eos:  # EOS is not output
+            ids[r.index].append(r.token)
+            logprobs[r.index].append(r.logprob)
+        if r.finish_reason is not None:
+            reasons[r.index] = r.finish_reason
+            caches[r.index] = cache
+            finished += 1
+            if verbose:
+                print(f"[batch_generate] Finished processing {finished}/{n} ...", end="\r")
+    texts = [tokenizer.decode(t) for t in ids]
+    stops = check_stops(options["stop"], n)
+    texts = [cut_at_stop(t, s) if reason == "stop" and s else t
+             for t, s, reason in zip(texts, stops, reasons)]
+    if verbose:
+        print(f"[batch_generate] Finished processing {finished}/{n}")
+        print(f"[batch_generate] Prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.3f} tokens-per-sec")
+        print(f"[batch_generate] Generation: {stats.generation_tokens} tokens, "
+              f"{stats.generation_tps:.3f} tokens-per-sec")
+        print(f"[batch_generate] Peak memory: {stats.peak_memory:.3f} GB")
+    return BatchResponse(
+        texts, stats, caches if return_prompt_caches else None,
+        ids if return_token_ids else None,
+        logprobs if return_logprobs else None,
+        reasons,
+    )

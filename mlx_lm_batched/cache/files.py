@@ -1,0 +1,173 @@
+"""Prompt-cache files in mlx-lm 0.32's layout (tree-flattened ``state`` per cache, class
+names and scalar markers in the metadata), so caches move between the two libraries
+both ways for the kinds both have (``KVCache``, ``RotatingKVCache``, and ``StateCache``
+as mlx-lm's ``ArraysCache``); the rows' padding goes into one extra metadata key that
+mlx-lm ignores."""
+
+import os
+
+import mlx.core as mx
+
+from .kv import KVCache, RotatingKVCache
+from .prompt_cache import PromptCache, batch_rows
+from .state import StateCache
+
+PADDING_KEY = "mlx_lm_batched_padding"  # user-metadata key of the rows' padding
+
+
+# user-metadata key of the state caches' slot counts ("layer:slots,..."), which
+# mlx-lm's ``ArraysCache`` does not keep
+STATE_SLOTS_KEY = "mlx_lm_batched_state_slots"
+
+
+def _layer_state(c):
+    """mlx-lm 0.32's ``state`` of a layer cache: a tuple of arrays and ints."""
+    if type(c) is KVCache:
+        k, v = (c.keys[..., : c.size, :], c.values[..., : c.size, :]) if c.keys is not None else (None, None)
+        return [k, v, c.size]
+    if type(c) is RotatingKVCache:
+        k, v = c.ordered()
+        n = 0 if k is None else k.shape[2]
+        return [k, v, c.size, 0, c.max_size, n]
+    if type(c) is StateCache:  # mlx-lm's ArraysCache: (arrays, left_padding, lengths)
+        return [list(c.arrays), None, None]
+    raise ValueError(f"cannot save a {type(c).__name__} cache "
+                     "(KVCache, RotatingKVCache and StateCache only)")
+
+
+def _flat_state(c):
+    """``(key suffix, value)`` pairs of a layer's state as mlx-lm tree-flattens it."""
+    for j, value in enumerate(_layer_state(c)):
+        if isinstance(value, list):
+            for k, a in enumerate(value):
+                yield f"{j}.{k}", a
+        else:
+            yield str(j), value
+
+
+_CLASS_NAMES = {StateCache: "ArraysCache"}  # mlx-lm's name for the same layout
+
+
+def save_prompt_cache(file_name, cache, metadata=None):
+    """Save caches (and optional string metadata) to a ``.safetensors`` file that
+    mlx-lm 0.32's ``load_prompt_cache`` also reads; a ``PromptCache``'s row padding,
+    when any, is kept under the metadata key ``PADDING_KEY`` (mlx-lm returns it with
+    the user metadata)."""
+    arrays, scalars = {}, []
+    for i, c in enumerate(cache):
+        for j, value in _flat_state(c):
+            key = f"{i}.{j}"
+            if value is None:
+                arrays[key] = mx.array([])
+                scalars.append((key, "none"))
+            elif isinstance(value, int):
+                arrays[key] = mx.array(value)
+                scalars.append((key, "scalar"))
+            else:
+                arrays[key] = value
+    info = {f"0.{k}": str(v) for k, v in (metadata or {}).items()}
+    padding = getattr(cache, "padding", None)
+    if padding is not None and any(padding):  # unpadded rows need no record
+        info[f"0.{PADDING_KEY}"] = ",".join(map(str, padding))
+    slots = [f"{i}:{c.size}" for i, c in enumerate(cache) if type(c) is StateCache]
+    if slots:
+        info[f"0.{STATE_SLOTS_KEY}"] = ",".join(slots)
+    info.update({f"1.{i}": _CLASS_NAMES.get(type(c), type(c).__name__) for i, c in enumerate(cache)})
+    info["2.0"] = ""  # mlx-lm keeps the scalar list non-empty with this entry
+    for n, (key, kind) in enumerate(scalars, start=1):
+        info[f"2.{n}.0"], info[f"2.{n}.1"] = key, kind
+    mx.save_safetensors(file_name, arrays, metadata=info)
+
+
+def load_prompt_cache(file_name, return_metadata=False):
+    """Load a ``PromptCache`` saved here or by mlx-lm 0.32's ``save_prompt_cache``.
+
+    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` (naming the
+    file and the problem) for a corrupt one, one of another kind, or caches of a
+    kind this library does not have.
+    """
+    if not os.path.isfile(file_name):
+        raise FileNotFoundError(f"prompt cache file not found: {file_name}")
+    try:
+        arrays, info = mx.load(str(file_name), format="safetensors", return_metadata=True)
+    except Exception as e:  # mlx raises RuntimeError/ValueError for unreadable files
+        raise ValueError(f"{file_name}: not a readable safetensors file ({e})") from None
+    if not isinstance(arrays, dict) or not isinstance(info, dict):
+        raise ValueError(f"{file_name}: not a safetensors prompt cache file")
+    try:
+        cache, padding, user = _parse(arrays, info)
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise ValueError(f"{file_name}: not a valid prompt cache file ({e})") from None
+    cache = PromptCache(cache, padding)
+    return (cache, user) if return_metadata else cache
+
+
+def _parse(arrays, info):
+    classes = {}
+    for key, value in info.items():
+        if key.startswith("1.") and key[2:].isdigit():
+            classes[int(key[2:])] = value
+    if not classes or sorted(classes) != list(range(len(classes))):
+        raise ValueError("no cache classes in its metadata")
+    kinds = {}
+    for key, value in info.items():
+        parts = key.split(".")
+        if len(parts) == 3 and parts[0] == "2" and parts[2] == "0":
+            kinds[value] = info[f"2.{parts[1]}.1"]
+    values = {}
+    for key, a in arrays.items():
+        kind = kinds.get(key)
+        values[key] = None if kind == "none" else int(a.item()) if kind == "scalar" else a
+    user = {k[2:]: v for k, v in info.items() if k.startswith("0.")}
+    state_slots = dict(tuple(map(int, p.split(":")))
+                       for p in user.pop(STATE_SLOTS_KEY, "").split(",") if p)
+    cache = [_build_state(values, i, state_slots.get(i, 0)) if classes[i] == "ArraysCache"
+             else _build(classes[i], [values.get(f"{i}.{j}") for j in range(6)], i)
+             for i in range(len(classes))]
+    padding = user.pop(PADDING_KEY, None)
+    if padding is not None:
+        padding = [int(p) for p in padding.split(",")] if padding else []
+        rows = next((n for n in map(batch_rows, cache) if n), len(padding))
+        slots = cache[0].size
+        if len(padding) != rows or any(p < 0 or p > slots for p in padding):
+            raise ValueError(f"row padding {padding} does not fit {rows} rows of {slots} slots")
+    return cache, padding, user
+
+
+def _build_state(values, i, slots):
+    """A ``StateCache`` from mlx-lm's ``ArraysCache`` entries ``i.0.k``."""
+    n = 0
+    while f"{i}.0.{n}" in values:
+        n += 1
+    c = StateCache(n)
+    c.arrays = [values[f"{i}.0.{k}"] for k in range(n)]
+    if values.get(f"{i}.1") is not None or values.get(f"{i}.2") is not None:
+        raise ValueError(f"layer {i}: ArraysCache saved mid-batch by mlx-lm (left_padding "
+                         "or lengths set) is not supported")
+    c.size = slots
+    return c
+
+
+def _build(name, state, i):
+    keys, values, offset = state[0], state[1], state[2]
+    if name == "KVCache":
+        c = KVCache()
+        if keys is not None:
+            c.load_ordered(keys[..., :offset, :], values[..., :offset, :], offset)
+        return c
+    if name == "RotatingKVCache":
+        keep, max_size, idx = state[3], state[4], state[5]
+        if keep:
+            raise ValueError(f"layer {i}: RotatingKVCache with keep={keep} (attention sink) "
+                             "is not supported")
+        c = RotatingKVCache(max_size)
+        if keys is not None:
+            # mlx-lm's ring: write index ``idx``; put it in time order, keep the window.
+            n = keys.shape[2]
+            order = lambda x: (x if idx == n else mx.concatenate([x[..., idx:, :], x[..., :idx, :]], 2)
+                               if idx < offset else x[..., :idx, :])
+            held = min(offset, max_size)
+            c.load_ordered(order(keys)[..., -held:, :], order(values)[..., -held:, :], offset)
+        return c
+    raise ValueError(f"layer {i}: {name} caches are not supported "
+                     "(KVCache, RotatingKVCache and ArraysCache only)")

@@ -1,0 +1,108 @@
+"""One row's prompt cache in and out of a batch's caches.
+
+A row's cache handed to or returned by the scheduler is a list of one-row layer
+caches holding exactly that row's tokens (no padding), like a cache made by
+``generate_step`` for the prompt alone, so it can be saved, reused as a prompt
+cache, or inserted again. Everything that knows the inside of a batch's caches
+(slot frame, padding, ring layout) is in the small functions here.
+"""
+
+import copy
+
+import mlx.core as mx
+
+from .kv import KVCache, RotatingKVCache
+from .protocol import LayerCache
+from .state import StateCache
+
+
+def check_cache(cache, name):
+    """Raise ``TypeError`` unless ``cache`` is a list of this package's layer caches."""
+    if not isinstance(cache, (list, tuple)) or not all(isinstance(c, LayerCache) for c in cache):
+        raise TypeError(
+            f"{name} must be a prompt cache from mlx_lm_batched (make_prompt_cache, "
+            f"extract_cache or a finished Response), got {type(cache).__name__}"
+        )
+
+
+def cache_length(cache):
+    """Tokens held by a one-row prompt cache (0 when empty or None)."""
+    if not cache:
+        return 0
+    c = cache[0]
+    return 0 if c.empty() else int(c.size)
+
+
+def cache_nbytes(cache):
+    """Bytes of the arrays of a list of layer caches."""
+    return sum(getattr(c, "nbytes", 0) for c in cache or ())
+
+
+def copy_cache(cache):
+    """A copy of ``cache`` whose updates never reach the caller's arrays.
+
+    A batch writes into its caches in place (slice assignment); the caller may keep
+    using the cache it passed (a prompt-cache store), so the scheduler works on copies.
+    """
+    out = []
+    for c in cache:
+        new = copy.copy(c)
+        state = c.state
+        new.state = [mx.array(x) for x in state] if state else []
+        new.size = c.size if state else 0
+        out.append(new)
+    return out
+
+
+def _empty_like(c):
+    if isinstance(c, StateCache):
+        return StateCache(len(c))
+    if isinstance(c, RotatingKVCache):
+        return RotatingKVCache(c.max_size)
+    return KVCache()
+
+
+def _row_of_full(c, row, pad):
+    k, v = c.state
+    new = KVCache()
+    new.state = [mx.contiguous(k[row : row + 1, :, pad:]), mx.contiguous(v[row : row + 1, :, pad:])]
+    return new
+
+
+def _row_of_rotating(c, row, pad):
+    M, n = c.max_size, c.size - pad
+    keep = min(n, M)  # the ring's last slots that are this row's tokens
+    keys, values = (x[row : row + 1, :, x.shape[2] - keep :] for x in c.ordered())
+    new = RotatingKVCache(M)
+    new.load_ordered(mx.contiguous(keys), mx.contiguous(values), n)
+    return new
+
+
+def _row_of_state(c, row, pad):
+    # Padding never entered the state: the row's arrays are its state alone.
+    new = StateCache(len(c))
+    if not c.empty() and c.size - pad > 0:
+        new.arrays = [mx.contiguous(a[row : row + 1]) for a in c.arrays]
+        new.size = c.size - pad
+    return new
+
+
+def extract_row(caches, row, pad):
+    """Row ``row`` of a batch's layer caches as a one-row cache without padding.
+
+    ``pad`` is the row's left padding in the batch's slot frame (slots minus the
+    row's real tokens).
+    """
+    out = []
+    for c in caches:
+        if isinstance(c, StateCache):
+            out.append(_row_of_state(c, row, pad))
+        elif c.keys is None or c.size - pad <= 0:
+            out.append(_empty_like(c))
+        elif isinstance(c, RotatingKVCache):
+            out.append(_row_of_rotating(c, row, pad))
+        elif isinstance(c, KVCache):
+            out.append(_row_of_full(c, row, pad))
+        else:
+            raise TypeError(f"cannot extract a row from a {type(c).__name__} cache")
+    return out

@@ -1,0 +1,128 @@
+"""Views of a layer cache that the batch driver hands the model for one prefill
+chunk: the model and the mask see an ordinary cache, the write goes where the
+driver needs it (a group of rows, or rows that start at different columns)."""
+
+import mlx.core as mx
+
+from .kv import KVCache, RotatingKVCache
+from .state import StateCache
+
+
+class RowsView(KVCache):
+    """Rows ``[start, stop)`` of an empty ``KVCache`` of ``batch_size`` rows (or a
+    ``RotatingKVCache`` the prefill does not wrap), seen from slot ``first_slot`` on:
+    the cache of a sub-batch prefilled on its own.
+
+    ``BatchEngine`` prefills rows of similar length together so that short rows skip
+    the leading columns that are padding for all of them; each group writes its keys
+    straight into the shared buffers at its rows and slots. To the model and the mask
+    the view is an ordinary full cache whose slot 0 is the parent's ``first_slot``;
+    the parent's slots before it stay zero and are padding of those rows. The parent
+    holds the slots the views have written.
+    """
+
+    def __init__(self, parent, start, stop, first_slot, batch_size, total):
+        super().__init__()
+        self.parent, self.start, self.stop = parent, start, stop
+        self.first, self.rows, self.total = first_slot, batch_size, total
+
+    def update_and_fetch(self, keys, values):
+        p = self.parent
+        begin, end = self.first + self.size, self.first + self.size + keys.shape[2]
+        if p.keys is None:  # the first group allocates what all groups fill
+            p.allocate(max(end, self.total), keys, values, batch=self.rows)
+        elif end > p.keys.shape[2]:
+            raise ValueError(f"a RowsView cannot grow its parent past {p.keys.shape[2]} slots")
+        rows = slice(self.start, self.stop)
+        p.keys[rows, :, begin:end, :] = keys
+        p.values[rows, :, begin:end, :] = values
+        self.size += keys.shape[2]
+        p.size = max(p.size, end)
+        return p.keys[rows, :, self.first : end, :], p.values[rows, :, self.first : end, :]
+
+    @property
+    def state(self):
+        # The whole buffers: evaluating them runs this group's writes.
+        return [self.parent.keys, self.parent.values]
+
+
+class StateRowsView(StateCache):
+    """Rows ``[start, stop)`` of an empty ``StateCache`` of ``batch_size`` rows, seen
+    from slot ``first_slot`` on: the recurrent state of a sub-batch prefilled on its own.
+
+    The ``RowsView`` of a state layer. The view starts empty (the group's rows start
+    from zero state, as they would alone: the columns the group skips are padding for
+    all its rows, the identity for the state), and every state array a layer stores is
+    also written into the parent's rows, which start as zeros (the state of a row that
+    saw only padding). Its ``size`` counts the group's slots from ``first_slot``, the
+    frame the group's ``RowsView``s and masks use; the parent counts the slots written.
+    """
+
+    def __init__(self, parent, start, stop, first_slot, batch_size):
+        super().__init__(len(parent))
+        self.parent, self.start, self.stop = parent, start, stop
+        self.first, self.rows = first_slot, batch_size
+
+    def __setitem__(self, i, value):
+        self.arrays[i] = value
+        p = self.parent
+        if p.arrays[i] is None:  # the first group allocates what all groups fill
+            p.arrays[i] = mx.zeros((self.rows,) + value.shape[1:], value.dtype)
+        p.arrays[i][self.start : self.stop] = value
+
+    def advance(self, n):
+        super().advance(n)
+        self.parent.size = max(self.parent.size, self.first + self.size)
+
+    @property
+    def state(self):
+        # The parent's whole arrays: evaluating them runs this group's writes.
+        return [a for a in self.parent.arrays if a is not None]
+
+
+def has_rows_view(cache, slots):
+    """True when ``rows_view`` can view the fresh layer ``cache`` for a prefill of
+    ``slots`` slots: full key/value caches, recurrent state, and ring caches the
+    prefill does not wrap (``slots <= max_size``: no slot is overwritten, so the ring
+    holds its slots in order, as a full cache does)."""
+    if type(cache) is RotatingKVCache:
+        return slots <= cache.max_size
+    return type(cache) in (KVCache, StateCache)
+
+
+def rows_view(cache, start, stop, first_slot, batch_size, total):
+    """The view of rows ``[start, stop)`` from slot ``first_slot`` of a fresh layer cache
+    of ``batch_size`` rows that the groups fill to ``total`` slots (see
+    ``has_rows_view``)."""
+    if type(cache) is StateCache:
+        return StateRowsView(cache, start, stop, first_slot, batch_size)
+    return RowsView(cache, start, stop, first_slot, batch_size, total)
+
+
+class ShiftedView:
+    """A layer cache seen by one prefill chunk whose rows start at different columns:
+    its write goes through ``update_shifted`` (row ``b``'s first ``shift[b]`` columns
+    are padding), everything the mask reads is the cache's own."""
+
+    def __init__(self, cache, shift):
+        self.cache, self.shift = cache, shift
+
+    def update_and_fetch(self, keys, values):
+        return self.cache.update_shifted(keys, values, self.shift)
+
+    @property
+    def size(self):
+        return self.cache.size
+
+    def key_slots(self, query_len):
+        return self.cache.key_slots(query_len)
+
+    def effective_window(self, window):
+        return self.cache.effective_window(window)
+
+    def layout_key(self):
+        return self.cache.layout_key()
+
+    @property
+    def state(self):
+        return self.cache.state

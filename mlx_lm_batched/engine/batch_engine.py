@@ -1,0 +1,176 @@
+"""The batch driver: it alone owns each row's padding, position and sampling state.
+
+A ``BatchEngine`` runs one left-padded batch through a model: prefill (a
+:class:`~.prefill.PrefillJob`, one model call at a time), then one decode step at a time.
+Each row's padding lives with the batch's caches (the ``PromptCache``), so a later call
+on the same caches continues every row exactly; the engine reads it to hand the model
+each row's position (``offset``) and any per-step attention data, and records what a
+prefill adds. The engine also owns, in its row order, each row's sampling state
+(``sampling``) and an optional label per row (``row_ids``): rows can be dropped
+(``filter``) or joined from another engine (``extend``) and everything follows.
+"""
+
+import mlx.core as mx
+
+from ..cache.factory import make_prompt_cache
+from ..cache.kv import KVCache
+from ..cache.prompt_cache import as_prompt_cache
+from ..cache.rows import cache_nbytes, extract_row
+from ..layers.step import StepAttention
+from ..models.context import context_length
+from .kv_budget import check_kv_fits
+from .prefill import PrefillJob
+from .prefill_plan import DECODE_GROUP_OVERHEAD_KEYS, plan_prefill_groups
+from .sampling import SharedSampling
+
+
+class BatchEngine:
+    """Prefill and decode one batch of rows that share a cache.
+
+    ``prompt_cache``: the batch's caches (``make_prompt_cache``; a plain list of layer
+    caches counts as unpadded rows), new ones when None. Its rows' padding is the one
+    record of each row's position: ``offset`` and ``left_padding`` read it.
+    ``sampling``: a :class:`~.sampling.SharedSampling` (default: greedy) or
+    :class:`~.sampling.RowSampling`. ``row_ids``: a label per row, kept in row order.
+    """
+
+    def __init__(self, model, prompt_cache=None, *, max_kv_size=None, prefill_step_size=2048,
+                 sampling=None, row_ids=None):
+        self.model = model
+        self.sampling = sampling if sampling is not None else SharedSampling()
+        if prompt_cache is None:
+            prompt_cache = make_prompt_cache(model, max_kv_size)
+        self.cache = as_prompt_cache(prompt_cache)
+        self.prefill_step_size = max(1, int(prefill_step_size))
+        self.row_ids = None if row_ids is None else list(row_ids)
+        self.decode_reserve = 0  # expected decode steps (sizes the caches)
+        self._decode_groups = None  # decode attention row groups (``_plan_decode_groups``)
+        self.rows_changed()
+
+    def reserve(self, new_tokens):
+        """Expect about ``new_tokens`` decode steps. The caches reserve at most a
+        bounded step ahead of what they hold (see ``KVCache.reserve``), and the
+        next prefill checks that the batch's caches can fit at their longest."""
+        self.decode_reserve = max(0, int(new_tokens))
+
+    @property
+    def slots(self):
+        return self.cache.slots
+
+    @property
+    def rows(self):
+        """Rows in the batch (0 before the first prefill)."""
+        padding = self.cache.padding
+        return 0 if padding is None else len(padding)
+
+    @property
+    def offset(self):
+        """``(B,)`` real tokens per row in the cache (None before any row)."""
+        padding = self.cache.padding
+        return None if padding is None else self.cache.offsets(len(padding))
+
+    @property
+    def left_padding(self):
+        """``(B,)`` pad slots per row: every row fills the same number of slots."""
+        padding = self.cache.padding
+        return None if padding is None else mx.array(padding, dtype=mx.int32)
+
+    def reserve_for(self, rows, slots):
+        """Check and reserve memory for ``rows`` rows reaching ``slots`` + the expected
+        decode steps (at most the model's context)."""
+        ahead = self.decode_reserve
+        context = context_length(self.model)
+        if context is not None:
+            ahead = min(ahead, context)
+        check_kv_fits(self.model, self.cache, rows, slots + ahead)
+        self.cache.reserve(slots + ahead)
+
+    def start_prefill(self, tokens, left_padding=None, input_embeddings=None, cuts=()):
+        """A :class:`~.prefill.PrefillJob` feeding the ``(B, L)`` prompt, one model call per
+        ``advance()``; its ``result`` is the queued ``(tokens, logprobs)`` of step one.
+
+        ``left_padding[b]``: pad columns before row ``b``'s tokens. On caches that
+        already hold rows (a later turn), each row's new tokens follow its cached ones
+        directly and its pad columns join its leading padding. ``cuts``: columns where a
+        call must end (prompt segments).
+        """
+        B, L = tokens.shape
+        if L == 0:
+            raise ValueError("empty prompt: nothing to generate from")
+        pad = [0] * B if left_padding is None else [int(p) for p in left_padding]
+        if len(pad) != B or any(p < 0 or p >= L for p in pad):
+            raise ValueError(f"left_padding must give 0 <= padding < {L} for each of the "
+                             f"{B} rows, got {pad}")
+        return PrefillJob(self, tokens, pad, input_embeddings, cuts)
+
+    def prefill(self, tokens, left_padding=None, progress=None, input_embeddings=None):
+        """Feed the ``(B, L)`` prompt at once; return the queued ``(tokens, logprobs)`` of
+        step one (see :meth:`start_prefill`); ``progress(done, total)`` after each chunk."""
+        return self.start_prefill(tokens, left_padding, input_embeddings).run(progress)
+
+    def step(self, tokens):
+        """Feed one token per row ``(B,)``; return the queued next ``(tokens, logprobs)``."""
+        self.sampling.fed(tokens)
+        kwargs = {}
+        if self._decode_groups:
+            kwargs["attention"] = StepAttention(row_groups=self._decode_groups)
+        logits = self.model(tokens[:, None], offset=self.offset, cache=self.cache, **kwargs)
+        return self.sampling.sample(logits[:, -1, :])
+
+    def rows_changed(self):
+        """Plan decode attention row groups from the rows' padding (call after the rows
+        or their padding change).
+
+        Every row attends over all the batch's slots, most of them padding for the
+        short rows. On the CPU, where attention is a large share of a batched decode
+        step, the shared ``Attention`` layer splits the rows into contiguous groups
+        ``(start, stop, first_slot)`` that each skip the slots padding for the whole
+        group (same result: those keys are masked). Devices with fused attention
+        (``mx.fast``) keep one call; so do ring caches, whose slots are not in order.
+        Each step adds one key to every row, which adds the same cost to every
+        grouping, so the plan holds until the padding changes.
+        """
+        self._decode_groups = None
+        padding = self.cache.padding
+        if padding is None or mx.default_device() != mx.cpu or len(padding) < 2:
+            return
+        if not all(type(c) is KVCache for c in self.cache):
+            return
+        keys = max(padding) + 1  # any count above every row's padding plans the same
+        lengths = [keys - p for p in padding]
+        groups = plan_prefill_groups(lengths, DECODE_GROUP_OVERHEAD_KEYS, float("inf"))
+        if len(groups) > 1:
+            self._decode_groups = [(a, b, min(padding[a:b])) for a, b in groups]
+
+    def extract_row(self, row):
+        """Row ``row``'s caches as a one-row prompt cache without padding (see
+        ``cache.rows.extract_row``)."""
+        return extract_row(self.cache, row, self.cache.padding[row] if self.cache.padding else 0)
+
+    @property
+    def nbytes(self):
+        """Bytes held by this batch's caches."""
+        return cache_nbytes(self.cache)
+
+    def filter(self, keep):
+        """Keep only rows ``keep`` (list of indices); drop padding they all share."""
+        self.cache.filter(keep)
+        self.sampling.filter(keep)
+        if self.row_ids is not None:
+            self.row_ids = [self.row_ids[i] for i in keep]
+        self.rows_changed()
+
+    def extend(self, other):
+        """Append the rows of ``other``, a ``BatchEngine`` on the same model prefilled on
+        its own caches, to this batch (continuous batching: rows join mid-decode).
+
+        The caches join with their rows' padding (``PromptCache.extend`` left-pads the
+        side with fewer slots); sampling state and row labels follow. ``other`` must not
+        be used afterwards (its arrays are shared).
+        """
+        self.cache.extend(other.cache)
+        self.sampling.extend(other.sampling)
+        if self.row_ids is not None or other.row_ids is not None:
+            self.row_ids = (self.row_ids or []) + (other.row_ids or [])
+        self.decode_reserve = max(self.decode_reserve, other.decode_reserve)
+        self.rows_changed()

@@ -1,0 +1,120 @@
+"""How much key/value cache and recurrent state a batch needs, and whether the
+machine has it.
+
+The batch driver checks this before a batch starts: a request whose caches could
+never fit fails at once with a clear message instead of exhausting memory (or
+crashing the process) many tokens later.
+"""
+
+import os
+import weakref
+
+import mlx.core as mx
+
+# Keys of ``mx.device_info()`` giving the memory a device can use, best first.
+_DEVICE_MEMORY_KEYS = ("max_recommended_working_set_size", "memory_size", "total_memory")
+
+
+def _probe(model):
+    """Per cache of ``make_prompt_cache(model)``: ``(bytes per slot, fixed bytes)`` of
+    one row, or None for a cache kind this module does not know.
+
+    The model is called on one token with fresh caches and nothing is evaluated: MLX
+    is lazy, so the caches' arrays have their shapes and dtypes (the model's real
+    key/value and recurrent-state layouts, whatever the family) without memory or
+    compute spent on them. A model whose forward pass communicates (a pipeline stage)
+    fills them through its own ``probe_caches(cache)`` instead."""
+    from ..cache.factory import make_prompt_cache
+    from ..cache.state import StateCache
+
+    cache = make_prompt_cache(model)
+    if hasattr(model, "probe_caches"):  # its forward pass communicates (a pipeline stage)
+        model.probe_caches(cache)
+    else:
+        model(mx.zeros((1, 1), dtype=mx.int32), cache=cache)
+    layout = []
+    for c in cache:
+        if isinstance(c, StateCache):  # recurrent state: fixed per row
+            layout.append((0, c.nbytes))
+        elif getattr(c, "keys", None) is not None:  # keys/values: (1, heads, slots, dim)
+            layout.append(((c.keys.nbytes + c.values.nbytes) // c.keys.shape[2], 0))
+        else:
+            layout.append(None)
+    return tuple(layout)
+
+
+_LAYOUTS = {}  # id(model) -> (weak reference to the model, its probed layout)
+
+
+def cache_layout(model):
+    """``(bytes per slot, fixed bytes)`` one row takes in each of the model's caches
+    (None for an unknown kind), probed once per model (see ``_probe``)."""
+    ref, layout = _LAYOUTS.get(id(model), (None, None))
+    if ref is None or ref() is not model:
+        layout = _probe(model)
+        # Drop the entry with the model (a later model may reuse its id).
+        _LAYOUTS[id(model)] = (weakref.ref(model, lambda _, key=id(model): _LAYOUTS.pop(key, None)),
+                               layout)
+    return layout
+
+
+def cache_bytes(model, cache, rows, slots):
+    """``(key/value bytes, recurrent-state bytes)`` of ``rows`` rows holding ``slots``
+    slots each in ``cache`` (rotating layers hold at most their ring; a state cache
+    holds the same bytes whatever the length), or None when unknown."""
+    layout = cache_layout(model)
+    caches = list(cache)
+    if len(layout) != len(caches) or any(entry is None for entry in layout):
+        return None
+    kv = state = 0
+    for (per_slot, fixed), c in zip(layout, caches):
+        kv += rows * min(slots, getattr(c, "max_size", None) or slots) * per_slot
+        state += rows * fixed
+    return kv, state
+
+
+def kv_bytes(model, cache, rows, slots):
+    """Bytes of key/value cache and recurrent state for ``rows`` rows holding ``slots``
+    slots each, or None when unknown."""
+    parts = cache_bytes(model, cache, rows, slots)
+    return None if parts is None else sum(parts)
+
+
+def available_memory():
+    """Bytes the device (or, for the CPU, the system) can still give, or None."""
+    try:
+        info = mx.device_info()
+    except Exception:  # older MLX, or no device query on this backend
+        info = {}
+    for key in _DEVICE_MEMORY_KEYS:
+        value = info.get(key)
+        if isinstance(value, int) and value > 0:
+            return value - mx.get_active_memory()
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") - mx.get_active_memory()
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_kv_fits(model, cache, rows, slots):
+    """Raise ``ValueError`` when ``rows`` rows of ``slots`` slots (key/value cache plus
+    each row's recurrent state, for hybrid and state-space models) cannot fit in memory."""
+    parts = cache_bytes(model, cache, rows, slots)
+    have = available_memory()
+    if parts is None or have is None or sum(parts) <= have:
+        return
+    kv, state = parts
+    what = ("KV cache and recurrent state" if kv and state
+            else "KV cache" if kv else "recurrent state")
+    lower = "max_tokens or the batch size" if kv else "the batch size"
+    raise ValueError(
+        f"this batch needs ~{sum(parts) / 1e9:.1f} GB of {what} ({rows} rows x {slots} slots), "
+        f"more than the {max(have, 0) / 1e9:.1f} GB available; lower {lower}"
+    )

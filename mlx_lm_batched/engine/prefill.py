@@ -1,0 +1,155 @@
+"""Feeding a left-padded ``(B, L)`` prompt into a batch's caches, one model call at a time.
+
+A :class:`PrefillJob` is what ``BatchEngine.start_prefill`` returns: each ``advance()``
+runs one model call (a chunk of at most ``prefill_step_size`` columns), so a scheduler
+can interleave a long prompt with the decode steps of running rows, and the last call
+gives the first sampled token of every row.
+
+All columns but the last go through the model without logits (only the caches are
+evaluated). Into fresh caches whose layers can be viewed by rows (``has_rows_view``: full
+key/value caches, recurrent state, rings the prompt does not wrap) they go group by
+group (``plan_prefill_groups``), so rows skip the leading columns that are padding for
+their whole group; each group writes its rows of the shared caches through row views
+(``RowsView``, ``StateRowsView``) starting at the group's first real column. Every row
+sees exactly what a one-group prefill gives it: its own tokens after padding. The last
+column, for all rows at once, gives the first sampled token.
+"""
+
+import mlx.core as mx
+
+from ..cache.views import ShiftedView, has_rows_view, rows_view
+from .prefill_plan import plan_prefill_groups
+
+
+class PrefillJob:
+    """One prompt being fed into an engine's caches.
+
+    ``fed[b]``: real tokens of row ``b`` fed so far; ``progress``: ``(columns done, L)``
+    for progress reports; ``at_cut``: the last call ended at one of ``cuts`` (columns
+    where a call must end, e.g. the end of a prompt segment); ``result``: the queued
+    ``(tokens, logprobs)`` of step one once ``done``.
+    """
+
+    def __init__(self, engine, tokens, padding, input_embeddings=None, cuts=()):
+        self.engine = engine
+        self.tokens, self.padding = tokens, padding
+        self.embeddings = input_embeddings
+        self.cuts = sorted(int(c) for c in cuts)
+        B, L = tokens.shape
+        self.lengths = [L - p for p in padding]
+        self.fed = [0] * B
+        self.progress = (0, L)
+        self.at_cut = False
+        self.done = False
+        self.result = None
+        self.calls = 0  # model calls so far
+        self.padding_tokens = 0  # padding columns computed (rows x columns)
+        self._steps = self._run()
+
+    def advance(self):
+        """Run the next model call; returns True once the prompt is fed (``result`` set)."""
+        if not self.done:
+            try:
+                next(self._steps)
+            except StopIteration as stop:
+                self.done, self.result = True, stop.value
+        return self.done
+
+    def run(self, progress=None):
+        """Feed the whole prompt; ``progress(done, total)`` after every chunk."""
+        while not self.advance():
+            if progress is not None:
+                progress(*self.progress)
+        return self.result
+
+    def _chunk(self, col, limit):
+        """Columns of the next call from column ``col``: at most ``prefill_step_size``,
+        never past ``limit`` or a cut."""
+        end = min(col + self.engine.prefill_step_size, limit,
+                  *[c for c in self.cuts if c > col] or [limit])
+        return end - col
+
+    def _call(self, tokens, offset, cache, cols, rows=slice(None)):
+        kwargs = {}
+        if self.embeddings is not None:
+            kwargs["input_embeddings"] = self.embeddings[rows, cols]
+        return self.engine.model(tokens[rows, cols], offset=offset, cache=cache, **kwargs)
+
+    def _fed_up_to(self, end, rows=None):
+        """Rows ``rows`` (all by default) have fed every column before ``end``."""
+        last = [n - 1 for n in self.lengths]  # the last column is fed by the final call
+        for b in range(len(self.fed)) if rows is None else rows:
+            self.fed[b] = min(max(0, end - self.padding[b]), last[b])
+        self.at_cut = end in self.cuts
+
+    def _run(self):
+        engine, tokens, pad = self.engine, self.tokens, self.padding
+        cache = engine.cache
+        B, L = tokens.shape
+        if engine.slots == 0:
+            cache.reset()  # no slots: no rows either, whatever was there before
+        start = engine.slots
+        before = cache.offsets(B)  # real tokens per row (checks the row count)
+        engine.reserve_for(B, start + L)
+        engine.sampling.prompt(tokens, pad)
+        # Position of column c in row b: cached real tokens + c - padding of row b.
+        base = before - mx.array(pad, dtype=mx.int32)
+        done = 0
+        if L > 1 and start == 0 and all(has_rows_view(c, L) for c in cache):
+            yield from self._groups(base)
+            done = L - 1
+        while L - done > 1:
+            n = self._chunk(done, L - 1)
+            views = cache
+            if done == 0 and start > 0 and any(pad):
+                # Rows start at different columns after cached tokens: one write
+                # moves every pad column before its row's cached slots.
+                n = max(n, max(pad))
+                shift = mx.array(pad, dtype=mx.int32)
+                views = [ShiftedView(c, shift) for c in cache]
+            self._call(tokens, base + done, views, slice(done, done + n))
+            mx.eval([c.state for c in cache])
+            self.padding_tokens += sum(min(n, max(0, p - done)) for p in pad)
+            done += n
+            self.calls += 1
+            self._fed_up_to(done)
+            self.progress = (done, L)
+            yield
+        logits = self._call(tokens, base + done, cache, slice(done, None))
+        self.calls += 1
+        cache.add_padding(pad)
+        engine.rows_changed()
+        self.fed = list(self.lengths)
+        self.progress = (L, L)
+        return engine.sampling.sample(logits[:, -1, :])
+
+    def _groups(self, base):
+        """Columns ``[0, L - 1)`` group by group, one call per chunk of a group."""
+        engine, tokens, pad = self.engine, self.tokens, self.padding
+        B, L = tokens.shape
+        width = L - 1
+        lengths = [width - min(int(p), width) for p in pad]
+        groups = plan_prefill_groups(lengths)
+        total = sum((stop - start) * max(lengths[start:stop]) for start, stop in groups)
+        processed = 0
+        for start, stop in groups:
+            longest = max(lengths[start:stop])
+            if longest == 0:
+                continue  # one-token prompts: nothing before their last token
+            first = width - longest
+            views = [rows_view(c, start, stop, first, B, width) for c in engine.cache]
+            offset = base[start:stop] + first
+            done = 0
+            while done < longest:
+                n = self._chunk(first + done, width)
+                self._call(tokens, offset + done, views, slice(first + done, first + done + n),
+                           slice(start, stop))
+                mx.eval([v.state for v in views])
+                self.padding_tokens += sum(min(n, max(0, pad[b] - first - done))
+                                           for b in range(start, stop))
+                done += n
+                processed += (stop - start) * n
+                self.calls += 1
+                self._fed_up_to(first + done, range(start, stop))
+                self.progress = (max(1, round(width * processed / total)), L)
+                yield

@@ -1,0 +1,57 @@
+"""How a batch's prompts are laid out and cut for prefill: left padding, and the split
+of length-sorted rows into groups that skip the columns padding for all their rows."""
+
+import mlx.core as mx
+
+# Prefill groups (see ``plan_prefill_groups``). Each forward call reads every weight
+# once, so a call costs about as much as this many extra tokens; a group never
+# exceeds the token budget (bounds activation memory) unless it is a single row.
+# On the CPU small groups are also faster (activations stay in cache) and keep the
+# prefill's transient memory to a few tens of MB; accelerators prefer big calls.
+GROUP_OVERHEAD_TOKENS = 64
+GROUP_TOKEN_BUDGET = 4096
+GROUP_TOKEN_BUDGET_CPU = 512
+# Decode attention groups (see ``BatchEngine._plan_decode_groups``): on the CPU one
+# more group costs about as much as attending this many extra (row, key) pairs.
+DECODE_GROUP_OVERHEAD_KEYS = 256
+
+
+def left_pad(prompts, pad_id=0):
+    """``(B, L)`` array of left-padded prompts and the ``(B,)`` padding per row."""
+    width = max(len(p) for p in prompts)
+    padding = [width - len(p) for p in prompts]
+    rows = [[pad_id] * n + [int(t) for t in p] for n, p in zip(padding, prompts)]
+    return mx.array(rows, dtype=mx.int32), padding
+
+
+def plan_prefill_groups(lengths, overhead=None, budget=None):
+    """Split rows into contiguous ``(start, stop)`` groups for prefill.
+
+    ``lengths[b]`` is the number of real tokens row ``b`` prefills. A group runs
+    left-padded to its longest row, so it costs ``rows * longest`` tokens plus a
+    fixed ``overhead`` per call; this picks the split of least total cost (dynamic
+    programming over the row order, which ``batch_generate`` sorts by length).
+    Groups of rows with nothing to prefill cost nothing and are still returned.
+    """
+    overhead = GROUP_OVERHEAD_TOKENS if overhead is None else overhead
+    if budget is None:
+        cpu = mx.default_device() == mx.cpu
+        budget = GROUP_TOKEN_BUDGET_CPU if cpu else GROUP_TOKEN_BUDGET
+    n = len(lengths)
+    best = [0.0] + [float("inf")] * n
+    cut = [0] * (n + 1)
+    for stop in range(1, n + 1):
+        longest = 0
+        for start in range(stop - 1, -1, -1):
+            longest = max(longest, lengths[start])
+            rows = stop - start
+            if rows > 1 and rows * longest > budget:
+                break  # adding rows only grows the group
+            cost = best[start] + rows * longest + (overhead if longest else 0)
+            if cost < best[stop]:
+                best[stop], cut[stop] = cost, start
+    groups, stop = [], n
+    while stop > 0:
+        groups.append((cut[stop], stop))
+        stop = cut[stop]
+    return groups[::-1]

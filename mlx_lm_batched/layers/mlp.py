@@ -1,0 +1,62 @@
+"""Feed-forward layers and the activations they take by Hugging Face name."""
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from . import cpu_ops
+
+ACTIVATIONS = {
+    "silu": cpu_ops.silu,
+    "swish": cpu_ops.silu,
+    "gelu": nn.gelu,
+    "gelu_pytorch_tanh": nn.gelu_approx,
+    "gelu_new": nn.gelu_approx,
+    "gelu_fast": nn.gelu_fast_approx,
+    "relu": nn.relu,
+    "relu2": lambda x: mx.square(nn.relu(x)),
+}
+
+
+def activation(name):
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unsupported activation '{name}' (known: {', '.join(ACTIVATIONS)})")
+    return ACTIVATIONS[name]
+
+
+class MLP(nn.Module):
+    """Gated MLP: ``down(act(gate(x)) * up(x))``."""
+
+    def __init__(self, hidden_size, intermediate_size, act="silu", bias=False, fused_gate_up=False):
+        """``fused_gate_up``: one ``gate_up_proj`` holding gate then up (GLM 4, Phi 3)."""
+        super().__init__()
+        if fused_gate_up:
+            self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        else:
+            self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+            self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.act = activation(act) if isinstance(act, str) else act
+        self.fused_gate_up = fused_gate_up
+
+    def __call__(self, x):
+        if self.fused_gate_up:
+            gate, up = mx.split(self.gate_up_proj(x), 2, axis=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(self.act(gate) * up)
+
+
+class DenseMLP(nn.Module):
+    """Ungated MLP ``down(act(up(x)))``; ``names``: the checkpoint's (up, down) names."""
+
+    def __init__(self, hidden_size, intermediate_size, act="gelu", bias=True,
+                 names=("up_proj", "down_proj")):
+        super().__init__()
+        self.names = tuple(names)
+        setattr(self, names[0], nn.Linear(hidden_size, intermediate_size, bias=bias))
+        setattr(self, names[1], nn.Linear(intermediate_size, hidden_size, bias=bias))
+        self.act = activation(act) if isinstance(act, str) else act
+
+    def __call__(self, x):
+        up, down = (getattr(self, n) for n in self.names)
+        return down(self.act(up(x)))

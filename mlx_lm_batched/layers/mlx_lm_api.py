@@ -1,0 +1,53 @@
+"""mlx-lm's mask and attention functions (``mlx_lm.models.base``) for code that builds
+its own attention: thin adapters over the one mask path (``masks.py``) and the shared
+attention op (``attention.py``)."""
+
+import mlx.core as mx
+
+from . import masks as masks_lib
+from .attention import scaled_dot_product_attention as _attention
+
+
+def create_causal_mask(N, offset=0, window_size=None, right_padding=None, left_padding=None):
+    """Boolean causal mask of ``N`` queries after ``offset`` cached tokens (mlx-lm's).
+
+    ``(N, offset + N)``, or ``(B, 1, N, offset + N)`` with ``left_padding`` (``(B,)``
+    padding slots per row). A padding query may attend its own slot (so it never gets
+    NaN; see masks.py). ``right_padding`` raises ``NotImplementedError``: batches here
+    are left-padded.
+    """
+    if right_padding is not None:
+        raise NotImplementedError("right_padding is not supported: mlx_lm_batched batches are "
+                                  "left-padded (pass left_padding)")
+    pad = mx.zeros((1,), mx.int32) if left_padding is None else mx.array(left_padding, mx.int32)
+    mask = masks_lib.attention_mask(mx.arange(offset + N), offset, N, offset - pad, window_size)
+    return mask[0, 0] if left_padding is None else mask
+
+
+def create_attention_mask(h, cache=None, window_size=None, return_array=False):
+    """mlx-lm's mask for hidden states ``h`` ``(B, N, D)``: None for one query, the
+    string ``"causal"`` when a plain causal mask does, else a boolean array from the
+    one mask path (``return_array=True`` always gives the array). ``cache`` is one
+    layer's cache (its tokens come before the queries)."""
+    N = h.shape[1]
+    before = 0 if cache is None else int(getattr(cache, "size", 0) or 0)
+    binds = window_size is not None and before + N > window_size
+    if not return_array and not binds:
+        return None if N == 1 else "causal"
+    if cache is None:
+        return create_causal_mask(N, 0, window_size)
+    offset = mx.full((h.shape[0],), before, mx.int32)
+    return masks_lib.attention_mask(cache.key_slots(N), before, N, offset,
+                                    cache.effective_window(window_size))
+
+
+def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
+    """mlx-lm's attention entry point on the shared op: ``(B, H, L, D)`` queries,
+    keys/values with as many or fewer heads; ``mask`` None, ``"causal"`` or boolean."""
+    L, K = queries.shape[2], keys.shape[2]
+    if isinstance(mask, str):
+        if mask != "causal":
+            raise ValueError(f"mask must be None, 'causal' or an array, got {mask!r}")
+        mask = masks_lib.attention_mask(mx.arange(K), K - L, L,
+                                        mx.full((queries.shape[0],), K - L, mx.int32))
+    return _attention(queries, keys, values, scale, mask, sinks=sinks)

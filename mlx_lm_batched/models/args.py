@@ -1,0 +1,48 @@
+"""``BaseModelArgs``: an architecture's config dataclass built from a Hugging Face
+``config.json``, with both RoPE config layouts read."""
+
+import inspect
+from dataclasses import dataclass
+
+
+@dataclass
+class BaseModelArgs:
+    """Dataclass built from a Hugging Face ``config.json`` dict (unknown keys ignored)."""
+
+    @classmethod
+    def from_dict(cls, params):
+        params = normalize_rope_config(params)
+        names = inspect.signature(cls).parameters
+        return cls(**{k: v for k, v in params.items() if k in names})
+
+
+def normalize_rope_config(config):
+    """Read RoPE settings from both config layouts found in the wild.
+
+    transformers 4 writes ``rope_theta`` / ``rope_scaling`` at the top level;
+    transformers 5 writes ``rope_parameters`` (with ``rope_theta`` inside), or one
+    such dict per layer type (``full_attention``, ``sliding_attention``). The result
+    always has the flat keys; per-type settings are also kept as
+    ``rope_parameters_by_type`` and the sliding one as ``rope_local_base_freq``.
+    """
+    params = config.get("rope_parameters")
+    if not isinstance(params, dict):
+        return config
+    config = dict(config)
+    by_type = None
+    if params and all(isinstance(v, dict) for v in params.values()):
+        by_type = params
+        params = by_type.get("full_attention") or next(iter(by_type.values()))
+        config["rope_parameters_by_type"] = by_type
+        local = by_type.get("sliding_attention")
+        if local and "rope_theta" in local:
+            config.setdefault("rope_local_base_freq", local["rope_theta"])
+    if "rope_theta" in params:
+        config.setdefault("rope_theta", params["rope_theta"])
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in (None, "default") and not config.get("rope_scaling"):
+        config["rope_scaling"] = {k: v for k, v in params.items() if k != "rope_theta"}
+    for key in ("partial_rotary_factor",):
+        if key in params:
+            config.setdefault(key, params[key])
+    return config

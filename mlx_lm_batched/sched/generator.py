@@ -1,0 +1,391 @@
+"""Continuous batching: ``BatchGenerator`` with the interface of mlx-lm 0.32's, and the one
+batch loop this package has (``batch_generate``, the CLI and the server all run on it).
+
+Rows (requests) are inserted at any time. Each ``next()`` is one scheduling step:
+
+1. the running decode batch takes one step (queued before the previous step's tokens are
+   read, so the device works while Python handles them);
+2. queued rows are admitted while there is room: rows of fresh prompts together on one
+   engine (sorted by length; the engine's prefill groups them so rows skip the columns
+   that are padding for their whole group), rows that continue a cache or stop at
+   segment ends alone;
+3. one model call of the oldest prefill (a chunk of ``prefill_step_size`` columns), so a
+   long prompt never stalls decoding rows for more than one chunk; with nothing
+   decoding, prefill runs until a batch joins. A finished prefill joins the decode batch.
+
+A finished or removed row stays in its batch, ignored, until dropping it pays (dropping
+copies the caches: it pays once the steps it saves reach one step of the whole batch) or
+until new rows join. Every row generates what its prompt generates alone: the engine
+keeps per-row positions, padding and sampling state.
+"""
+
+import contextlib
+import time
+from collections import deque
+from dataclasses import asdict
+
+import mlx.core as mx
+
+from ..cache import rows as row_caches
+from ..cache.factory import make_prompt_cache
+from ..engine.batch_engine import BatchEngine
+from ..engine.prefill_plan import left_pad
+from ..engine.sampling import RowSampler, RowSampling, TokenContext
+from ..sampling.samplers import greedy_sampler
+from ..sampling.stop_sequences import StopSequences
+from .rows import Batch, PromptResponse, Response, Row
+from .stats import BatchCounters, BatchCountersSnapshot, BatchStats
+
+
+class BatchGenerator:
+    """Continuous batching over one model (drop-in for ``mlx_lm.generate.BatchGenerator``).
+
+    ``insert``/``insert_segments`` queue rows and return their uids; each ``next()``
+    returns ``(prompt responses, generation responses)`` of one step; ``remove`` drops
+    rows (optionally returning their caches). ``stop_tokens`` are the default stop
+    sequences (lists of token ids, or bare ids) of rows inserted without their own.
+
+    Beyond mlx-lm's keywords: ``return_logprobs=False`` leaves ``Response.logprobs``
+    None (greedy rows then skip the log-softmax), ``return_caches=False`` leaves a finished
+    row's ``prompt_cache`` None (no copy of its cache), and ``token_hook(tokens)`` sees
+    every sampled ``(B,)`` array (a tensor-parallel server shares rank 0's tokens).
+    """
+
+    Response = Response
+    PromptResponse = PromptResponse
+
+    def __init__(self, model, *, max_tokens=128, stop_tokens=None, sampler=None,
+                 logits_processors=None, completion_batch_size=32, prefill_batch_size=8,
+                 prefill_step_size=2048, max_kv_size=None, stream=None, return_logprobs=True,
+                 return_caches=True, token_hook=None):
+        for name, value in (("completion_batch_size", completion_batch_size),
+                            ("prefill_batch_size", prefill_batch_size),
+                            ("prefill_step_size", prefill_step_size)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        self.model = model
+        self.max_tokens = max_tokens
+        self.sampler = sampler or greedy_sampler
+        self.logits_processors = list(logits_processors or [])
+        self.prefill_step_size = prefill_step_size
+        self.prefill_batch_size = prefill_batch_size
+        self.completion_batch_size = max(completion_batch_size, prefill_batch_size)
+        self.max_kv_size = max_kv_size
+        self.return_logprobs = return_logprobs
+        self.return_caches = return_caches
+        self.token_hook = token_hook
+        self._stream = stream
+        self._default_stops = StopSequences(stop_tokens)
+        self._uid_count = 0
+        self._rows = {}  # uid -> Row, for every row not finished or removed
+        self._queue = deque()  # rows waiting for prefill
+        self._prefills = []  # Batch per admission, first in first out
+        self._decode = None  # the decode Batch
+        self._counters = BatchCounters()
+
+    @property
+    def stream(self):
+        return self._stream
+
+    def close(self):
+        """Wait for the work the last steps queued (a decode step is queued before its
+        tokens are read, also when its rows then finish): the caller may go on from
+        another thread, whose work MLX would not order after it. Nothing else is held."""
+        mx.synchronize()
+
+    @contextlib.contextmanager
+    def stats(self):
+        """Yields a :class:`BatchStats` filled, on exit, with the work done in the block."""
+        stats = BatchStats()
+        start = BatchCountersSnapshot(**asdict(self._counters))
+        try:
+            yield stats
+        finally:
+            stats += BatchCountersSnapshot.between(
+                start, BatchCountersSnapshot(**asdict(self._counters)))
+
+    # Inserting and removing rows
+    def insert(self, prompts, max_tokens=None, caches=None, all_tokens=None, samplers=None,
+               logits_processors=None, stop_sequences=None, seeds=None):
+        """Queue token prompts; returns their uids. ``caches[i]`` (a prompt cache from
+        an earlier turn, or None) holds ``all_tokens[i]``; the prompt continues it.
+
+        ``seeds[i]`` (an int, or None) gives row ``i`` its own random key stream: its
+        sampler (its own or the generator's, made by ``make_sampler``) is copied with
+        ``seeded(seed)``, so its tokens do not depend on the other rows. A custom
+        sampler callable cannot be seeded (``ValueError``); greedy rows ignore the seed.
+        """
+        return self.insert_segments([[p] for p in prompts], max_tokens, caches, all_tokens,
+                                    samplers, logits_processors, stop_sequences, seeds)
+
+    def _seeded(self, sampler, seed, uid):
+        sampler = sampler or self.sampler
+        if seed is None or sampler is greedy_sampler:
+            return sampler
+        if not hasattr(sampler, "seeded"):
+            raise ValueError(f"seeds: prompt {uid}'s sampler cannot be seeded (a custom "
+                             f"callable); use make_sampler(...) or make_seeded_sampler(...)")
+        return sampler.seeded(seed)
+
+    def insert_segments(self, segments, max_tokens=None, caches=None, all_tokens=None,
+                        samplers=None, logits_processors=None, stop_sequences=None, seeds=None):
+        """Like :meth:`insert` with each prompt given as a list of segments: prefill
+        reports ``end_of_segment`` (and the cache can be extracted) at each segment end."""
+        n = len(segments)
+        options = {
+            "max_tokens": max_tokens or [self.max_tokens] * n,
+            "caches": caches or [None] * n,
+            "all_tokens": all_tokens or [[] for _ in range(n)],
+            "samplers": samplers or [None] * n,
+            "logits_processors": logits_processors or [self.logits_processors] * n,
+            "stop_sequences": stop_sequences or [self._default_stops] * n,
+            "seeds": seeds or [None] * n,
+        }
+        for name, values in options.items():
+            if len(values) != n:
+                raise ValueError(f"{name} must have one entry per prompt: expected {n}, got {len(values)}")
+        uids = list(range(self._uid_count, self._uid_count + n))
+        rows = []
+        for i, (uid, segs) in enumerate(zip(uids, segments)):
+            segs = [[int(t) for t in s] for s in segs if len(s)]
+            if not segs:
+                raise ValueError(f"prompt {uid} is empty: nothing to generate from")
+            if options["caches"][i] is not None:
+                row_caches.check_cache(options["caches"][i], f"caches[{i}]")
+            m = options["max_tokens"][i]
+            if m <= 0:
+                raise ValueError(f"max_tokens of prompt {uid} must be > 0, got {m}")
+            several = len(segs) > 1
+            if len(segs[-1]) != 1:  # the last token starts generation: its own segment
+                segs = segs[:-1] + [segs[-1][:-1], segs[-1][-1:]]
+            prompt = [t for s in segs for t in s]
+            ends = [sum(len(s) for s in segs[: j + 1]) for j in range(len(segs))]
+            held = list(options["all_tokens"][i])
+            processors = tuple(options["logits_processors"][i] or ())
+            sampling = RowSampler(self._seeded(options["samplers"][i], options["seeds"][i], uid),
+                                  processors, TokenContext(held + prompt) if processors else None)
+            stops = options["stop_sequences"][i]
+            rows.append(Row(uid, prompt, ends, m, options["caches"][i], held, sampling,
+                            (stops if stops is not None else self._default_stops).matcher(),
+                            cut_at_segments=several))
+        self._queue.extend(rows)
+        self._rows.update((r.uid, r) for r in rows)
+        self._uid_count += n
+        return uids
+
+    def _locate(self, uid):
+        """``(batch or None, index)`` of a live row: None for a queued row."""
+        for batch in [*self._prefills, self._decode]:
+            if batch is not None and uid in batch.uids and uid not in batch.dead:
+                return batch, batch.uids.index(uid)
+        return None, None
+
+    def _row_cache(self, row, batch, i):
+        """Row ``row``'s cache now and the tokens it holds."""
+        if batch is not None and (batch is self._decode or batch.job.done or (
+                row.cut_at_segments and batch.job.calls)):
+            return batch.engine.extract_row(i), list(row.tokens)
+        # Queued, or in a prefill that has not fed it (a shared prefill writes rows group
+        # by group): the cache it came with holds exactly the tokens it came with.
+        held = row.tokens[: len(row.tokens) - row.done]
+        if row.cache is not None:
+            return row.cache, held
+        return make_prompt_cache(self.model, self.max_kv_size), held
+
+    def extract_cache(self, uids):
+        """``{uid: (prompt cache, tokens in it)}`` for the rows still present."""
+        out = {}
+        for uid in uids:
+            row = self._rows.get(uid)
+            if row is not None:
+                out[uid] = self._row_cache(row, *self._locate(uid))
+        return out
+
+    def remove(self, uids, return_prompt_caches=False):
+        """Drop rows wherever they are; returns ``extract_cache(uids)`` when asked, else {}."""
+        caches = self.extract_cache(uids) if return_prompt_caches else {}
+        gone = {uid for uid in uids if uid in self._rows}
+        self._queue = deque(r for r in self._queue if r.uid not in gone)
+        for uid in gone:
+            batch, _ = self._locate(uid)
+            if batch is not None:
+                batch.dead.add(uid)
+            del self._rows[uid]
+        self._prefills = [b for b in self._prefills if b.live]
+        if self._decode is not None and not self._decode.live:
+            self._decode = None
+        return caches
+
+    @property
+    def prompt_cache_nbytes(self):
+        """Bytes held by the prompt caches of every row (queued, prefilling, decoding)."""
+        total = sum(row_caches.cache_nbytes(r.cache) for r in self._queue)
+        total += sum(b.engine.nbytes for b in self._prefills)
+        if self._decode is not None:
+            total += self._decode.engine.nbytes
+        return total
+
+    # Scheduling
+    def _in_prefill(self):
+        return sum(b.live for b in self._prefills)
+
+    def _decoding(self):
+        return 0 if self._decode is None else self._decode.live
+
+    def _admit(self):
+        """Move queued rows into prefills: fresh prompts on one engine, rows with a cache
+        or with segment ends alone."""
+        in_prefill = self._in_prefill()
+        n = min(self.prefill_batch_size - in_prefill,
+                self.completion_batch_size - self._decoding() - in_prefill, len(self._queue))
+        if n <= 0:
+            return
+        rows = [self._queue.popleft() for _ in range(n)]
+        alone = [r for r in rows if row_caches.cache_length(r.cache) or r.cut_at_segments]
+        shared = sorted((r for r in rows if r not in alone), key=lambda r: len(r.prompt))
+        for group in [[r] for r in alone] + ([shared] if shared else []):
+            self._prefills.append(self._start_prefill(group))
+
+    def _start_prefill(self, rows):
+        cache = rows[0].cache if len(rows) == 1 else None
+        cache = row_caches.copy_cache(cache) if row_caches.cache_length(cache) else None
+        sampling = RowSampling([r.sampling for r in rows], self.return_logprobs, self.token_hook)
+        engine = BatchEngine(self.model, cache, max_kv_size=self.max_kv_size,
+                             prefill_step_size=self.prefill_step_size, sampling=sampling,
+                             row_ids=[r.uid for r in rows])
+        tokens, padding = left_pad([r.prompt for r in rows])
+        engine.reserve(max(r.max_tokens for r in rows))
+        cuts = rows[0].boundaries if len(rows) == 1 and rows[0].cut_at_segments else ()
+        return Batch(engine, job=engine.start_prefill(tokens, padding, cuts=cuts))
+
+    def _prefill_call(self):
+        """One model call of the oldest prefill; a prefill that is done joins decoding."""
+        batch = self._prefills[0]
+        job = batch.job
+        tic = time.perf_counter()
+        done = job.advance()
+        if done:
+            mx.eval(*[x for x in job.result if x is not None])
+        self._counters.prompt_time += time.perf_counter() - tic
+        responses = []
+        for i, uid in enumerate(batch.uids):
+            if uid in batch.dead:
+                continue
+            r = self._rows[uid]
+            fed = r.prompt[r.done : job.fed[i]]
+            r.tokens.extend(fed)
+            r.done += len(fed)
+            self._counters.prompt_tokens += len(fed)
+            responses.append(PromptResponse(r.uid, (r.done, len(r.prompt)),
+                                            done or (bool(fed) and r.done in r.boundaries), done))
+        if done:
+            self._counters.padding_tokens += job.padding_tokens
+            self._prefills.pop(0)
+            self._join(batch, job.result)
+        return responses
+
+    def _join(self, batch, first_step):
+        if batch.dead:  # rows removed while they were prefilled
+            first_step = self._drop_dead(batch, first_step)
+        decode = self._decode
+        if decode is None:
+            batch.job, batch.pending = None, first_step
+            self._decode = batch
+            return
+        if decode.dead:
+            decode.pending = self._drop_dead(decode, decode.pending)
+        decode.engine.extend(batch.engine)
+        y, logprobs = decode.pending
+        decode.pending = (mx.concatenate([y, first_step[0].astype(y.dtype)]),
+                          None if logprobs is None else mx.concatenate(
+                              [logprobs, first_step[1].astype(logprobs.dtype)]))
+
+    @staticmethod
+    def _drop_dead(batch, pending):
+        """Filter ``batch``'s dead rows out of its engine and its queued step."""
+        keep = [i for i, uid in enumerate(batch.uids) if uid not in batch.dead]
+        batch.engine.filter(keep)
+        batch.dead.clear()
+        idx = mx.array(keep, dtype=mx.int32)
+        return tuple(None if x is None else x[idx] for x in pending)
+
+    def _decode_step(self):
+        """Feed the queued tokens, queue the next step, and report the fed tokens."""
+        batch = self._decode
+        y, logprobs = batch.pending
+        if self.return_caches or any(self._rows[u].generated + 1 < self._rows[u].max_tokens
+                                     for u in batch.uids if u not in batch.dead):
+            batch.pending = batch.engine.step(y)
+            mx.async_eval(*[x for x in batch.pending if x is not None])
+        else:  # every row ends with these tokens and no cache is returned: no next step
+            batch.pending = None
+        responses = []
+        for i, (uid, t) in enumerate(zip(batch.uids, y.tolist())):
+            if uid in batch.dead:
+                continue
+            r = self._rows[uid]
+            r.tokens.append(t)
+            r.generated += 1
+            finish = "length" if r.generated >= r.max_tokens else None
+            if r.matcher.advance(t):
+                finish = "stop"
+            lp = None if logprobs is None else logprobs[i]
+            if finish is None:
+                responses.append(Response(uid, t, lp, None, None, None))
+                continue
+            cache = batch.engine.extract_row(i) if self.return_caches else None
+            responses.append(Response(uid, t, lp, finish, cache, list(r.tokens)))
+            batch.dead.add(uid)
+            del self._rows[uid]
+        self._compact()
+        return responses
+
+    def _compact(self):
+        """Drop the decode batch's dead rows once the steps they would still cost reach
+        one step of the whole batch (the filter copies the caches: about one step)."""
+        batch = self._decode
+        if not batch.dead:
+            return
+        if not batch.live:
+            self._decode = None
+            return
+        remaining = max(self._rows[u].max_tokens - self._rows[u].generated
+                        for u in batch.uids if u not in batch.dead)
+        if len(batch.dead) * remaining >= len(batch.uids):
+            batch.pending = self._drop_dead(batch, batch.pending)
+
+    def _next(self):
+        prompt_responses, generation_responses = [], []
+        if self._decode is not None:
+            tic = time.perf_counter()
+            generation_responses = self._decode_step()
+            self._counters.decode_time += time.perf_counter() - tic
+            self._counters.generation_tokens += len(generation_responses)
+            self._counters.generation_steps += 1
+        if self._decoding() >= self.completion_batch_size:
+            return prompt_responses, generation_responses
+        self._admit()
+        # One call while rows are decoding; with none decoding, prefill until a batch
+        # joins or a segment ends (the caller may extract the cache there).
+        while self._prefills:
+            chunk = self._prefill_call()
+            prompt_responses.extend(chunk)
+            if self._decoding() or any(r.end_of_segment for r in chunk):
+                break
+        return prompt_responses, generation_responses
+
+    def next(self):
+        """One step: ``(prompt responses, generation responses)``."""
+        with self._on_stream():
+            return self._next()
+
+    def next_generated(self):
+        """Step until some row generates a token (or nothing is left); return those."""
+        with self._on_stream():
+            while True:
+                prompt_responses, generation_responses = self._next()
+                if generation_responses or not prompt_responses:
+                    return generation_responses
+
+    def _on_stream(self):
+        return mx.stream(self._stream) if self._stream is not None else contextlib.nullcontext()

@@ -1,0 +1,70 @@
+"""The records of :class:`~mlx_lm_batched.sched.generator.BatchGenerator`: the responses it
+returns (the fields of mlx-lm's) and the rows and batches it keeps."""
+
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+import mlx.core as mx
+
+
+@dataclass
+class PromptResponse:
+    """Prefill progress of one row: ``progress`` is ``(tokens done, total)``."""
+
+    uid: int
+    progress: tuple
+    end_of_segment: bool
+    end_of_prompt: bool
+
+
+@dataclass
+class Response:
+    """One generated token of one row. A finished row (``finish_reason`` "stop" or
+    "length") also carries its prompt cache and all the tokens in it."""
+
+    uid: int
+    token: int
+    logprobs: Optional[mx.array]
+    finish_reason: Optional[str]
+    prompt_cache: Optional[List[Any]]
+    all_tokens: Optional[List[int]]
+
+
+@dataclass(eq=False)
+class Row:
+    """One request as the scheduler tracks it (its sampling state lives in the engine)."""
+
+    uid: int
+    prompt: List[int]  # the tokens to prefill
+    boundaries: List[int]  # prompt lengths at which a segment ends
+    max_tokens: int
+    cache: Optional[list]  # prompt cache given at insert (None: start empty)
+    tokens: List[int]  # tokens in the row's cache so far
+    sampling: Any  # its engine.sampling.RowSampler
+    matcher: Any
+    cut_at_segments: bool = False  # prefill stops at every segment end
+    done: int = 0  # prompt tokens fed
+    generated: int = 0
+
+
+@dataclass(eq=False)
+class Batch:
+    """Rows on one engine: a prefill (``job`` running) or the decode batch (``pending``:
+    the queued ``(tokens, logprobs)`` of their next step). ``dead``: rows that finished
+    or were removed but still occupy the engine until dropping them pays."""
+
+    engine: Any
+    job: Any = None
+    pending: Optional[tuple] = None
+    dead: Optional[set] = None
+
+    def __post_init__(self):
+        self.dead = set() if self.dead is None else self.dead
+
+    @property
+    def uids(self):
+        return self.engine.row_ids
+
+    @property
+    def live(self):
+        return len(self.engine.row_ids) - len(self.dead)
