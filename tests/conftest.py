@@ -45,11 +45,18 @@ def model_dir(name, **convert_options):
     tag = "-".join(f"{k}{v}" for k, v in sorted(convert_options.items()))
     out = CACHE / f"{name}-{tag}-{_conversion_key(gguf, convert_options)}"
     if not (out / "config.json").exists():
-        tmp = out.with_name(out.name + ".partial")
+        # A directory per process: pytest-xdist workers may convert the same model at
+        # once; the first rename wins and the others' copies are dropped.
+        tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.parent.mkdir(parents=True, exist_ok=True)
         convert(gguf, str(tmp), **convert_options)
-        tmp.rename(out)
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not (out / "config.json").exists():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

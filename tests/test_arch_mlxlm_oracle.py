@@ -48,6 +48,17 @@ HUNYUAN_HF = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hi
                   head_dim=16, num_experts=4, moe_topk=[2, 3], tie_word_embeddings=True,
                   rope_parameters={"rope_type": "dynamic", "alpha": 50.0, "factor": 1.0,
                                    "rope_theta": 10000.0})
+# Baichuan-M1: width-2 key/value convolution, layer 1 windowed (4 slots) with its own
+# head counts, a normalised LM head.
+BAICHUAN_M1 = dict(BASE, sliding_window=4, sliding_window_layers=[1], conv_window=2,
+                   num_swa_attention_heads=2, num_swa_key_value_heads=1)
+
+
+def normalised_head(model):
+    """mlx-lm normalises Baichuan-M1's head rows when it loads a checkpoint
+    (``sanitize``), so the checkpoints it runs hold unit rows: save those."""
+    model.update({"lm_head": {"weight": model.sanitize(
+        {"lm_head.weight": model.lm_head.weight})["lm_head.weight"]}})
 
 
 def positive_expert_bias(model):
@@ -62,6 +73,7 @@ def positive_expert_bias(model):
 
 
 FAMILIES = {
+    "baichuan_m1": (BAICHUAN_M1, dict(MLX_LM, hf_hook=normalised_head)),
     "bailing_moe": (LING2, dict(MLX_LM, hf_hook=positive_expert_bias)),
     "bailing_moe_v1": (LING1, dict(MLX_LM, model_type="bailing_moe")),
     "hunyuan": (HUNYUAN, MLX_LM),

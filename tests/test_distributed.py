@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 
 import arch_harness
+import mlx_lm_oracle
 from conftest import model_dir
 from test_arch_minicpm3_minimax import MINIMAX
+from test_arch_mlxlm_oracle import BAICHUAN_M1, normalised_head
 from test_arch_recurrent import (FALCON_H1, GRANITE_HYBRID, JAMBA, KIMI_LINEAR, LFM2, MAMBA,
                                  NEMOTRON_H, QWEN3_5, QWEN3_NEXT, RECURRENT_GEMMA)
 
@@ -159,7 +161,13 @@ RECURRENT = {
     # 4-bit conversions (groups of 32): every projection splits on whole groups.
     "mamba2-q4": ("mamba2", dict(MAMBA, num_heads=8, head_dim=16, n_groups=2), None),
     "lfm2-q4": ("lfm2", LFM2, [[2, 2, 32]] * 2),
+    # Key/value convolution per KV head (mlx-lm's module as the builder): 2 KV heads on
+    # every layer, one per rank, with its taps.
+    "baichuan_m1": ("baichuan_m1", dict(BAICHUAN_M1, num_swa_attention_heads=4,
+                                        num_swa_key_value_heads=2), [[2, 1, 16]] * 6),
 }
+# Families transformers has no model for: mlx-lm's module builds and saves the checkpoint.
+MLX_LM_BUILT = {"baichuan_m1": normalised_head}
 
 
 def test_tensor_parallel_recurrent_and_hybrid_models(tmp_path):
@@ -170,8 +178,15 @@ def test_tensor_parallel_recurrent_and_hybrid_models(tmp_path):
     models = tmp_path / "models"
     for name, (model_type, config, _) in RECURRENT.items():
         directory = tmp_path / name if name.endswith("-q4") else models / name
-        arch_harness.save_hf_model(arch_harness.build_hf_model(model_type, config), directory,
-                                   "transformers5")
+        if model_type in MLX_LM_BUILT:
+            ref = mlx_lm_oracle.build_mlx_lm_model(model_type, config)
+            MLX_LM_BUILT[model_type](ref)
+            directory.mkdir(parents=True)
+            mlx_lm_oracle.save_mlx_lm_model(ref, dict(config, model_type=model_type), directory,
+                                            "transformers5")
+        else:
+            arch_harness.save_hf_model(arch_harness.build_hf_model(model_type, config),
+                                       directory, "transformers5")
         _tiny_tokenizer(directory)
         if name.endswith("-q4"):
             convert(str(directory), str(models / name), quantize=True, q_group_size=32, q_bits=4)

@@ -59,11 +59,13 @@ class Attention(nn.Module):
         position_scale=None,
         v_norm=None,
         values_from_keys=False,
+        qkv_name="qkv_proj",
     ):
         """``qk_norm_full``: norm the whole q/k projection, not each head (OLMo 2).
         ``qk_norm_after_rope``: norm the rotated q/k (Hunyuan). ``qk_norm_names``:
-        the checkpoint's names for the two norms. ``fused_qkv``: one ``qkv_proj``
-        holding q, k then v (Phi 3; sanitize maps other fused layouts to it).
+        the checkpoint's names for the two norms. ``fused_qkv``: one projection holding
+        q, k then v (Phi 3; sanitize maps other fused layouts to it), named ``qkv_name``
+        (Baichuan's ``W_pack``).
         ``clip_qkv``: clamp the q/k/v projections to ``[-clip, clip]`` (OLMo, DBRX).
         ``position_scale``: ``f(positions (B, L)) -> (B, L)`` factors on the rotated
         queries (Llama 4's and Ministral 3's long-context temperature).
@@ -74,9 +76,10 @@ class Attention(nn.Module):
         sharing) is :class:`~.kv_sharing.SharedKVAttention`."""
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.fused_qkv = fused_qkv
+        self.fused_qkv, self.qkv_name = fused_qkv, qkv_name
         if fused_qkv:
-            self.qkv_proj = nn.Linear(hidden_size, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
+            setattr(self, qkv_name,
+                    nn.Linear(hidden_size, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias))
         else:
             self.q_proj = nn.Linear(hidden_size, n_heads * head_dim, bias=bias)
             self.k_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
@@ -103,8 +106,14 @@ class Attention(nn.Module):
 
     def __call__(self, x, mask, offset, cache=None, attention=None):
         """``attention``: the step's :class:`~.base.StepAttention` (or None)."""
-        B, L, _ = x.shape
         q, k, v = self.project(x)
+        return self.attend_projections(q, k, v, mask, offset, cache, attention)
+
+    def attend_projections(self, q, k, v, mask, offset, cache=None, attention=None):
+        """Attention from the ``(B, L, heads * head_dim)`` query, key and value
+        projections (a family that transforms them first, as Baichuan-M1's key/value
+        convolution, calls this after)."""
+        B, L, _ = q.shape
         q = self._heads(q, 0, offset)
         if self.position_scale is not None:
             # Padding columns have negative positions: clamp them to 0 (a finite
@@ -158,7 +167,7 @@ class Attention(nn.Module):
         (cross-layer attention overrides where keys and values come from)."""
         if self.fused_qkv:
             nq, nk = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-            return mx.split(self.qkv_proj(x), [nq, nq + nk], axis=-1)
+            return mx.split(getattr(self, self.qkv_name)(x), [nq, nq + nk], axis=-1)
         k = self.k_proj(x)
         return self.q_proj(x), k, k if self.values_from_keys else self.v_proj(x)
 

@@ -6,6 +6,7 @@ import importlib
 # Hugging Face architectures differ only in config values.
 MODEL_TYPES = {
     "apertus": "apertus",
+    "baichuan_m1": "baichuan_m1",
     "bailing_moe": "bailing_moe",
     "cohere": "cohere",
     "cohere2": "cohere2",

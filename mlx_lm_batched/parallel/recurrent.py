@@ -20,6 +20,7 @@ import math
 
 import mlx.core as mx
 
+from ..layers.conv_attention import ConvKVAttention
 from ..layers.gated_delta import GatedDeltaNet, KimiDeltaAttention
 from ..layers.lightning import LightningAttention
 from ..layers.norms import RMSNorm
@@ -265,7 +266,16 @@ def shard_nemotron_moe(m, group, path):
     shard_shared_block(m.shared_experts, group, f"{path}.shared_experts")
 
 
+def shard_conv_kv_attention(m, group, path):
+    """Baichuan-M1's attention: the shared attention's head split, and each rank keeps
+    its key/value heads' convolution taps."""
+    _, (ka, kb) = head_ranges(m.n_heads, m.n_kv_heads, group.size(), group.rank())
+    shard_shared_block(m, group, path)
+    m.conv_k, m.conv_v = m.conv_k[:, :, ka:kb], m.conv_v[:, :, ka:kb]
+
+
 SHARDERS = {
+    ConvKVAttention: shard_conv_kv_attention,
     MambaMixer: shard_mamba,
     Mamba2Mixer: shard_mamba2,
     GatedDeltaNet: shard_gated_delta,

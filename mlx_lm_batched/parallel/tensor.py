@@ -100,7 +100,7 @@ def _shard_attention(attn, group, path):
     hd, nq, nk = attn.head_dim, attn.n_heads * attn.head_dim, attn.n_kv_heads * attn.head_dim
     q, k = [(qa * hd, qb * hd)], [(ka * hd, kb * hd)]
     if attn.fused_qkv:
-        _slice_out(attn.qkv_proj, q + [(nq + ka * hd, nq + kb * hd),
+        _slice_out(getattr(attn, attn.qkv_name), q + [(nq + ka * hd, nq + kb * hd),
                                        (nq + nk + ka * hd, nq + nk + kb * hd)])
     else:
         _slice_out(attn.q_proj, q)
