@@ -7,6 +7,7 @@ import importlib
 MODEL_TYPES = {
     "apertus": "apertus",
     "bailing_moe": "bailing_moe",
+    "bailing_moe_linear": "bailing_moe_linear",
     "cohere": "cohere",
     "cohere2": "cohere2",
     "dbrx": "dbrx",

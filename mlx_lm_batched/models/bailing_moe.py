@@ -137,16 +137,10 @@ def normalize_head_columns(w):
 class Model(CausalLM):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        rotary = args.rotary_dim or int(args.head_dim * args.partial_rotary_factor)
-        rope = config_rope(args, rotary)
         norm = lambda dims=args.hidden_size: RMSNorm(dims, args.rms_norm_eps)
-        qk_norm = (dict(qk_norm=norm, qk_norm_names=("query_layernorm", "key_layernorm"))
-                   if args.use_qk_norm else {})
         layers = [
             PreNormBlock(
-                Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                          args.head_dim, rope, bias=args.use_qkv_bias, o_bias=args.use_bias,
-                          fused_qkv=True, **qk_norm),
+                self.mixer(args, i, norm),
                 BailingMoE(args) if args.is_moe_layer(i) else
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act, args.use_bias),
                 norm,
@@ -154,6 +148,20 @@ class Model(CausalLM):
             for i in range(args.num_hidden_layers)
         ]
         init_causal_lm(self, args, layers, norm())
+
+    @staticmethod
+    def qk_norm(args, norm):
+        """The shared attention's keywords for Bailing's optional per-head QK-norm."""
+        return (dict(qk_norm=norm, qk_norm_names=("query_layernorm", "key_layernorm"))
+                if args.use_qk_norm else {})
+
+    def mixer(self, args, i, norm):
+        """Layer ``i``'s token mixer (here always softmax attention; Bailing Linear
+        overrides it)."""
+        rotary = args.rotary_dim or int(args.head_dim * args.partial_rotary_factor)
+        return Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
+                         args.head_dim, config_rope(args, rotary), bias=args.use_qkv_bias,
+                         o_bias=args.use_bias, fused_qkv=True, **self.qk_norm(args, norm))
 
     def sanitize(self, weights):
         n = self.args.num_hidden_layers
