@@ -25,7 +25,14 @@ BAILING_LINEAR = dict(BASE, moe_intermediate_size=32, num_experts=4, num_experts
                       topk_group=1, routed_scaling_factor=2.0, use_qk_norm=True,
                       partial_rotary_factor=0.5, layer_group_size=3, group_norm_size=2)
 
+# RWKV-7: 4 heads of 16; ``norm_eps`` 4e-5 makes the group norm's ``head_dim *
+# norm_eps`` mlx-lm's fixed 64e-5. Layers past 0 mix in layer 0's values.
+RWKV7 = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+             head_dim=16, a_low_rank_dim=8, v_low_rank_dim=8, gate_low_rank_dim=16,
+             decay_low_rank_dim=8, norm_eps=4e-5)
+
 FAMILIES = {
+    "rwkv7": (RWKV7, MLX_LM),
     "bailing_moe_linear": (BAILING_LINEAR, dict(MLX_LM, hf_hook=positive_expert_bias)),
 }
 
@@ -61,3 +68,63 @@ def test_bailing_linear_shards_heads_decays_and_norm_groups(groups):
     assert isinstance(attn.g_norm, ShardedGatedRMSNorm) == (groups == 1)
     assert attn.g_norm.groups == 1
     assert model.layers[2].self_attn.n_heads == 2  # softmax attention: the shared split
+
+
+def _load_family(name, tmp_path):
+    """Our model loaded from the family's mlx-lm checkpoint (random weights)."""
+    from mlx_lm_batched.utils import load_model
+    from mlx_lm_oracle import build_mlx_lm_model, save_mlx_lm_model
+
+    config, options = FAMILIES[name]
+    model_type = options.get("model_type", name)
+    ref = build_mlx_lm_model(model_type, config)
+    if options.get("hf_hook"):
+        options["hf_hook"](ref)
+    save_mlx_lm_model(ref, dict(config, model_type=model_type), tmp_path, "transformers4")
+    return load_model(tmp_path)[0]
+
+
+@pytest.mark.parametrize("name", ["rwkv7", "bailing_moe_linear"])
+def test_grouped_prefill_rows_equal_solo(name, tmp_path):
+    """Rows of mixed lengths prefill in groups (``StateRowsView``: fewer columns than
+    one group padded to the longest), and each row's first token, logprobs and state
+    equal that prompt alone."""
+    import numpy as np
+
+    from arch_harness import make_prompts
+    from mlx_lm_batched.engine.prefill_plan import left_pad, plan_prefill_groups
+    from test_arch_recurrent import _states
+    from test_hybrid_prefill import CountingModel, _prefill
+
+    model = _load_family(name, tmp_path)
+    lengths = (1, 2, 3, 9, 12, 20, 23)
+    prompts = make_prompts(lengths, seed=11)
+    counting = CountingModel(model)
+    engine, y, logprobs = _prefill(counting, prompts, prefill_step_size=8)
+    cols = [n - 1 for n in lengths]
+    assert len(plan_prefill_groups(cols)) > 1
+    computed = sum(r * c for r, c in counting.calls[:-1])
+    assert computed < len(lengths) * max(cols)
+    states = _states(engine)
+    for i, p in enumerate(prompts):
+        solo, solo_y, solo_lp = _prefill(model, [p])
+        assert int(y[i]) == int(solo_y[0]), f"{name} row {i}"
+        np.testing.assert_allclose(np.array(logprobs[i]), np.array(solo_lp[0]), atol=1e-4,
+                                   err_msg=f"{name} row {i}")
+        for ours, theirs in zip(states, _states(solo)):
+            for a, b in zip(ours, theirs):
+                np.testing.assert_allclose(a[i], b[0], atol=1e-4, rtol=1e-3,
+                                           err_msg=f"{name} row {i}")
+
+
+def test_rwkv7_tensor_parallel_is_refused_by_name():
+    """No sharder splits RWKV-7's time mixing: sharding names the layer instead of
+    splitting it wrongly."""
+    from mlx_lm_batched.models import rwkv7
+    from mlx_lm_batched.parallel.shard import shard_model
+    from test_distributed import _TwoRanks
+
+    model = rwkv7.Model(rwkv7.ModelArgs.from_dict(dict(RWKV7, model_type="rwkv7")))
+    with pytest.raises(ValueError, match=r"cannot shard layer 'model\.layers\.0\.attn\.r_proj' "
+                                         r"of TimeMixing"):
+        shard_model(model, _TwoRanks())

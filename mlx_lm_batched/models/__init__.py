@@ -93,6 +93,7 @@ MODEL_TYPES = {
     "qwen3_vl": "qwen3_vl",
     "qwen3_vl_moe": "qwen3_vl_moe",
     "recurrent_gemma": "recurrent_gemma",
+    "rwkv7": "rwkv7",
     "seed_oss": "seed_oss",
     "smollm3": "smollm3",
     "stablelm": "stablelm",
