@@ -25,6 +25,12 @@ BAILING_LINEAR = dict(BASE, moe_intermediate_size=32, num_experts=4, num_experts
                       topk_group=1, routed_scaling_factor=2.0, use_qk_norm=True,
                       partial_rotary_factor=0.5, layer_group_size=3, group_norm_size=2)
 
+# Ling 2.5: layers 0 and 1 lightning attention (heads of 16), layer 2 multi-head latent
+# attention with a low-rank query; shared experts sized as a whole.
+BAILING_HYBRID = dict(BAILING_LINEAR, head_dim=16, kv_lora_rank=32, qk_rope_head_dim=8,
+                      qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=24,
+                      moe_shared_expert_intermediate_size=48, num_shared_experts=2)
+
 # RWKV-7: 4 heads of 16; ``norm_eps`` 4e-5 makes the group norm's ``head_dim *
 # norm_eps`` mlx-lm's fixed 64e-5. Layers past 0 mix in layer 0's values.
 RWKV7 = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -32,6 +38,7 @@ RWKV7 = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden
              decay_low_rank_dim=8, norm_eps=4e-5)
 
 FAMILIES = {
+    "bailing_hybrid": (BAILING_HYBRID, dict(MLX_LM, hf_hook=positive_expert_bias)),
     "rwkv7": (RWKV7, MLX_LM),
     "bailing_moe_linear": (BAILING_LINEAR, dict(MLX_LM, hf_hook=positive_expert_bias)),
 }

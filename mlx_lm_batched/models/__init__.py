@@ -6,6 +6,7 @@ import importlib
 # Hugging Face architectures differ only in config values.
 MODEL_TYPES = {
     "apertus": "apertus",
+    "bailing_hybrid": "bailing_hybrid",
     "bailing_moe": "bailing_moe",
     "bailing_moe_linear": "bailing_moe_linear",
     "cohere": "cohere",

@@ -62,6 +62,11 @@ class ModelArgs(DecoderArgs):
             raise ValueError(f"score_function '{self.score_function}' is not one of "
                              f"{', '.join(SCORE_FUNCTIONS)}")
 
+    def shared_experts_size(self):
+        """Hidden units of the always-on shared experts, all of them together."""
+        return (self.moe_shared_expert_intermediate_size or self.moe_intermediate_size) \
+            * self.num_shared_experts
+
     def is_moe_layer(self, i):
         return self.num_experts is not None and i >= self.first_k_dense_replace
 
@@ -110,8 +115,7 @@ class BailingMoE(SparseMoE):
         act = activation(args.hidden_act)
         shared = None
         if args.num_shared_experts > 0 and args.moe_router_enable_shared_expert:
-            dims = args.moe_shared_expert_intermediate_size or args.moe_intermediate_size
-            shared = MLP(args.hidden_size, dims * args.num_shared_experts, act, args.use_bias)
+            shared = MLP(args.hidden_size, args.shared_experts_size(), act, args.use_bias)
         switch = SwitchGLU(args.hidden_size, args.moe_intermediate_size, args.num_experts, act,
                            bias=args.use_bias)
         super().__init__(args.hidden_size, args.moe_intermediate_size, args.num_experts,

@@ -33,9 +33,10 @@ class ModelArgs(bailing_moe.ModelArgs):
         return (i + 1) % g == 0 or i >= n // g * g
 
 
-def linear_slopes(n_heads, layer_idx, n_layers):
+def linear_slopes(n_heads, depth, n_layers):
     """Per-head decay rates ``(H,)`` (positive): ALiBi's slopes (interleaved for a head
-    count that is not a power of two) times ``1 - (layer_idx - 1) / (n_layers - 1)``."""
+    count that is not a power of two) times ``1 - depth / (n_layers - 1)`` (``depth``:
+    the layer's index, or one less for Ling-linear)."""
     def power_of_2(n):
         return [2 ** (-(2 ** -(math.log2(n) - 3)) * (i + 1)) for i in range(n)]
 
@@ -44,7 +45,7 @@ def linear_slopes(n_heads, layer_idx, n_layers):
     else:
         p = 2 ** math.floor(math.log2(n_heads))
         slopes = power_of_2(p) + power_of_2(2 * p)[::2][: n_heads - p]
-    factor = 1 - max(0, layer_idx - 1) / max(1, n_layers - 1) + 1e-5
+    factor = 1 - depth / max(1, n_layers - 1) + 1e-5
     return mx.array(slopes, mx.float32) * factor
 
 
@@ -52,15 +53,14 @@ class LinearAttention(Attention):
     """The shared attention's projections, QK-norm and RoPE feeding lightning attention
     (every head its own key/value head); its ``StateCache`` holds ``[state]``."""
 
-    def __init__(self, args, layer_idx, rope, qk_norm):
+    def __init__(self, args, head_dim, slopes, rope, qk_norm):
         heads = args.num_attention_heads
-        head_dim = args.hidden_size // heads
         super().__init__(args.hidden_size, heads, heads, head_dim, rope,
                          bias=args.use_qkv_bias, o_bias=args.use_bias, fused_qkv=True, **qk_norm)
         self.g_proj = nn.Linear(args.hidden_size, heads * head_dim, bias=False)
         self.g_norm = GatedRMSNorm(heads * head_dim, args.group_norm_size, args.rms_norm_eps,
                                    norm_before_gate=True, gate_act=mx.sigmoid)
-        self._slope = linear_slopes(heads, layer_idx, args.num_hidden_layers)  # not a parameter
+        self._slope = slopes  # (H,) decay rates: not a parameter
 
     def __call__(self, x, mask, offset, cache=None, attention=None):
         B, L, _ = x.shape
@@ -83,9 +83,15 @@ class Model(bailing_moe.Model):
     def mixer(self, args, i, norm):
         if args.is_softmax_layer(i):
             return super().mixer(args, i, norm)
-        head_dim = args.hidden_size // args.num_attention_heads
+        return self.linear_mixer(args, i, norm, args.hidden_size // args.num_attention_heads,
+                                 max(0, i - 1))
+
+    def linear_mixer(self, args, i, norm, head_dim, depth):
+        """Layer ``i``'s lightning attention over heads of ``head_dim``, decayed for
+        ``depth`` (see ``linear_slopes``)."""
         rope = config_rope(args, int(head_dim * args.partial_rotary_factor))
-        return LinearAttention(args, i, rope, self.qk_norm(args, norm))
+        slopes = linear_slopes(args.num_attention_heads, depth, args.num_hidden_layers)
+        return LinearAttention(args, head_dim, slopes, rope, self.qk_norm(args, norm))
 
     def make_cache(self, max_kv_size=None):
         """A ``StateCache`` per linear layer, the shared key/value caches for the others."""
