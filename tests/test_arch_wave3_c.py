@@ -37,7 +37,23 @@ RWKV7 = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden
              head_dim=16, a_low_rank_dim=8, v_low_rank_dim=8, gate_low_rank_dim=16,
              decay_low_rank_dim=8, norm_eps=4e-5)
 
+# OLMo hybrid (transformers is the reference): linear, full, linear; 2 key heads serve 4
+# value heads; beta in [0, 2]. With RoPE, and without (the released checkpoints: no
+# ``rope_theta``; transformers skips RoPE then), beta in [0, 1].
+OLMO_HYBRID = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                   rms_norm_eps=1e-6, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+                   layer_types=["linear_attention", "full_attention",
+                                                   "linear_attention"],
+                   linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                   linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
 FAMILIES = {
+    "olmo_hybrid": (OLMO_HYBRID, {}),
+    "olmo_hybrid_nope": (dict(OLMO_HYBRID, rope_parameters={"rope_type": "default",
+                                                             "rope_theta": None},
+                              linear_allow_neg_eigval=False), {"model_type": "olmo_hybrid"}),
     "bailing_hybrid": (BAILING_HYBRID, dict(MLX_LM, hf_hook=positive_expert_bias)),
     "rwkv7": (RWKV7, MLX_LM),
     "bailing_moe_linear": (BAILING_LINEAR, dict(MLX_LM, hf_hook=positive_expert_bias)),
@@ -135,3 +151,34 @@ def test_rwkv7_tensor_parallel_is_refused_by_name():
     with pytest.raises(ValueError, match=r"cannot shard layer 'model\.layers\.0\.attn\.r_proj' "
                                          r"of TimeMixing"):
         shard_model(model, _TwoRanks())
+
+
+def test_olmo_hybrid_without_rope_theta_has_no_rope():
+    """A config without any RoPE setting (the released checkpoints) builds position-free
+    full-attention layers, as transformers does; one with ``rope_theta`` rotates."""
+    from mlx_lm_batched.models import olmo_hybrid
+
+    config = {k: v for k, v in OLMO_HYBRID.items() if k != "rope_parameters"}
+    nope = olmo_hybrid.Model(olmo_hybrid.ModelArgs.from_dict(dict(config, model_type="olmo_hybrid")))
+    assert nope.layers[1].self_attn.rope is None
+    rope = olmo_hybrid.Model(olmo_hybrid.ModelArgs.from_dict(
+        dict(config, rope_theta=10000.0, model_type="olmo_hybrid")))
+    assert rope.layers[1].self_attn.rope is not None
+
+
+def test_olmo_hybrid_mlx_lm_layout_loads(tmp_path):
+    """mlx-lm's layout (three ``(C, K, 1)`` convolutions, its flat config) loads to
+    mlx-lm's logits."""
+    from arch_harness import make_prompts
+    from mlx_lm_batched.utils import load_model
+    from mlx_lm_oracle import build_mlx_lm_model, save_mlx_lm_model
+    from test_arch_mlxlm_oracle import _logits_close
+
+    config = {k: v for k, v in OLMO_HYBRID.items() if k != "rope_parameters"}
+    config.update(rope_theta=10000.0, linear_allow_neg_eigval=True, tie_word_embeddings=False,
+                  attention_bias=False)
+    ref = build_mlx_lm_model("olmo_hybrid", config)
+    assert ref.layers[0].linear_attn.q_conv1d.weight.shape == (32, 4, 1)
+    save_mlx_lm_model(ref, dict(config, model_type="olmo_hybrid"), tmp_path, "transformers4")
+    model, _ = load_model(tmp_path)
+    _logits_close(model, ref, make_prompts((5, 9)))

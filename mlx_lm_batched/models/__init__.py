@@ -74,6 +74,7 @@ MODEL_TYPES = {
     "olmo": "olmo",
     "olmo2": "olmo2",
     "olmo3": "olmo3",
+    "olmo_hybrid": "olmo_hybrid",
     "olmoe": "olmoe",
     "phi": "phi",
     "phi3": "phi3",
