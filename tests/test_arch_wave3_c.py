@@ -31,6 +31,16 @@ BAILING_HYBRID = dict(BAILING_LINEAR, head_dim=16, kv_lora_rank=32, qk_rope_head
                       qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=24,
                       moe_shared_expert_intermediate_size=48, num_shared_experts=2)
 
+# Ling V3: layers 0 and 1 Kimi delta attention (heads of 16), layer 2 gated MLA.
+BAILING_V3 = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                  num_attention_heads=4, head_dim=16, max_position_embeddings=256,
+                  rope_theta=10000.0, rms_norm_eps=1e-6, moe_intermediate_size=32,
+                  moe_shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                  num_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+                  routed_scaling_factor=2.0, layer_group_size=3, q_lora_rank=24,
+                  kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                  short_conv_kernel_size=4, kda_lower_bound=-5.0)
+
 # RWKV-7: 4 heads of 16; ``norm_eps`` 4e-5 makes the group norm's ``head_dim *
 # norm_eps`` mlx-lm's fixed 64e-5. Layers past 0 mix in layer 0's values.
 RWKV7 = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -50,6 +60,11 @@ OLMO_HYBRID = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_h
                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 
 FAMILIES = {
+    "bailing_moe_v3": (BAILING_V3, dict(MLX_LM, hf_hook=positive_expert_bias)),
+    # A bailing_hybrid config naming the V3 architecture loads as V3 (mlx-lm's remapping).
+    "bailing_hybrid_v3": (dict(BAILING_V3, architectures=["BailingMoeV3ForCausalLM"]),
+                          dict(MLX_LM, hf_hook=positive_expert_bias, model_type="bailing_moe_v3",
+                               saved_model_type="bailing_hybrid")),
     "olmo_hybrid": (OLMO_HYBRID, {}),
     "olmo_hybrid_nope": (dict(OLMO_HYBRID, rope_parameters={"rope_type": "default",
                                                              "rope_theta": None},
@@ -94,12 +109,18 @@ def test_bailing_linear_shards_heads_decays_and_norm_groups(groups):
 
 
 def _load_family(name, tmp_path):
-    """Our model loaded from the family's mlx-lm checkpoint (random weights)."""
+    """Our model loaded from the family's checkpoint (mlx-lm's or transformers', random
+    weights)."""
     from mlx_lm_batched.utils import load_model
     from mlx_lm_oracle import build_mlx_lm_model, save_mlx_lm_model
 
     config, options = FAMILIES[name]
     model_type = options.get("model_type", name)
+    if options.get("oracle") != "mlx_lm":  # a transformers entry: its checkpoint
+        from arch_harness import build_hf_model, save_hf_model
+
+        save_hf_model(build_hf_model(model_type, config), tmp_path, "transformers5")
+        return load_model(tmp_path)[0]
     ref = build_mlx_lm_model(model_type, config)
     if options.get("hf_hook"):
         options["hf_hook"](ref)
@@ -107,7 +128,8 @@ def _load_family(name, tmp_path):
     return load_model(tmp_path)[0]
 
 
-@pytest.mark.parametrize("name", ["rwkv7", "bailing_moe_linear"])
+@pytest.mark.parametrize("name", ["rwkv7", "bailing_moe_linear", "bailing_hybrid",
+                                  "bailing_moe_v3", "olmo_hybrid"])
 def test_grouped_prefill_rows_equal_solo(name, tmp_path):
     """Rows of mixed lengths prefill in groups (``StateRowsView``: fewer columns than
     one group padded to the longest), and each row's first token, logprobs and state
@@ -182,3 +204,23 @@ def test_olmo_hybrid_mlx_lm_layout_loads(tmp_path):
     save_mlx_lm_model(ref, dict(config, model_type="olmo_hybrid"), tmp_path, "transformers4")
     model, _ = load_model(tmp_path)
     _logits_close(model, ref, make_prompts((5, 9)))
+
+
+def test_bailing_v3_shards_gated_mla_and_refuses_delta_attention_by_name():
+    """Rank 0 of 2 keeps half of the MLA heads with their output gates; the delta
+    attention has no sharder and is named."""
+    from mlx_lm_batched.models import bailing_moe_v3
+    from mlx_lm_batched.parallel.shard import shard_model
+    from test_distributed import _TwoRanks
+
+    def build(**changes):
+        args = dict(BAILING_V3, model_type="bailing_moe_v3", **changes)
+        return bailing_moe_v3.Model(bailing_moe_v3.ModelArgs.from_dict(args))
+
+    model = shard_model(build(layer_group_size=1), _TwoRanks())  # every layer MLA
+    attn = model.layers[0].self_attn
+    assert attn.n_heads == 2 and attn.g_proj.weight.shape == (2, 64)
+    assert attn.q_b_proj.weight.shape == (2 * 24, 24)
+    with pytest.raises(ValueError, match=r"cannot shard layer 'model\.layers\.0\.self_attn\."
+                                         r"q_proj' of DeltaAttention"):
+        shard_model(build(), _TwoRanks())

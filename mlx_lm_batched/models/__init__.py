@@ -8,6 +8,7 @@ MODEL_TYPES = {
     "apertus": "apertus",
     "bailing_hybrid": "bailing_hybrid",
     "bailing_moe": "bailing_moe",
+    "bailing_moe_v3": "bailing_moe_v3",
     "bailing_moe_linear": "bailing_moe_linear",
     "cohere": "cohere",
     "cohere2": "cohere2",
@@ -101,6 +102,22 @@ MODEL_TYPES = {
     "stablelm": "stablelm",
     "starcoder2": "starcoder2",
 }
+
+
+# (model_type, architecture) -> the model_type whose module serves it: one model_type
+# name that two different architectures use (mlx-lm's MODEL_ARCHITECTURE_REMAPPING).
+ARCHITECTURE_REMAPPING = {
+    ("bailing_hybrid", "BailingMoeV3ForCausalLM"): "bailing_moe_v3",
+}
+
+
+def resolve_model_type(config):
+    """The registered model_type serving ``config``: its ``model_type``, unless one of
+    its ``architectures`` is remapped (``ARCHITECTURE_REMAPPING``)."""
+    model_type = config.get("model_type")
+    for arch in config.get("architectures") or ():
+        model_type = ARCHITECTURE_REMAPPING.get((config.get("model_type"), arch), model_type)
+    return model_type
 
 
 def supported_model_types():
