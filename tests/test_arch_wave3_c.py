@@ -41,6 +41,15 @@ BAILING_V3 = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hi
                   kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
                   short_conv_kernel_size=4, kda_lower_bound=-5.0)
 
+# PLaMo 2: SSM, attention, SSM (mamba_step 2); 4 SSM heads of 16 share one B/C group.
+# mlx-lm attends over every slot: the window (layers outside full_attention_idx) is wider
+# than the prompts here.
+PLAMO2 = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+              num_attention_heads=4, num_key_value_heads=2, hidden_size_per_head=16,
+              max_position_embeddings=256, attention_window_size=64, full_attention_idx=[],
+              mamba_d_state=16, mamba_d_conv=4, mamba_num_heads=4, mamba_step=2,
+              rms_norm_eps=1e-6, tie_word_embeddings=True)
+
 # RWKV-7: 4 heads of 16; ``norm_eps`` 4e-5 makes the group norm's ``head_dim *
 # norm_eps`` mlx-lm's fixed 64e-5. Layers past 0 mix in layer 0's values.
 RWKV7 = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -60,6 +69,7 @@ OLMO_HYBRID = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_h
                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 
 FAMILIES = {
+    "plamo2": (PLAMO2, MLX_LM),
     "bailing_moe_v3": (BAILING_V3, dict(MLX_LM, hf_hook=positive_expert_bias)),
     # A bailing_hybrid config naming the V3 architecture loads as V3 (mlx-lm's remapping).
     "bailing_hybrid_v3": (dict(BAILING_V3, architectures=["BailingMoeV3ForCausalLM"]),
@@ -223,4 +233,26 @@ def test_bailing_v3_shards_gated_mla_and_refuses_delta_attention_by_name():
     assert attn.q_b_proj.weight.shape == (2 * 24, 24)
     with pytest.raises(ValueError, match=r"cannot shard layer 'model\.layers\.0\.self_attn\."
                                          r"q_proj' of DeltaAttention"):
+        shard_model(build(), _TwoRanks())
+
+
+def test_plamo2_shards_attention_norm_rows_and_refuses_its_ssm_by_name():
+    """Rank 0 of 2 keeps 2 of 4 query heads and 1 of 2 KV heads with their QK-norm rows;
+    PLaMo's SSM mixer has no sharder and is named."""
+    from mlx_lm_batched.models import plamo2
+    from mlx_lm_batched.parallel.shard import shard_model
+    from test_distributed import _TwoRanks
+
+    def build(**changes):
+        return plamo2.Model(plamo2.ModelArgs.from_dict(dict(PLAMO2, model_type="plamo2",
+                                                            **changes)))
+
+    model = build(mamba_enabled=False)  # attention only
+    q_weight = model.layers[0].mixer.q_weight
+    shard_model(model, _TwoRanks())
+    attn = model.layers[0].mixer
+    assert (attn.n_heads, attn.n_kv_heads) == (2, 1)
+    assert mx.array_equal(attn.q_weight, q_weight[:2]) and attn.k_weight.shape == (1, 16)
+    with pytest.raises(ValueError, match=r"cannot shard layer 'model\.layers\.0\.mixer\.in_proj' "
+                                         r"of Mamba"):
         shard_model(build(), _TwoRanks())

@@ -81,6 +81,7 @@ MODEL_TYPES = {
     "phi3": "phi3",
     "phimoe": "phimoe",
     "phixtral": "phixtral",
+    "plamo2": "plamo2",
     "qwen": "qwen",
     "qwen2": "qwen2",
     "qwen2_5_vl": "qwen2_vl",

@@ -29,6 +29,7 @@ from ..models.falcon_h1 import MLP as FalconH1MLP
 from ..models.mamba import MambaMixer
 from ..models.mamba2 import Mamba2Mixer
 from ..models.nemotron_h import NemotronMoE
+from ..models.plamo2 import PlamoAttention
 from ..models.qwen3_next import GatedAttention
 from ..models.recurrent_gemma import RecurrentBlock
 from .sharded_layers import ShardedRMSNorm, _sum
@@ -278,6 +279,15 @@ def shard_bailing_linear(attn, group, path):
                          f"{norm.groups} norm groups over {group.size()} ranks")
 
 
+def shard_plamo_attention(attn, group, path):
+    """PLaMo 2's attention: the shared split, and each kept head's QK-norm weight row."""
+    (qa, qb), (ka, kb) = _grouped(attn.n_heads, attn.n_kv_heads, group, path,
+                                  f"{attn.n_heads} heads, {attn.n_kv_heads} KV heads")
+    q_weight, k_weight = attn.q_weight, attn.k_weight
+    shard_shared_block(attn, group, path)
+    attn.q_weight, attn.k_weight = q_weight[qa:qb], k_weight[ka:kb]
+
+
 def shard_falcon_h1_mlp(m, group, path):
     """Falcon-H1's MLP (multipliers on the gate and the output) by hidden units, as the
     shared MLP."""
@@ -302,6 +312,7 @@ SHARDERS = {
     RecurrentBlock: shard_rg_lru_block,
     GatedAttention: shard_gated_attention,
     BailingLinearAttention: shard_bailing_linear,
+    PlamoAttention: shard_plamo_attention,
     FalconH1MLP: shard_falcon_h1_mlp,
     NemotronMoE: shard_nemotron_moe,
 }
