@@ -50,6 +50,49 @@ PLAMO2 = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden
               mamba_d_state=16, mamba_d_conv=4, mamba_num_heads=4, mamba_step=2,
               rms_norm_eps=1e-6, tie_word_embeddings=True)
 
+# A PrismML Hadamard pack of a tiny Qwen3.5 (linear attention, full attention; width 512,
+# the smallest Hadamard block): the tied embedding (block 512), layer 0's MLP gate (block
+# 512) and up projection (block 0, no rotation) and layer 1's query projection (block
+# 512) are packed, in 2-bit groups of 128; the rest stays float.
+PRISM_MODULES = [dict(path="model.embed_tokens", embedding=True, dtype="float16", block=512),
+                 dict(path="model.layers.0.mlp.gate_proj", embedding=False, dtype="float16",
+                      block=512),
+                 dict(path="model.layers.0.mlp.up_proj", embedding=False, dtype="float16",
+                      block=0),
+                 dict(path="model.layers.1.self_attn.q_proj", embedding=False, dtype="float16",
+                      block=512)]
+PRISM = dict(text_config=dict(vocab_size=VOCAB, hidden_size=512, intermediate_size=256,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                              head_dim=32, linear_num_value_heads=4, linear_num_key_heads=2,
+                              linear_key_head_dim=16, linear_value_head_dim=16,
+                              full_attention_interval=2, tie_word_embeddings=True,
+                              max_position_embeddings=256,
+                              rope_parameters={"type": "default", "rope_theta": 10000.0,
+                                               "partial_rotary_factor": 0.25}),
+             schema_version=1, tensor_namespace="mlx-lm-text", gdn_activation_layout="grouped",
+             quantization={"bits": 2, "group_size": 128, "mode": "affine"},
+             modules=PRISM_MODULES)
+
+
+def pack_hadamard_modules(model, seed=3):
+    """Give mlx-lm's packed modules real packs: random float weights rotated by random
+    signs and quantized to 2 bits (the random init gave them float noise)."""
+    import mlx_lm.models.prism_hadamard_qwen35 as prism
+
+    modules = dict(model.language_model.named_modules())
+    keys = iter(mx.random.split(mx.random.key(seed), 2 * len(PRISM_MODULES)))
+    for record in PRISM_MODULES:
+        m = modules[record["path"]]
+        rows, cols = m.scales.shape[0], m.scales.shape[1] * 128
+        w = mx.random.normal((rows, cols), key=next(keys)) * 0.3
+        signs_key = next(keys)
+        if record["block"]:
+            m.signs = mx.where(mx.random.bernoulli(0.5, (cols,), key=signs_key), 1.0, -1.0)
+            w = prism.hadamard_rotate(w, record["block"], m.signs)
+        m.weight, scales, biases = mx.quantize(w, group_size=128, bits=2)
+        m.scales, m.biases = scales.astype(mx.float16), biases.astype(mx.float16)
+
+
 # RWKV-7: 4 heads of 16; ``norm_eps`` 4e-5 makes the group norm's ``head_dim *
 # norm_eps`` mlx-lm's fixed 64e-5. Layers past 0 mix in layer 0's values.
 RWKV7 = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -69,6 +112,7 @@ OLMO_HYBRID = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_h
                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 
 FAMILIES = {
+    "prism_hadamard_qwen35": (PRISM, dict(MLX_LM, hf_hook=pack_hadamard_modules)),
     "plamo2": (PLAMO2, MLX_LM),
     "bailing_moe_v3": (BAILING_V3, dict(MLX_LM, hf_hook=positive_expert_bias)),
     # A bailing_hybrid config naming the V3 architecture loads as V3 (mlx-lm's remapping).
@@ -256,3 +300,27 @@ def test_plamo2_shards_attention_norm_rows_and_refuses_its_ssm_by_name():
     with pytest.raises(ValueError, match=r"cannot shard layer 'model\.layers\.0\.mixer\.in_proj' "
                                          r"of Mamba"):
         shard_model(build(), _TwoRanks())
+
+
+def test_prism_pack_uses_hadamard_layers_and_refuses_sharding(tmp_path):
+    """The listed modules load as Hadamard-packed 2-bit layers (the others stay float);
+    tensor parallelism refuses the pack by name; a manifest naming an unknown module,
+    or a pack quantized otherwise, is refused with one line."""
+    from mlx_lm_batched.layers.hadamard import HadamardQuantizedEmbedding, HadamardQuantizedLinear
+    from mlx_lm_batched.models import prism_hadamard_qwen35 as prism
+    from mlx_lm_batched.parallel.shard import shard_model
+    from test_distributed import _TwoRanks
+
+    model = _load_family("prism_hadamard_qwen35", tmp_path)
+    assert isinstance(model.model.embed_tokens, HadamardQuantizedEmbedding)
+    assert isinstance(model.layers[0].mlp.gate_proj, HadamardQuantizedLinear)
+    assert type(model.layers[1].self_attn.k_proj).__name__ == "Linear"
+    with pytest.raises(ValueError, match="cannot shard 'prism_hadamard_qwen35': Hadamard"):
+        shard_model(model, _TwoRanks())
+    args = lambda **c: prism.ModelArgs.from_dict(dict(PRISM, model_type="prism_hadamard_qwen35",
+                                                      **c))
+    bad = [dict(PRISM_MODULES[0], path="model.layers.0.mlp.nothing")]
+    with pytest.raises(ValueError, match="packed module model.layers.0.mlp.nothing is not"):
+        prism.Model(args(modules=bad))
+    with pytest.raises(ValueError, match="2-bit affine weights in groups of 128"):
+        args(quantization={"bits": 4, "group_size": 64})

@@ -82,6 +82,7 @@ MODEL_TYPES = {
     "phimoe": "phimoe",
     "phixtral": "phixtral",
     "plamo2": "plamo2",
+    "prism_hadamard_qwen35": "prism_hadamard_qwen35",
     "qwen": "qwen",
     "qwen2": "qwen2",
     "qwen2_5_vl": "qwen2_vl",

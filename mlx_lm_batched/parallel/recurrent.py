@@ -30,6 +30,7 @@ from ..models.mamba import MambaMixer
 from ..models.mamba2 import Mamba2Mixer
 from ..models.nemotron_h import NemotronMoE
 from ..models.plamo2 import PlamoAttention
+from ..models.prism_hadamard_qwen35 import Model as HadamardPackModel
 from ..models.qwen3_next import GatedAttention
 from ..models.recurrent_gemma import RecurrentBlock
 from .sharded_layers import ShardedRMSNorm, _sum
@@ -288,6 +289,12 @@ def shard_plamo_attention(attn, group, path):
     attn.q_weight, attn.k_weight = q_weight[qa:qb], k_weight[ka:kb]
 
 
+def refuse_hadamard_pack(model, group, path):
+    """PrismML's Hadamard packs: their rotated 2-bit layers have no sharder."""
+    raise ValueError(f"cannot shard '{type(model).__module__.rsplit('.', 1)[-1]}': "
+                     "Hadamard-rotated 2-bit layers (a Hadamard pack) have no sharder")
+
+
 def shard_falcon_h1_mlp(m, group, path):
     """Falcon-H1's MLP (multipliers on the gate and the output) by hidden units, as the
     shared MLP."""
@@ -313,6 +320,7 @@ SHARDERS = {
     GatedAttention: shard_gated_attention,
     BailingLinearAttention: shard_bailing_linear,
     PlamoAttention: shard_plamo_attention,
+    HadamardPackModel: refuse_hadamard_pack,
     FalconH1MLP: shard_falcon_h1_mlp,
     NemotronMoE: shard_nemotron_moe,
 }
