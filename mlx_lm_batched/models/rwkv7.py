@@ -3,9 +3,7 @@ time-mixing (generalised delta rule) and channel-mixing layers, one ``StateCache
 (two token-shift states and the delta-rule state) per layer; see ``layers/rwkv.py``."""
 
 from dataclasses import dataclass
-from typing import Optional
 
-import mlx.core as mx
 import mlx.nn as nn
 
 from ..cache.state import StateCache
