@@ -114,9 +114,12 @@ OLMO_HYBRID = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_h
 FAMILIES = {
     "prism_hadamard_qwen35": (PRISM, dict(MLX_LM, hf_hook=pack_hadamard_modules)),
     "plamo2": (PLAMO2, MLX_LM),
-    "bailing_moe_v3": (BAILING_V3, dict(MLX_LM, hf_hook=positive_expert_bias)),
-    # A bailing_hybrid config naming the V3 architecture loads as V3 (mlx-lm's remapping).
-    "bailing_hybrid_v3": (dict(BAILING_V3, architectures=["BailingMoeV3ForCausalLM"]),
+    # Raw (partly negative) router biases: dropped groups score -inf, as in V3's code.
+    "bailing_moe_v3": (BAILING_V3, MLX_LM),
+    # A bailing_hybrid config naming the V3 architecture loads as V3 (mlx-lm's remapping);
+    # one expert per token, its weight renormalised to 1 as V3 does.
+    "bailing_hybrid_v3": (dict(BAILING_V3, architectures=["BailingMoeV3ForCausalLM"],
+                               num_experts_per_tok=1),
                           dict(MLX_LM, hf_hook=positive_expert_bias, model_type="bailing_moe_v3",
                                saved_model_type="bailing_hybrid")),
     "olmo_hybrid": (OLMO_HYBRID, {}),

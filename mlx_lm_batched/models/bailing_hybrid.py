@@ -30,6 +30,8 @@ class ModelArgs(bailing_moe_linear.ModelArgs):
         if dims <= 0 or dims > self.head_dim or dims % 2:
             raise ValueError(f"invalid rotary dimension {dims} for head_dim {self.head_dim}")
 
+    dropped_group_score = float("-inf")
+
     def shared_experts_size(self):
         # Unlike Bailing MoE's, the configured size is already that of all the shared
         # experts together.

@@ -62,6 +62,14 @@ class ModelArgs(DecoderArgs):
             raise ValueError(f"score_function '{self.score_function}' is not one of "
                              f"{', '.join(SCORE_FUNCTIONS)}")
 
+    # Scores of the experts in dropped groups (Ling 2's reference code: 0; the hybrid and
+    # V3 families: -inf, so a kept expert whose biased score is negative still ranks above).
+    dropped_group_score = 0.0
+
+    def renormalizes_choices(self):
+        """Whether the chosen experts' weights are divided by their sum (one choice: no)."""
+        return self.norm_topk_prob and self.num_experts_per_tok > 1
+
     def shared_experts_size(self):
         """Hidden units of the always-on shared experts, all of them together."""
         return (self.moe_shared_expert_intermediate_size or self.moe_intermediate_size) \
@@ -75,7 +83,8 @@ class GroupLimitedGate(nn.Module):
     """Router: softmax or sigmoid scores in float32; the choice adds ``expert_bias``
     and keeps the ``topk_group`` groups whose two best choices sum highest; the
     weights are the unbiased scores of the chosen experts, renormalised when
-    ``norm_topk_prob`` (k > 1), times ``routed_scaling_factor``."""
+    ``norm_topk_prob`` (``ModelArgs.renormalizes_choices``), times
+    ``routed_scaling_factor``."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -85,7 +94,8 @@ class GroupLimitedGate(nn.Module):
         self.top_k = args.num_experts_per_tok
         self.sigmoid = args.score_function == "sigmoid"
         self.n_group, self.topk_group = args.n_group, args.topk_group
-        self.norm_topk_prob = args.norm_topk_prob
+        self.renormalize = args.renormalizes_choices()
+        self.dropped_score = args.dropped_group_score
         self.scaling = args.routed_scaling_factor
         self.float32_logits = args.router_dtype in ("fp32", "float32")
 
@@ -100,10 +110,11 @@ class GroupLimitedGate(nn.Module):
             choice = choice + self.expert_bias.astype(mx.float32)
         if self.n_group > 1:
             choice = limit_to_groups(choice, self.n_group, self.topk_group,
-                                     lambda g: mx.topk(g, 2, axis=-1).sum(axis=-1), 0.0)
+                                     lambda g: mx.topk(g, 2, axis=-1).sum(axis=-1),
+                                     self.dropped_score)
         indices = topk_indices(choice, self.top_k)
         weights = mx.take_along_axis(scores, indices, axis=-1)
-        if self.top_k > 1 and self.norm_topk_prob:
+        if self.renormalize:
             weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)
         return indices, weights * self.scaling
 

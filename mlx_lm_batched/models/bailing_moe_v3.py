@@ -66,6 +66,12 @@ class ModelArgs(bailing_moe.ModelArgs):
                 raise NotImplementedError(f"Bailing V3 with {flag}={getattr(self, flag)} "
                                           "is not supported")
 
+    dropped_group_score = float("-inf")
+
+    def renormalizes_choices(self):
+        # V3 divides by the sum also for a single choice (its weight becomes 1).
+        return self.norm_topk_prob
+
     def is_softmax_layer(self, i):
         """Every ``layer_group_size``-th layer and those past the last whole group."""
         g, n = self.layer_group_size, self.num_hidden_layers
