@@ -51,10 +51,14 @@ class GatedDeltaNet(nn.Module):
     holds ``[conv inputs, delta state]``.
 
     ``fused``: Qwen3-Next's ``in_proj_qkvz``/``in_proj_ba`` (grouped per key head);
-    else Qwen3.5's separate ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``."""
+    else Qwen3.5's separate ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``.
+    ``beta_scale``: ``beta = beta_scale * sigmoid(b)`` (OLMo hybrid's negative
+    eigenvalues: 2, beta in [0, 2])."""
 
-    def __init__(self, hidden_size, n_k_heads, n_v_heads, k_dim, v_dim, kernel, eps, fused=True):
+    def __init__(self, hidden_size, n_k_heads, n_v_heads, k_dim, v_dim, kernel, eps, fused=True,
+                 beta_scale=1.0):
         super().__init__()
+        self.beta_scale = beta_scale
         self.sizes = (n_k_heads, n_v_heads, k_dim, v_dim)
         self.fused = fused
         key_dim, value_dim = n_k_heads * k_dim, n_v_heads * v_dim
@@ -102,6 +106,8 @@ class GatedDeltaNet(nn.Module):
         if Hv != Hk:  # each key head serves Hv // Hk consecutive value heads
             q, k = mx.repeat(q, Hv // Hk, axis=2), mx.repeat(k, Hv // Hk, axis=2)
         beta = mx.sigmoid(b.astype(mx.float32))
+        if self.beta_scale != 1.0:
+            beta = beta * self.beta_scale
         g = -mx.exp(self.A_log.astype(mx.float32)) * nn.softplus(a.astype(mx.float32) + self.dt_bias)
         out, delta_state = gated_delta_rule(q, k, v.reshape(B, L, Hv, Dv), g, beta,
                                             delta_state, valid)

@@ -55,7 +55,10 @@ class MultiHeadLatentAttention(nn.Module):
         rope=None,
         scale=None,
         bias=False,
+        output_gate=False,
     ):
+        """``output_gate``: scale each head's output by ``sigmoid(g_proj(x))``, one
+        gate per head (Bailing V3)."""
         super().__init__()
         self.n_heads = n_heads
         self.qk_nope_head_dim = qk_nope_head_dim
@@ -76,6 +79,8 @@ class MultiHeadLatentAttention(nn.Module):
         self.o_proj = nn.Linear(n_heads * v_head_dim, hidden_size, bias=bias)
         self.rope = rope
         self.scale = scale if scale is not None else qk_head_dim**-0.5
+        if output_gate:
+            self.g_proj = nn.Linear(hidden_size, n_heads, bias=False)
 
     def __call__(self, x, mask, offset, cache=None, attention=None):
         # ``attention`` (decode row groups) is a CPU speed-up the shared Attention
@@ -103,7 +108,11 @@ class MultiHeadLatentAttention(nn.Module):
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)
         out = scaled_dot_product_attention(queries, keys, values, self.scale, mask)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        out = out.transpose(0, 2, 1, 3)
+        if "g_proj" in self:
+            gate = mx.sigmoid(self.g_proj(x).astype(mx.float32)).astype(out.dtype)
+            out = out * gate[..., None]
+        return self.o_proj(out.reshape(B, L, -1))
 
 
 def merge_absorbed_kv_b(weights, prefix, qk_nope_head_dim, kv_lora_rank):

@@ -12,7 +12,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..models import get_model_module
+from ..models import get_model_module, resolve_model_type
 from .config_checks import check_config_fields
 from .dequantize import _dequantize_dtype, cast_floats, dequantize_model
 
@@ -135,14 +135,15 @@ def quantize_like(model, weights, qconfig):
 
 
 def architecture_module(config, source="config.json"):
-    """The module implementing ``config['model_type']``; a clear error when unknown."""
+    """The module implementing ``config['model_type']`` (or the architecture it names,
+    ``models.resolve_model_type``); a clear error when unknown."""
     model_type = config.get("model_type")
     if model_type is None:
         raise ModelLoadError(f"{source} has no 'model_type'")
     if not isinstance(model_type, str):
         raise ModelLoadError(f"{source}: 'model_type' must be a string, got {model_type!r:.60}")
     try:
-        return get_model_module(model_type)
+        return get_model_module(resolve_model_type(config))
     except ValueError as e:
         raise ModelLoadError(f"{source}: {e}") from None
 

@@ -7,7 +7,10 @@ import importlib
 MODEL_TYPES = {
     "apertus": "apertus",
     "baichuan_m1": "baichuan_m1",
+    "bailing_hybrid": "bailing_hybrid",
     "bailing_moe": "bailing_moe",
+    "bailing_moe_v3": "bailing_moe_v3",
+    "bailing_moe_linear": "bailing_moe_linear",
     "cohere": "cohere",
     "cohere2": "cohere2",
     "dbrx": "dbrx",
@@ -73,11 +76,14 @@ MODEL_TYPES = {
     "olmo": "olmo",
     "olmo2": "olmo2",
     "olmo3": "olmo3",
+    "olmo_hybrid": "olmo_hybrid",
     "olmoe": "olmoe",
     "phi": "phi",
     "phi3": "phi3",
     "phimoe": "phimoe",
     "phixtral": "phixtral",
+    "plamo2": "plamo2",
+    "prism_hadamard_qwen35": "prism_hadamard_qwen35",
     "qwen": "qwen",
     "qwen2": "qwen2",
     "qwen2_5_vl": "qwen2_vl",
@@ -93,11 +99,28 @@ MODEL_TYPES = {
     "qwen3_vl": "qwen3_vl",
     "qwen3_vl_moe": "qwen3_vl_moe",
     "recurrent_gemma": "recurrent_gemma",
+    "rwkv7": "rwkv7",
     "seed_oss": "seed_oss",
     "smollm3": "smollm3",
     "stablelm": "stablelm",
     "starcoder2": "starcoder2",
 }
+
+
+# (model_type, architecture) -> the model_type whose module serves it: one model_type
+# name that two different architectures use (mlx-lm's MODEL_ARCHITECTURE_REMAPPING).
+ARCHITECTURE_REMAPPING = {
+    ("bailing_hybrid", "BailingMoeV3ForCausalLM"): "bailing_moe_v3",
+}
+
+
+def resolve_model_type(config):
+    """The registered model_type serving ``config``: its ``model_type``, unless one of
+    its ``architectures`` is remapped (``ARCHITECTURE_REMAPPING``)."""
+    model_type = config.get("model_type")
+    for arch in config.get("architectures") or ():
+        model_type = ARCHITECTURE_REMAPPING.get((config.get("model_type"), arch), model_type)
+    return model_type
 
 
 def supported_model_types():

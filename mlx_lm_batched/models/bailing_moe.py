@@ -62,6 +62,19 @@ class ModelArgs(DecoderArgs):
             raise ValueError(f"score_function '{self.score_function}' is not one of "
                              f"{', '.join(SCORE_FUNCTIONS)}")
 
+    # Scores of the experts in dropped groups (Ling 2's reference code: 0; the hybrid and
+    # V3 families: -inf, so a kept expert whose biased score is negative still ranks above).
+    dropped_group_score = 0.0
+
+    def renormalizes_choices(self):
+        """Whether the chosen experts' weights are divided by their sum (one choice: no)."""
+        return self.norm_topk_prob and self.num_experts_per_tok > 1
+
+    def shared_experts_size(self):
+        """Hidden units of the always-on shared experts, all of them together."""
+        return (self.moe_shared_expert_intermediate_size or self.moe_intermediate_size) \
+            * self.num_shared_experts
+
     def is_moe_layer(self, i):
         return self.num_experts is not None and i >= self.first_k_dense_replace
 
@@ -70,7 +83,8 @@ class GroupLimitedGate(nn.Module):
     """Router: softmax or sigmoid scores in float32; the choice adds ``expert_bias``
     and keeps the ``topk_group`` groups whose two best choices sum highest; the
     weights are the unbiased scores of the chosen experts, renormalised when
-    ``norm_topk_prob`` (k > 1), times ``routed_scaling_factor``."""
+    ``norm_topk_prob`` (``ModelArgs.renormalizes_choices``), times
+    ``routed_scaling_factor``."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -80,7 +94,8 @@ class GroupLimitedGate(nn.Module):
         self.top_k = args.num_experts_per_tok
         self.sigmoid = args.score_function == "sigmoid"
         self.n_group, self.topk_group = args.n_group, args.topk_group
-        self.norm_topk_prob = args.norm_topk_prob
+        self.renormalize = args.renormalizes_choices()
+        self.dropped_score = args.dropped_group_score
         self.scaling = args.routed_scaling_factor
         self.float32_logits = args.router_dtype in ("fp32", "float32")
 
@@ -95,10 +110,11 @@ class GroupLimitedGate(nn.Module):
             choice = choice + self.expert_bias.astype(mx.float32)
         if self.n_group > 1:
             choice = limit_to_groups(choice, self.n_group, self.topk_group,
-                                     lambda g: mx.topk(g, 2, axis=-1).sum(axis=-1), 0.0)
+                                     lambda g: mx.topk(g, 2, axis=-1).sum(axis=-1),
+                                     self.dropped_score)
         indices = topk_indices(choice, self.top_k)
         weights = mx.take_along_axis(scores, indices, axis=-1)
-        if self.top_k > 1 and self.norm_topk_prob:
+        if self.renormalize:
             weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)
         return indices, weights * self.scaling
 
@@ -110,8 +126,7 @@ class BailingMoE(SparseMoE):
         act = activation(args.hidden_act)
         shared = None
         if args.num_shared_experts > 0 and args.moe_router_enable_shared_expert:
-            dims = args.moe_shared_expert_intermediate_size or args.moe_intermediate_size
-            shared = MLP(args.hidden_size, dims * args.num_shared_experts, act, args.use_bias)
+            shared = MLP(args.hidden_size, args.shared_experts_size(), act, args.use_bias)
         switch = SwitchGLU(args.hidden_size, args.moe_intermediate_size, args.num_experts, act,
                            bias=args.use_bias)
         super().__init__(args.hidden_size, args.moe_intermediate_size, args.num_experts,
@@ -137,16 +152,10 @@ def normalize_head_columns(w):
 class Model(CausalLM):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        rotary = args.rotary_dim or int(args.head_dim * args.partial_rotary_factor)
-        rope = config_rope(args, rotary)
         norm = lambda dims=args.hidden_size: RMSNorm(dims, args.rms_norm_eps)
-        qk_norm = (dict(qk_norm=norm, qk_norm_names=("query_layernorm", "key_layernorm"))
-                   if args.use_qk_norm else {})
         layers = [
             PreNormBlock(
-                Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                          args.head_dim, rope, bias=args.use_qkv_bias, o_bias=args.use_bias,
-                          fused_qkv=True, **qk_norm),
+                self.mixer(args, i, norm),
                 BailingMoE(args) if args.is_moe_layer(i) else
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act, args.use_bias),
                 norm,
@@ -154,6 +163,20 @@ class Model(CausalLM):
             for i in range(args.num_hidden_layers)
         ]
         init_causal_lm(self, args, layers, norm())
+
+    @staticmethod
+    def qk_norm(args, norm):
+        """The shared attention's keywords for Bailing's optional per-head QK-norm."""
+        return (dict(qk_norm=norm, qk_norm_names=("query_layernorm", "key_layernorm"))
+                if args.use_qk_norm else {})
+
+    def mixer(self, args, i, norm):
+        """Layer ``i``'s token mixer (here always softmax attention; Bailing Linear
+        overrides it)."""
+        rotary = args.rotary_dim or int(args.head_dim * args.partial_rotary_factor)
+        return Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
+                         args.head_dim, config_rope(args, rotary), bias=args.use_qkv_bias,
+                         o_bias=args.use_bias, fused_qkv=True, **self.qk_norm(args, norm))
 
     def sanitize(self, weights):
         n = self.args.num_hidden_layers

@@ -21,6 +21,11 @@ from . import qwen2_moe
 from .common import config_rope, init_causal_lm
 
 
+# The zero-centred norms mlx-lm stores as ``1 + w`` in its conversions.
+MLX_LM_SHIFTED_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight",
+                        "model.norm.weight", ".q_norm.weight", ".k_norm.weight")
+
+
 @dataclass
 class ModelArgs(qwen2_moe.ModelArgs):
     linear_conv_kernel_dim: int = 4
@@ -110,6 +115,13 @@ class Model(CausalLM):
     def sanitize(self, weights):
         weights = super().sanitize(weights)
         k = self.args.linear_conv_kernel_dim
+        if any(n.endswith("conv1d.weight") and w.ndim == 3 and w.shape[-1] == 1 and w.shape[1] == k
+               for n, w in weights.items()):
+            # Converted by mlx-lm (its ``(C, K, 1)`` convolutions): its norms hold
+            # ``1 + w``, ours ``w``.
+            for name in list(weights):
+                if name.endswith(MLX_LM_SHIFTED_NORMS) and weights[name].ndim == 1:
+                    weights[name] = weights[name] - 1.0
         for name in list(weights):
             if name.endswith("conv1d.weight"):
                 weights[name] = CausalConv1d.sanitize_weight(weights[name], k)

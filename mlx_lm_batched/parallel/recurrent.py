@@ -25,10 +25,13 @@ from ..layers.gated_delta import GatedDeltaNet, KimiDeltaAttention
 from ..layers.lightning import LightningAttention
 from ..layers.norms import RMSNorm
 from ..layers.ssm import GatedRMSNorm, ShortConv
+from ..models.bailing_moe_linear import LinearAttention as BailingLinearAttention
 from ..models.falcon_h1 import MLP as FalconH1MLP
 from ..models.mamba import MambaMixer
 from ..models.mamba2 import Mamba2Mixer
 from ..models.nemotron_h import NemotronMoE
+from ..models.plamo2 import PlamoAttention
+from ..models.prism_hadamard_qwen35 import Model as HadamardPackModel
 from ..models.qwen3_next import GatedAttention
 from ..models.recurrent_gemma import RecurrentBlock
 from .sharded_layers import ShardedRMSNorm, _sum
@@ -252,6 +255,47 @@ def shard_gated_attention(attn, group, path):
     attn.n_heads, attn.n_kv_heads = qb - qa, kb - ka
 
 
+def shard_bailing_linear(attn, group, path):
+    """Bailing Linear's lightning attention: the shared attention's split by heads (each
+    its own key/value head), plus the output gate's rows, each head's decay and the
+    grouped output norm (whole norm groups, or one group's part with its sum of squares
+    all-reduced)."""
+    a, b = _heads(attn.n_heads, group, path)
+    shard_shared_block(attn, group, path)  # q, k, v heads, o_proj, QK-norms
+    hd = attn.head_dim
+    cols = (a * hd, b * hd)
+    _slice_out(attn.g_proj, [cols])
+    attn._slope = attn._slope[a:b]
+    norm = attn.g_norm
+    width = norm.weight.shape[0] // norm.groups
+    norm.weight = norm.weight[cols[0]:cols[1]]
+    if cols[0] % width == 0 and cols[1] % width == 0:  # whole norm groups
+        norm.groups = (cols[1] - cols[0]) // width
+    elif cols[0] // width == (cols[1] - 1) // width:  # part of one norm group
+        n_groups = norm.groups
+        norm.__class__ = ShardedGatedRMSNorm
+        norm.group, norm.index, norm.n_groups, norm.width = group, cols[0] // width, n_groups, width
+        norm.groups = 1
+    else:
+        raise ValueError(f"cannot shard '{path}.g_norm': {attn.n_heads} heads in "
+                         f"{norm.groups} norm groups over {group.size()} ranks")
+
+
+def shard_plamo_attention(attn, group, path):
+    """PLaMo 2's attention: the shared split, and each kept head's QK-norm weight row."""
+    (qa, qb), (ka, kb) = _grouped(attn.n_heads, attn.n_kv_heads, group, path,
+                                  f"{attn.n_heads} heads, {attn.n_kv_heads} KV heads")
+    q_weight, k_weight = attn.q_weight, attn.k_weight
+    shard_shared_block(attn, group, path)
+    attn.q_weight, attn.k_weight = q_weight[qa:qb], k_weight[ka:kb]
+
+
+def refuse_hadamard_pack(model, group, path):
+    """PrismML's Hadamard packs: their rotated 2-bit layers have no sharder."""
+    raise ValueError(f"cannot shard '{type(model).__module__.rsplit('.', 1)[-1]}': "
+                     "Hadamard-rotated 2-bit layers (a Hadamard pack) have no sharder")
+
+
 def shard_falcon_h1_mlp(m, group, path):
     """Falcon-H1's MLP (multipliers on the gate and the output) by hidden units, as the
     shared MLP."""
@@ -284,6 +328,9 @@ SHARDERS = {
     ShortConv: shard_short_conv,
     RecurrentBlock: shard_rg_lru_block,
     GatedAttention: shard_gated_attention,
+    BailingLinearAttention: shard_bailing_linear,
+    PlamoAttention: shard_plamo_attention,
+    HadamardPackModel: refuse_hadamard_pack,
     FalconH1MLP: shard_falcon_h1_mlp,
     NemotronMoE: shard_nemotron_moe,
 }

@@ -162,6 +162,8 @@ def _shard_mla(attn, group, path):
     kv = attn.qk_nope_head_dim + attn.v_head_dim
     _slice_out(attn.q_proj if attn.q_lora_rank is None else attn.q_b_proj, [(a * qk, b * qk)])
     _slice_out(attn.kv_b_proj, [(a * kv, b * kv)])
+    if "g_proj" in attn:  # one output gate per head
+        _slice_out(attn.g_proj, [(a, b)])
     _slice_in(attn.o_proj, a * attn.v_head_dim, b * attn.v_head_dim, group, f"{path}.o_proj")
     attn.n_heads = b - a
 
