@@ -74,6 +74,7 @@ MODEL_TYPES = {
     "olmo3": "olmo3",
     "olmoe": "olmoe",
     "phi": "phi",
+    "phi-msft": "phixtral",
     "phi3": "phi3",
     "phimoe": "phimoe",
     "phixtral": "phixtral",
@@ -94,8 +95,10 @@ MODEL_TYPES = {
     "recurrent_gemma": "recurrent_gemma",
     "seed_oss": "seed_oss",
     "smollm3": "smollm3",
+    "solar_open": "solar_open",
     "stablelm": "stablelm",
     "starcoder2": "starcoder2",
+    "xverse": "llama",
 }
 
 
