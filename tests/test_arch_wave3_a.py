@@ -3,6 +3,7 @@ transformers where it has the model, else mlx-lm 0.32 on the same tiny random
 checkpoint (``tests/mlx_lm_oracle.py``), in both config layouts, with the harness's
 four checks (padded logits, greedy rows, incremental decode, joining rows)."""
 
+import mlx.core as mx
 import pytest
 
 from arch_harness import VOCAB, run_family
@@ -12,6 +13,40 @@ BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_l
 # mlx-lm's flat config (top-level RoPE keys) for families transformers lacks.
 FLAT = dict(BASE, rope_theta=10000.0, rms_norm_eps=1e-6)
 MLX_LM = {"oracle": "mlx_lm"}
+# A one-layer vision tower: its weights are in the checkpoint and must be ignored.
+VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+# DeepSeek V3's latent attention and sigmoid-routed MoE (Kimi's text model).
+MLA = dict(BASE, num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24,
+           qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, moe_intermediate_size=32,
+           n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+           first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5)
+
+
+
+def kimi_k25_hub_names(directory):
+    """transformers 5.24 saves Kimi K2.5 through its load-time renames run backwards,
+    one of which (vision ``blocks`` -> ``layers``) also renames the text model's
+    ``layers`` to ``blocks``; the hub checkpoints keep ``language_model.model.layers``."""
+    import glob
+
+    import mlx.core as mx
+
+    for path in glob.glob(f"{directory}/*.safetensors"):
+        weights = mx.load(path)
+        mx.save_safetensors(path, {k.replace("language_model.model.blocks.",
+                                             "language_model.model.layers."): v
+                                   for k, v in weights.items()}, metadata={"format": "pt"})
+
+
+def positive_correction_bias(model):
+    """Keep mlx-lm's router biases above zero, as trained ones are: mlx-lm scores the
+    experts of dropped groups 0 (we drop them outright), so a negative biased score
+    would rank a kept expert below them and the tie-break would decide."""
+    for layer in model.language_model.model.layers:
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None and "e_score_correction_bias" in gate:
+            gate.e_score_correction_bias = mx.abs(gate.e_score_correction_bias)
+
 
 FAMILIES = {
     # GLM-4.5's MoE with Llama attention, every layer MoE.
@@ -25,6 +60,21 @@ FAMILIES = {
     "phi-msft": (dict(num_vocab=VOCAB, model_dim=64, num_heads=4, num_layers=2, rotary_dim=8,
                       num_local_experts=4, num_experts_per_tok=2),
                  dict(MLX_LM, model_type="phixtral", saved_model_type="phi-msft")),
+    # Vision-language checkpoints: the text model alone (image input is not supported).
+    "lfm2-vl": (dict(text_config=dict(BASE, num_hidden_layers=3, block_multiple_of=16,
+                                      layer_types=["conv", "full_attention", "conv"]),
+                     vision_config=dict(VISION, num_patches=4), projector_hidden_size=32),
+                {"model_type": "lfm2_vl", "saved_model_type": "lfm2-vl"}),
+    "pixtral": (dict(text_config=dict(BASE, head_dim=16, model_type="mistral"),
+                     vision_config=dict(VISION, model_type="pixtral", head_dim=16, image_size=28,
+                                        patch_size=14)),
+                {"model_type": "llava", "saved_model_type": "pixtral"}),
+    "kimi_vl": (dict(text_config=dict(MLA, rope_theta=10000.0, rms_norm_eps=1e-6,
+                                      model_type="deepseek_v3")),
+                dict(MLX_LM, hf_hook=positive_correction_bias)),
+    "kimi_k25": (dict(text_config=dict(MLA, model_type="deepseek_v3"),
+                      vision_config=dict(VISION, patch_size=14, pos_emb_height=4, pos_emb_width=4,
+                                         pos_emb_time=2)), {"rewrite": kimi_k25_hub_names}),
 }
 
 
