@@ -60,6 +60,9 @@ FAMILIES = {
     "phi-msft": (dict(num_vocab=VOCAB, model_dim=64, num_heads=4, num_layers=2, rotary_dim=8,
                       num_local_experts=4, num_experts_per_tok=2),
                  dict(MLX_LM, model_type="phixtral", saved_model_type="phi-msft")),
+    # Parallel block, interleaved RoPE on the first 8 of 16 features per head.
+    "gptj": (dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                  rotary_dim=8, n_inner=96), {}),
     # Vision-language checkpoints: the text model alone (image input is not supported).
     "lfm2-vl": (dict(text_config=dict(BASE, num_hidden_layers=3, block_multiple_of=16,
                                       layer_types=["conv", "full_attention", "conv"]),

@@ -36,6 +36,7 @@ MODEL_TYPES = {
     "gpt_bigcode": "gpt_bigcode",
     "gpt_neox": "gpt_neox",
     "gpt_oss": "gpt_oss",
+    "gptj": "gptj",
     "granite": "granite",
     "granitemoe": "granitemoe",
     "granitemoehybrid": "granitemoehybrid",
