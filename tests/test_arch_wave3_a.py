@@ -63,6 +63,10 @@ FAMILIES = {
     # Parallel block, interleaved RoPE on the first 8 of 16 features per head.
     "gptj": (dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
                   rotary_dim=8, n_inner=96), {}),
+    # Looped blocks: 3 passes (two loss weights), the norm after each; or 2 passes, one norm.
+    "nanbeige": (dict(FLAT, head_dim=16, loop_loss_weights=[0.5, 0.5]), MLX_LM),
+    "nanbeige_one_norm": (dict(FLAT, num_loops=2, skip_loop_final_norm=True),
+                          dict(MLX_LM, model_type="nanbeige")),
     # Vision-language checkpoints: the text model alone (image input is not supported).
     "lfm2-vl": (dict(text_config=dict(BASE, num_hidden_layers=3, block_multiple_of=16,
                                       layer_types=["conv", "full_attention", "conv"]),

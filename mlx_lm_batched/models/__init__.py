@@ -71,6 +71,7 @@ MODEL_TYPES = {
     "mistral": "llama",
     "mistral3": "mistral3",
     "mixtral": "mixtral",
+    "nanbeige": "nanbeige",
     "nemotron": "nemotron",
     "nemotron_h": "nemotron_h",
     "olmo": "olmo",
