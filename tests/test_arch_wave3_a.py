@@ -13,6 +13,7 @@ BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_l
 # mlx-lm's flat config (top-level RoPE keys) for families transformers lacks.
 FLAT = dict(BASE, rope_theta=10000.0, rms_norm_eps=1e-6)
 MLX_LM = {"oracle": "mlx_lm"}
+WINDOWED = {"lengths": (11, 3, 20, 9), "gen_lengths": (5, 14, 1)}
 # A one-layer vision tower: its weights are in the checkpoint and must be ignored.
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
 # DeepSeek V3's latent attention and sigmoid-routed MoE (Kimi's text model).
@@ -67,6 +68,16 @@ FAMILIES = {
     "nanbeige": (dict(FLAT, head_dim=16, loop_loss_weights=[0.5, 0.5]), MLX_LM),
     "nanbeige_one_norm": (dict(FLAT, num_loops=2, skip_loop_final_norm=True),
                           dict(MLX_LM, model_type="nanbeige")),
+    "telechat3": (dict(FLAT, attention_bias=True, mlp_bias=True), MLX_LM),
+    # Sliding and full layers with their own RoPE theta; dense layer 1, sparse 0 and 2.
+    "mellum": (dict(BASE, num_hidden_layers=3, head_dim=16, num_experts=4,
+                    num_experts_per_tok=2, moe_intermediate_size=32, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    mlp_layer_types=["sparse", "dense", "sparse"],
+                    rope_parameters={"full_attention": {"rope_type": "default",
+                                                        "rope_theta": 500000.0},
+                                     "sliding_attention": {"rope_type": "default",
+                                                           "rope_theta": 100.0}}), WINDOWED),
     # Vision-language checkpoints: the text model alone (image input is not supported).
     "lfm2-vl": (dict(text_config=dict(BASE, num_hidden_layers=3, block_multiple_of=16,
                                       layer_types=["conv", "full_attention", "conv"]),

@@ -62,6 +62,7 @@ MODEL_TYPES = {
     "llava": "mistral3",
     "mamba": "mamba",
     "mamba2": "mamba2",
+    "mellum": "mellum",
     "mimo": "mimo",
     "minicpm": "minicpm",
     "minicpm3": "minicpm3",
@@ -104,6 +105,7 @@ MODEL_TYPES = {
     "solar_open": "solar_open",
     "stablelm": "stablelm",
     "starcoder2": "starcoder2",
+    "telechat3": "telechat3",
     "xverse": "llama",
 }
 
