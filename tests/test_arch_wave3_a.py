@@ -78,6 +78,11 @@ FAMILIES = {
                                                         "rope_theta": 500000.0},
                                      "sliding_attention": {"rope_type": "default",
                                                            "rope_theta": 100.0}}), WINDOWED),
+    # Layer 1 dense (mlp_only_layers); routed and shared experts mixed per token.
+    "Klear": (dict(FLAT, num_hidden_layers=3, attention_bias=True, mlp_only_layers=[1],
+                   num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1,
+                   n_shared_experts=2, moe_intermediate_size=32, norm_topk_prob=True),
+              MLX_LM),
     # Vision-language checkpoints: the text model alone (image input is not supported).
     "lfm2-vl": (dict(text_config=dict(BASE, num_hidden_layers=3, block_multiple_of=16,
                                       layer_types=["conv", "full_attention", "conv"]),

@@ -53,6 +53,7 @@ MODEL_TYPES = {
     "kimi_k25": "kimi_k25",
     "kimi_linear": "kimi_linear",
     "kimi_vl": "kimi_vl",
+    "Klear": "Klear",
     "lfm2": "lfm2",
     "lfm2-vl": "lfm2_vl",
     "lfm2_moe": "lfm2_moe",
