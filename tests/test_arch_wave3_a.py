@@ -14,6 +14,9 @@ BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_l
 FLAT = dict(BASE, rope_theta=10000.0, rms_norm_eps=1e-6)
 MLX_LM = {"oracle": "mlx_lm"}
 WINDOWED = {"lengths": (11, 3, 20, 9), "gen_lengths": (5, 14, 1)}
+MLA_DENSE = dict(BASE, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24,
+                 qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, bos_token_id=1,
+                 eos_token_id=2)
 # A one-layer vision tower: its weights are in the checkpoint and must be ignored.
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
 # DeepSeek V3's latent attention and sigmoid-routed MoE (Kimi's text model).
@@ -83,6 +86,11 @@ FAMILIES = {
                    num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1,
                    n_shared_experts=2, moe_intermediate_size=32, norm_topk_prob=True),
               MLX_LM),
+    # DeepSeek V3 attention, dense MLPs: transformers' "youtu", saved as the hub's
+    # "youtu_llm" too.
+    "youtu": (dict(MLA_DENSE, tie_word_embeddings=True), {}),
+    "youtu_llm": (dict(MLA_DENSE, rope_interleave=False),
+                  {"model_type": "youtu", "saved_model_type": "youtu_llm"}),
     # Vision-language checkpoints: the text model alone (image input is not supported).
     "lfm2-vl": (dict(text_config=dict(BASE, num_hidden_layers=3, block_multiple_of=16,
                                       layer_types=["conv", "full_attention", "conv"]),

@@ -108,6 +108,8 @@ MODEL_TYPES = {
     "starcoder2": "starcoder2",
     "telechat3": "telechat3",
     "xverse": "llama",
+    "youtu": "youtu_llm",
+    "youtu_llm": "youtu_llm",
 }
 
 
