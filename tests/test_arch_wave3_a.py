@@ -91,6 +91,10 @@ FAMILIES = {
     "youtu": (dict(MLA_DENSE, tie_word_embeddings=True), {}),
     "youtu_llm": (dict(MLA_DENSE, rope_interleave=False),
                   {"model_type": "youtu", "saved_model_type": "youtu_llm"}),
+    # Weightless norms, QK-norm after RoPE, ReLU² MLP, soft-capped logits; nanochat's
+    # own layout (negated rotation) through mlx-lm, whose norms use eps 1e-5.
+    "nanochat": (dict(BASE, hidden_act="relu2", final_logit_softcapping=15.0), {}),
+    "nanochat_own_layout": (dict(FLAT, rms_norm_eps=1e-5), dict(MLX_LM, model_type="nanochat")),
     # Vision-language checkpoints: the text model alone (image input is not supported).
     "lfm2-vl": (dict(text_config=dict(BASE, num_hidden_layers=3, block_multiple_of=16,
                                       layer_types=["conv", "full_attention", "conv"]),

@@ -74,6 +74,7 @@ MODEL_TYPES = {
     "mistral3": "mistral3",
     "mixtral": "mixtral",
     "nanbeige": "nanbeige",
+    "nanochat": "nanochat",
     "nemotron": "nemotron",
     "nemotron_h": "nemotron_h",
     "olmo": "olmo",
