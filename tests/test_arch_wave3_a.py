@@ -95,6 +95,8 @@ FAMILIES = {
     # own layout (negated rotation) through mlx-lm, whose norms use eps 1e-5.
     "nanochat": (dict(BASE, hidden_act="relu2", final_logit_softcapping=15.0), {}),
     "nanochat_own_layout": (dict(FLAT, rms_norm_eps=1e-5), dict(MLX_LM, model_type="nanochat")),
+    # Llama with sub-norms and a ReLU² MLP (dense weights: the -bf16 checkpoints).
+    "bitnet": (dict(BASE, head_dim=16), {}),
     # Vision-language checkpoints: the text model alone (image input is not supported).
     "lfm2-vl": (dict(text_config=dict(BASE, num_hidden_layers=3, block_multiple_of=16,
                                       layer_types=["conv", "full_attention", "conv"]),
@@ -117,3 +119,48 @@ FAMILIES = {
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_wave3_family_matches_reference_and_batches_exactly(name, layout):
     run_family(name, FAMILIES[name], layout)
+
+
+@pytest.mark.parametrize("linear_class", ["bitlinear", "autobitlinear"])
+def test_bitnet_packed_ternary_checkpoint_equals_its_dense_weights(tmp_path, linear_class):
+    """A released-style BitNet checkpoint (ternary weights packed four to a byte,
+    ``weight_scale``, ``quant_method: "bitnet"``) gives the logits of the same model
+    stored dense; ``bitlinear`` divides by the scale, ``autobitlinear`` multiplies."""
+    import json
+
+    import numpy as np
+    from mlx.utils import tree_flatten
+
+    from arch_harness import make_prompts
+    from mlx_lm_batched.layers.bitlinear import pack_ternary, unpack_ternary
+    from mlx_lm_batched.utils import load_model
+
+    config = dict(BASE, model_type="bitnet", head_dim=16, rms_norm_eps=1e-5)
+    dense, packed = {}, {}
+    from mlx_lm_batched.models import bitnet
+
+    shapes = dict(tree_flatten(bitnet.Model(bitnet.ModelArgs.from_dict(config)).parameters()))
+    for i, (name, p) in enumerate(sorted(shapes.items())):
+        k = mx.random.key(i)
+        linear = name.endswith("_proj.weight")
+        if not linear:
+            dense[name] = packed[name] = mx.random.normal(p.shape, key=k) * 0.3
+            continue
+        ternary = mx.random.randint(-1, 2, p.shape, key=k).astype(mx.float32)
+        scale = 2.0 + i / 10
+        dense[name] = ternary / scale if linear_class == "bitlinear" else ternary * scale
+        packed[name] = pack_ternary(ternary)
+        packed[name.replace(".weight", ".weight_scale")] = mx.array([scale])
+        assert mx.array_equal(unpack_ternary(packed[name], p.shape[0]), ternary)
+    for d, weights, extra in (("dense", dense, {}), ("packed", packed, {"quantization_config": {
+            "quant_method": "bitnet", "linear_class": linear_class,
+            "quantization_mode": "offline", "modules_to_not_convert": ["lm_head"]}})):
+        (tmp_path / d).mkdir()
+        mx.save_safetensors(str(tmp_path / d / "model.safetensors"), weights)
+        (tmp_path / d / "config.json").write_text(json.dumps(dict(config, **extra)))
+    ours_dense, _ = load_model(tmp_path / "dense")
+    ours_packed, _ = load_model(tmp_path / "packed")
+    assert ours_packed.layers[0].self_attn.q_proj.weight.dtype == mx.uint8
+    for p in make_prompts((5, 9)):
+        np.testing.assert_allclose(np.array(ours_packed(mx.array([p]))),
+                                   np.array(ours_dense(mx.array([p]))), atol=1e-4, rtol=1e-4)

@@ -7,6 +7,7 @@ import importlib
 MODEL_TYPES = {
     "apertus": "apertus",
     "bailing_moe": "bailing_moe",
+    "bitnet": "bitnet",
     "cohere": "cohere",
     "cohere2": "cohere2",
     "dbrx": "dbrx",
