@@ -164,3 +164,26 @@ def test_bitnet_packed_ternary_checkpoint_equals_its_dense_weights(tmp_path, lin
     for p in make_prompts((5, 9)):
         np.testing.assert_allclose(np.array(ours_packed(mx.array([p]))),
                                    np.array(ours_dense(mx.array([p]))), atol=1e-4, rtol=1e-4)
+
+
+def test_tensor_parallel_splits_klear_and_refuses_bitnet_by_name():
+    """Klear's blocks are the shared ones (its ``coefficient`` mixer stays whole on
+    every rank); BitNet's sub-normed layers are refused with their name."""
+    from mlx_lm_batched.models import bitnet
+    from mlx_lm_batched.models import get_model_module
+    from mlx_lm_batched.parallel.shard import shard_model
+    from test_distributed import _TwoRanks
+
+    klear = get_model_module("Klear")
+    config = dict(FAMILIES["Klear"][0], model_type="Klear")
+    model = shard_model(klear.Model(klear.ModelArgs.from_dict(config)), _TwoRanks())
+    moe = model.layers[0].mlp
+    assert moe.coefficient.weight.shape == (2, 64)
+    assert moe.switch_mlp.gate_proj.weight.shape == (4, 16, 64)
+    assert moe.shared_experts.down_proj.weight.shape == (64, 32)
+    assert model.layers[0].self_attn.q_proj.weight.shape == (32, 64)
+
+    config = dict(BASE, model_type="bitnet")
+    with pytest.raises(ValueError, match=r"cannot shard layer 'model\.layers\.0\.self_attn' "
+                                         r"\(SubNormAttention\): BitNet"):
+        shard_model(bitnet.Model(bitnet.ModelArgs.from_dict(config)), _TwoRanks())

@@ -1,0 +1,21 @@
+"""Layers tensor parallelism refuses by name: their math does not split over ranks
+the way the shared blocks' does, and no sharder is written for them yet.
+
+``SHARDERS`` maps each class to a function that raises ``ValueError`` naming the
+layer and why; ``shard.shard_model`` looks classes up here as in ``recurrent``."""
+
+from ..layers.bitlinear import BitLinear
+from ..models.bitnet import SubNormAttention, SubNormMLP
+
+
+def _refuse_bitnet(module, group, path):
+    raise ValueError(f"cannot shard layer '{path}' ({type(module).__name__}): BitNet's "
+                     "sub-norms span every head / hidden unit and its packed ternary "
+                     "weights interleave output rows; BitNet runs on one rank")
+
+
+SHARDERS = {
+    SubNormAttention: _refuse_bitnet,
+    SubNormMLP: _refuse_bitnet,
+    BitLinear: _refuse_bitnet,
+}
