@@ -97,6 +97,15 @@ FAMILIES = {
     "nanochat_own_layout": (dict(FLAT, rms_norm_eps=1e-5), dict(MLX_LM, model_type="nanochat")),
     # Llama with sub-norms and a ReLU² MLP (dense weights: the -bf16 checkpoints).
     "bitnet": (dict(BASE, head_dim=16), {}),
+    # Per-layer head counts and MLP widths; one with an untied head.
+    "openelm": (dict(vocab_size=VOCAB, model_dim=64, head_dim=16, num_transformer_layers=2,
+                     num_query_heads=[4, 2], num_kv_heads=[2, 1], ffn_multipliers=[0.5, 1.5],
+                     ffn_dim_divisor=16), MLX_LM),
+    "openelm_untied": (dict(vocab_size=VOCAB, model_dim=64, head_dim=16, num_transformer_layers=2,
+                            num_query_heads=[4, 4], num_kv_heads=[1, 2],
+                            ffn_multipliers=[1.0, 0.5], ffn_dim_divisor=8,
+                            normalize_qk_projections=False, share_input_output_layers=False,
+                            rope_freq_constant=500.0), dict(MLX_LM, model_type="openelm")),
     # Vision-language checkpoints: the text model alone (image input is not supported).
     "lfm2-vl": (dict(text_config=dict(BASE, num_hidden_layers=3, block_multiple_of=16,
                                       layer_types=["conv", "full_attention", "conv"]),

@@ -82,6 +82,7 @@ MODEL_TYPES = {
     "olmo2": "olmo2",
     "olmo3": "olmo3",
     "olmoe": "olmoe",
+    "openelm": "openelm",
     "phi": "phi",
     "phi-msft": "phixtral",
     "phi3": "phi3",
