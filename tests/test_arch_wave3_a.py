@@ -106,6 +106,8 @@ FAMILIES = {
                             ffn_multipliers=[1.0, 0.5], ffn_dim_divisor=8,
                             normalize_qk_projections=False, share_input_output_layers=False,
                             rope_freq_constant=500.0), dict(MLX_LM, model_type="openelm")),
+    # 8 query heads over 2 tiled key/value heads (reordered to grouped attention).
+    "plamo": (dict(FLAT, num_attention_heads=8, n_shared_head=4), MLX_LM),
     # Vision-language checkpoints: the text model alone (image input is not supported).
     "lfm2-vl": (dict(text_config=dict(BASE, num_hidden_layers=3, block_multiple_of=16,
                                       layer_types=["conv", "full_attention", "conv"]),

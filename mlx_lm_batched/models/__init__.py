@@ -89,6 +89,7 @@ MODEL_TYPES = {
     "phimoe": "phimoe",
     "phixtral": "phixtral",
     "pixtral": "pixtral",
+    "plamo": "plamo",
     "qwen": "qwen",
     "qwen2": "qwen2",
     "qwen2_5_vl": "qwen2_vl",
