@@ -108,6 +108,8 @@ FAMILIES = {
                             rope_freq_constant=500.0), dict(MLX_LM, model_type="openelm")),
     # 8 query heads over 2 tiled key/value heads (reordered to grouped attention).
     "plamo": (dict(FLAT, num_attention_heads=8, n_shared_head=4), MLX_LM),
+    "lille-130m": (dict(vocab_size=VOCAB, n_embd=64, n_head=4, n_kv_heads=2, n_layer=2,
+                        block_size=256, layer_norm_eps=1e-5, rope_theta=10000.0), MLX_LM),
     # Vision-language checkpoints: the text model alone (image input is not supported).
     "lfm2-vl": (dict(text_config=dict(BASE, num_hidden_layers=3, block_multiple_of=16,
                                       layer_types=["conv", "full_attention", "conv"]),

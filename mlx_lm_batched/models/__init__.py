@@ -58,6 +58,7 @@ MODEL_TYPES = {
     "lfm2": "lfm2",
     "lfm2-vl": "lfm2_vl",
     "lfm2_moe": "lfm2_moe",
+    "lille-130m": "lille_130m",
     "llama": "llama",
     "llama4": "llama4",
     "llama4_text": "llama4_text",
