@@ -110,6 +110,9 @@ FAMILIES = {
     "plamo": (dict(FLAT, num_attention_heads=8, n_shared_head=4), MLX_LM),
     "lille-130m": (dict(vocab_size=VOCAB, n_embd=64, n_head=4, n_kv_heads=2, n_layer=2,
                         block_size=256, layer_norm_eps=1e-5, rope_theta=10000.0), MLX_LM),
+    # Layers 0, 2 sliding (window 7 + itself, local theta), 1 and 3 global.
+    "plamo3": (dict(FLAT, num_hidden_layers=4, head_dim=16, window_size=7,
+                    sliding_window_pattern=2, rope_local_theta=100.0), dict(MLX_LM, **WINDOWED)),
     # Vision-language checkpoints: the text model alone (image input is not supported).
     "lfm2-vl": (dict(text_config=dict(BASE, num_hidden_layers=3, block_multiple_of=16,
                                       layer_types=["conv", "full_attention", "conv"]),

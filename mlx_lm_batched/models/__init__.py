@@ -91,6 +91,7 @@ MODEL_TYPES = {
     "phixtral": "phixtral",
     "pixtral": "pixtral",
     "plamo": "plamo",
+    "plamo3": "plamo3",
     "qwen": "qwen",
     "qwen2": "qwen2",
     "qwen2_5_vl": "qwen2_vl",
