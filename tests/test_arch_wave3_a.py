@@ -113,6 +113,9 @@ FAMILIES = {
     # Layers 0, 2 sliding (window 7 + itself, local theta), 1 and 3 global.
     "plamo3": (dict(FLAT, num_hidden_layers=4, head_dim=16, window_size=7,
                     sliding_window_pattern=2, rope_local_theta=100.0), dict(MLX_LM, **WINDOWED)),
+    "talkie": (dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    head_dim=16, intermediate_size=96, rope_theta=10000.0,
+                    max_position_embeddings=256), MLX_LM),
     # Vision-language checkpoints: the text model alone (image input is not supported).
     "lfm2-vl": (dict(text_config=dict(BASE, num_hidden_layers=3, block_multiple_of=16,
                                       layer_types=["conv", "full_attention", "conv"]),
@@ -182,9 +185,10 @@ def test_bitnet_packed_ternary_checkpoint_equals_its_dense_weights(tmp_path, lin
                                    np.array(ours_dense(mx.array([p]))), atol=1e-4, rtol=1e-4)
 
 
-def test_tensor_parallel_splits_klear_and_refuses_bitnet_by_name():
+def test_tensor_parallel_splits_klear_and_refuses_bitnet_and_talkie_by_name():
     """Klear's blocks are the shared ones (its ``coefficient`` mixer stays whole on
-    every rank); BitNet's sub-normed layers are refused with their name."""
+    every rank); BitNet's sub-normed layers and talkie's head-gained attention are
+    refused with their name."""
     from mlx_lm_batched.models import bitnet
     from mlx_lm_batched.models import get_model_module
     from mlx_lm_batched.parallel.shard import shard_model
@@ -203,3 +207,7 @@ def test_tensor_parallel_splits_klear_and_refuses_bitnet_by_name():
     with pytest.raises(ValueError, match=r"cannot shard layer 'model\.layers\.0\.self_attn' "
                                          r"\(SubNormAttention\): BitNet"):
         shard_model(bitnet.Model(bitnet.ModelArgs.from_dict(config)), _TwoRanks())
+    talkie = get_model_module("talkie")
+    config = dict(FAMILIES["talkie"][0], model_type="talkie")
+    with pytest.raises(ValueError, match=r"'model\.layers\.0\.self_attn' \(HeadGainAttention\)"):
+        shard_model(talkie.Model(talkie.ModelArgs.from_dict(config)), _TwoRanks())

@@ -112,6 +112,7 @@ MODEL_TYPES = {
     "solar_open": "solar_open",
     "stablelm": "stablelm",
     "starcoder2": "starcoder2",
+    "talkie": "talkie",
     "telechat3": "telechat3",
     "xverse": "llama",
     "youtu": "youtu_llm",

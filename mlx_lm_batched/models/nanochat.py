@@ -11,13 +11,11 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-import mlx.core as mx
-
 from ..layers.attention import Attention
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import DenseMLP
 from ..layers.norms import RMSNorm
-from ..layers.rope import RoPE
+from ..layers.rope import negated_rope
 from ..layers.stack import CausalLM, DecoderStack
 from .common import DecoderArgs, init_causal_lm
 
@@ -53,8 +51,7 @@ class Model(CausalLM):
         super().__init__()
         if args.rope_scaling is not None:
             raise NotImplementedError("nanochat: rope_scaling is not supported")
-        d = args.head_dim
-        rope = RoPE(d, freqs=-(args.rope_theta ** (mx.arange(0, d, 2, dtype=mx.float32) / d)))
+        rope = negated_rope(args.head_dim, args.rope_theta)
         norm = lambda dims=args.hidden_size: RMSNorm(dims, args.rms_norm_eps, affine=False)
         layers = [
             PreNormBlock(

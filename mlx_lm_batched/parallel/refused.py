@@ -6,6 +6,7 @@ layer and why; ``shard.shard_model`` looks classes up here as in ``recurrent``."
 
 from ..layers.bitlinear import BitLinear
 from ..models.bitnet import SubNormAttention, SubNormMLP
+from ..models.talkie import HeadGainAttention
 
 
 def _refuse_bitnet(module, group, path):
@@ -14,7 +15,13 @@ def _refuse_bitnet(module, group, path):
                      "weights interleave output rows; BitNet runs on one rank")
 
 
+def _refuse_head_gain(module, group, path):
+    raise ValueError(f"cannot shard layer '{path}' ({type(module).__name__}): talkie's "
+                     "per-head query gains have no sharder yet; talkie runs on one rank")
+
+
 SHARDERS = {
+    HeadGainAttention: _refuse_head_gain,
     SubNormAttention: _refuse_bitnet,
     SubNormMLP: _refuse_bitnet,
     BitLinear: _refuse_bitnet,
