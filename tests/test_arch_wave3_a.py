@@ -116,6 +116,12 @@ FAMILIES = {
     "talkie": (dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                     head_dim=16, intermediate_size=96, rope_theta=10000.0,
                     max_position_embeddings=256), MLX_LM),
+    # Per-layer sublayers: regular (group sizes 2 and 4), linear replacements, no-ops.
+    "nemotron-nas": (dict(FLAT, num_hidden_layers=4, block_configs=[
+        {"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 1.0}},
+        {"attention": {"replace_with_linear": True}, "ffn": {"no_op": True}},
+        {"attention": {"no_op": True}, "ffn": {"replace_with_linear": True}},
+        {"attention": {"n_heads_in_group": 4}, "ffn": {"ffn_mult": 2.0}}]), MLX_LM),
     # Vision-language checkpoints: the text model alone (image input is not supported).
     "lfm2-vl": (dict(text_config=dict(BASE, num_hidden_layers=3, block_multiple_of=16,
                                       layer_types=["conv", "full_attention", "conv"]),

@@ -78,6 +78,7 @@ MODEL_TYPES = {
     "nanbeige": "nanbeige",
     "nanochat": "nanochat",
     "nemotron": "nemotron",
+    "nemotron-nas": "nemotron_nas",
     "nemotron_h": "nemotron_h",
     "olmo": "olmo",
     "olmo2": "olmo2",
