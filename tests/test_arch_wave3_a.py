@@ -122,6 +122,9 @@ FAMILIES = {
         {"attention": {"replace_with_linear": True}, "ffn": {"no_op": True}},
         {"attention": {"no_op": True}, "ffn": {"replace_with_linear": True}},
         {"attention": {"n_heads_in_group": 4}, "ffn": {"ffn_mult": 2.0}}]), MLX_LM),
+    # Two passes; the second mixes global (first-pass) and windowed local attention.
+    "iquestloopcoder": (dict(FLAT, head_dim=16, loop_window_size=8),
+                        dict(MLX_LM, **WINDOWED)),
     # Vision-language checkpoints: the text model alone (image input is not supported).
     "lfm2-vl": (dict(text_config=dict(BASE, num_hidden_layers=3, block_multiple_of=16,
                                       layer_types=["conv", "full_attention", "conv"]),
@@ -191,10 +194,10 @@ def test_bitnet_packed_ternary_checkpoint_equals_its_dense_weights(tmp_path, lin
                                    np.array(ours_dense(mx.array([p]))), atol=1e-4, rtol=1e-4)
 
 
-def test_tensor_parallel_splits_klear_and_refuses_bitnet_and_talkie_by_name():
+def test_tensor_parallel_splits_klear_and_refuses_the_layers_it_cannot_split():
     """Klear's blocks are the shared ones (its ``coefficient`` mixer stays whole on
-    every rank); BitNet's sub-normed layers and talkie's head-gained attention are
-    refused with their name."""
+    every rank); BitNet's sub-normed layers, IQuest-Coder Loop's gated stack and
+    talkie's head-gained attention are refused with their name."""
     from mlx_lm_batched.models import bitnet
     from mlx_lm_batched.models import get_model_module
     from mlx_lm_batched.parallel.shard import shard_model
@@ -213,7 +216,30 @@ def test_tensor_parallel_splits_klear_and_refuses_bitnet_and_talkie_by_name():
     with pytest.raises(ValueError, match=r"cannot shard layer 'model\.layers\.0\.self_attn' "
                                          r"\(SubNormAttention\): BitNet"):
         shard_model(bitnet.Model(bitnet.ModelArgs.from_dict(config)), _TwoRanks())
+    loop = get_model_module("iquestloopcoder")
+    config = dict(FAMILIES["iquestloopcoder"][0], model_type="iquestloopcoder")
+    with pytest.raises(ValueError, match=r"'model' \(LoopStack\)"):
+        shard_model(loop.Model(loop.ModelArgs.from_dict(config)), _TwoRanks())
     talkie = get_model_module("talkie")
     config = dict(FAMILIES["talkie"][0], model_type="talkie")
     with pytest.raises(ValueError, match=r"'model\.layers\.0\.self_attn' \(HeadGainAttention\)"):
         shard_model(talkie.Model(talkie.ModelArgs.from_dict(config)), _TwoRanks())
+
+
+@pytest.mark.parametrize("model_type,extra,message", [
+    ("nanbeige", {"loop_share_kv": True}, "nanbeige: loop_share_kv is not supported"),
+    ("iquestloopcoder", {"loop_num": 3}, "iquestloopcoder: loop_num=3 is not supported"),
+    ("openelm", {"ffn_with_glu": False}, "openelm: ffn_with_glu=false"),
+    ("bitnet", {"quantization_config": {"quant_method": "bitnet",
+                                         "quantization_mode": "online"}},
+     "bitnet: online quantization_mode is not supported"),
+])
+def test_unsupported_variants_are_refused_by_name(model_type, extra, message):
+    """Config switches of the reference code that would change the output and that
+    these modules do not implement raise one line naming them."""
+    from mlx_lm_batched.models import get_model_module
+
+    config = dict(FAMILIES[model_type][0], model_type=model_type, **extra)
+    module = get_model_module(model_type)
+    with pytest.raises(NotImplementedError, match=message):
+        module.ModelArgs.from_dict(config)

@@ -48,6 +48,7 @@ MODEL_TYPES = {
     "internlm2": "internlm2",
     "internlm3": "internlm3",
     "iquestcoder": "llama",
+    "iquestloopcoder": "iquestloopcoder",
     "jamba": "jamba",
     "joyai_llm_flash": "deepseek_v3",
     "kimi_k2": "deepseek_v3",

@@ -6,6 +6,7 @@ layer and why; ``shard.shard_model`` looks classes up here as in ``recurrent``."
 
 from ..layers.bitlinear import BitLinear
 from ..models.bitnet import SubNormAttention, SubNormMLP
+from ..models.iquestloopcoder import LoopStack
 from ..models.talkie import HeadGainAttention
 
 
@@ -20,7 +21,14 @@ def _refuse_head_gain(module, group, path):
                      "per-head query gains have no sharder yet; talkie runs on one rank")
 
 
+def _refuse_loop(module, group, path):
+    raise ValueError(f"cannot shard layer '{path or 'model'}' ({type(module).__name__}): "
+                     "IQuest-Coder Loop's per-head gates have no sharder yet; it runs on one "
+                     "rank")
+
+
 SHARDERS = {
+    LoopStack: _refuse_loop,
     HeadGainAttention: _refuse_head_gain,
     SubNormAttention: _refuse_bitnet,
     SubNormMLP: _refuse_bitnet,
