@@ -14,17 +14,16 @@ BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_l
 FLAT = dict(BASE, rope_theta=10000.0, rms_norm_eps=1e-6)
 MLX_LM = {"oracle": "mlx_lm"}
 WINDOWED = {"lengths": (11, 3, 20, 9), "gen_lengths": (5, 14, 1)}
+# DeepSeek V3's latent attention with dense MLPs (Youtu), and with its sigmoid-routed
+# MoE from layer 1 on (Kimi's text model).
 MLA_DENSE = dict(BASE, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24,
                  qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, bos_token_id=1,
                  eos_token_id=2)
+MLA = dict(MLA_DENSE, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+           n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+           routed_scaling_factor=2.5)
 # A one-layer vision tower: its weights are in the checkpoint and must be ignored.
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
-# DeepSeek V3's latent attention and sigmoid-routed MoE (Kimi's text model).
-MLA = dict(BASE, num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24,
-           qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, moe_intermediate_size=32,
-           n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
-           first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5)
-
 
 
 def kimi_k25_hub_names(directory):
@@ -32,8 +31,6 @@ def kimi_k25_hub_names(directory):
     one of which (vision ``blocks`` -> ``layers``) also renames the text model's
     ``layers`` to ``blocks``; the hub checkpoints keep ``language_model.model.layers``."""
     import glob
-
-    import mlx.core as mx
 
     for path in glob.glob(f"{directory}/*.safetensors"):
         weights = mx.load(path)
