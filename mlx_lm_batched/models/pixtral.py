@@ -1,8 +1,26 @@
 """Pixtral (Mistral): a LLaVA-style checkpoint saved as ``pixtral``, its Mistral /
 Llama text model under ``text_config`` and ``language_model.``; the Pixtral vision
 encoder and projector are dropped. Image input is not supported: these checkpoints
-generate from text only."""
+generate from text only.
 
-from .mistral3 import Model, ModelArgs  # noqa: F401  (the same text-model handling)
+transformers' own ``pixtral`` config is the vision encoder alone (no text model):
+it is refused with a line saying so."""
 
-__all__ = ["Model", "ModelArgs"]
+from dataclasses import dataclass
+
+from . import mistral3
+
+
+@dataclass
+class ModelArgs(mistral3.ModelArgs):
+    @classmethod
+    def from_dict(cls, params):
+        if not isinstance(params.get("text_config"), dict):
+            raise ValueError("pixtral: the config has no text_config (a vision encoder "
+                             "alone, as transformers' 'pixtral' config is, cannot generate "
+                             "text)")
+        return super().from_dict(params)
+
+
+class Model(mistral3.Model):
+    pass
