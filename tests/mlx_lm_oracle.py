@@ -31,6 +31,8 @@ def build_mlx_lm_model(model_type, config, seed=0, std=0.3):
 def to_rope_parameters(config):
     """The transformers-5 layout of a flat config: RoPE keys under ``rope_parameters``."""
     config = dict(config)
+    if isinstance(config.get("text_config"), dict):  # multimodal: the text model's keys
+        config["text_config"] = to_rope_parameters(config["text_config"])
     if "rope_theta" not in config:  # the family's own default stays in force
         return config
     params = {"rope_theta": config.pop("rope_theta")}

@@ -22,6 +22,9 @@ TYPES = sorted(t for t in MODEL_TYPES if t in CONFIG_MAPPING_NAMES)
 # State-space stacks without attention heads: checked by their state, conv and head
 # sizes instead (``test_state_space_defaults_match_transformers``).
 SSM_TYPES = ("falcon_mamba", "mamba", "mamba2")
+# transformers' config class of these names is a vision encoder alone (the checkpoints
+# of the name nest a text model): checked by ``test_vision_only_configs_are_refused``.
+VISION_ONLY_TYPES = ("pixtral",)
 
 
 def hf_expectations(config):
@@ -49,7 +52,15 @@ def hf_expectations(config):
     return head_dim, n_kv, theta, windows, chunks
 
 
-@pytest.mark.parametrize("model_type", [t for t in TYPES if t not in SSM_TYPES])
+@pytest.mark.parametrize("model_type", VISION_ONLY_TYPES)
+def test_vision_only_configs_are_refused(model_type):
+    module = get_model_module(model_type)
+    with pytest.raises(ValueError, match=f"{model_type}: the config has no text_config"):
+        module.ModelArgs.from_dict(AutoConfig.for_model(model_type).to_dict())
+
+
+@pytest.mark.parametrize("model_type",
+                         [t for t in TYPES if t not in SSM_TYPES + VISION_ONLY_TYPES])
 def test_defaults_match_transformers_config(model_type):
     config = AutoConfig.for_model(model_type)
     assert hasattr(config.get_text_config(), "num_attention_heads"), \

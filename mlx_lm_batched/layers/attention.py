@@ -141,7 +141,12 @@ class Attention(nn.Module):
             out = grouped_attention(q, k, v, self.scale, mask, self.softcap, sinks, groups)
         else:
             out = scaled_dot_product_attention(q, k, v, self.scale, mask, self.softcap, sinks)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        return self.output(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+    def output(self, h):
+        """The output projection of the heads' concatenated outputs ``h`` (BitNet
+        norms them first)."""
+        return self.o_proj(h)
 
     def _heads(self, t, which, offset):
         """Query (``which`` 0) or key (1) projection ``t`` ``(B, L, heads * D)`` as

@@ -6,19 +6,24 @@ import mlx.nn as nn
 
 class RMSNorm(nn.Module):
     """RMS norm; ``zero_centered`` stores ``w`` and scales by ``1 + w`` (Gemma);
-    ``affine=False`` has no weight (Llama 4's L2 QK-norm)."""
+    ``offset``: scales by ``w + offset`` (PLaMo 3's 1/5 and 1/5**1.5 on its output
+    norms); ``affine=False`` has no weight (Llama 4's L2 QK-norm)."""
 
-    def __init__(self, dims, eps=1e-6, zero_centered=False, affine=True):
+    def __init__(self, dims, eps=1e-6, zero_centered=False, affine=True, offset=None):
         super().__init__()
         if affine:
-            self.weight = mx.zeros((dims,)) if zero_centered else mx.ones((dims,))
+            centered = zero_centered or offset is not None
+            self.weight = mx.zeros((dims,)) if centered else mx.ones((dims,))
         self.eps = eps
         self.zero_centered = zero_centered
+        self.offset = offset
 
     def __call__(self, x):
         if "weight" not in self:
             return mx.fast.rms_norm(x, None, self.eps)
         w = 1.0 + self.weight if self.zero_centered else self.weight
+        if self.offset is not None:
+            w = w + self.offset
         return mx.fast.rms_norm(x, w, self.eps)
 
 

@@ -50,6 +50,12 @@ class RoPE(nn.Module):
         )
 
 
+def negated_rope(dims, base):
+    """RoPE rotating by the negated angle (nanochat's and talkie's ``rotate_half`` with
+    flipped signs): the wavelengths of ``base`` with their signs flipped."""
+    return RoPE(dims, freqs=-(base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)))
+
+
 def _llama3_freqs(dims, base, cfg):
     factor = cfg["factor"]
     low = cfg.get("low_freq_factor", 1.0)

@@ -45,6 +45,32 @@ class DecoderStack(nn.Module):
         return self.norm(h)
 
 
+class LoopedDecoderStack(DecoderStack):
+    """The blocks run ``loops`` times with shared weights (Nanbeige's looped
+    decoder). Every pass has its own caches and masks: pass ``i`` uses entries
+    ``i * n`` to ``(i + 1) * n`` of them (``n`` blocks), so the model lists
+    ``loops * n`` layer windows. ``norm_each_loop``: the final norm closes every
+    pass; else it runs once at the end."""
+
+    def __init__(self, vocab_size, hidden_size, layers, norm, loops, norm_each_loop=True):
+        super().__init__(vocab_size, hidden_size, layers, norm)
+        self.loops = loops
+        self.norm_each_loop = norm_each_loop
+
+    def __call__(self, inputs, masks, offset, cache, input_embeddings=None, attention=None):
+        h = self.embed(inputs, offset, input_embeddings)
+        n = len(self.layers)
+        cache = cache if cache is not None else [None] * (self.loops * n)
+        extra = () if attention is None else (attention,)
+        for i in range(self.loops):
+            part = slice(i * n, (i + 1) * n)
+            for layer, m, c in zip(self.layers, masks[part], cache[part]):
+                h = layer(h, m, offset, c, *extra)
+            if self.norm_each_loop:
+                h = self.norm(h)
+        return h if self.norm_each_loop else self.norm(h)
+
+
 class CausalLM(nn.Module):
     """Shared ``__call__`` of decoder-only language models.
 

@@ -26,18 +26,22 @@ class ModelArgs(DecoderArgs):
 
 
 class Model(CausalLM):
-    def __init__(self, args: ModelArgs, attention_kwargs=None):
-        """``attention_kwargs``: extra options of every layer's ``Attention``."""
+    def __init__(self, args: ModelArgs, attention_kwargs=None, attention_class=Attention,
+                 mlp=None):
+        """``attention_kwargs``: extra options of every layer's ``Attention``;
+        ``attention_class``: its class (BitNet's sub-normed one); ``mlp``: a factory
+        of each layer's MLP (default the gated ``MLP``)."""
         super().__init__()
         n_kv, head_dim = attention_dims(args)
         rope = config_rope(args, head_dim, args.rope_traditional)
         norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps)
         layers = [
             PreNormBlock(
-                Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                          bias=args.attention_bias, o_bias=args.attention_out_bias,
-                          **(attention_kwargs or {})),
-                MLP(args.hidden_size, args.intermediate_size, args.hidden_act, args.mlp_bias),
+                attention_class(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
+                                bias=args.attention_bias, o_bias=args.attention_out_bias,
+                                **(attention_kwargs or {})),
+                mlp() if mlp else MLP(args.hidden_size, args.intermediate_size, args.hidden_act,
+                                      args.mlp_bias),
                 norm,
             )
             for _ in range(args.num_hidden_layers)

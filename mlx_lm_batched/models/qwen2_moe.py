@@ -51,10 +51,13 @@ class ModelArgs(DecoderArgs):
 
 
 class Model(CausalLM):
-    def __init__(self, args: ModelArgs, attention_kwargs=None, shared_expert=True):
-        """``attention_kwargs``/``shared_expert``: what Qwen 3 MoE changes."""
+    def __init__(self, args: ModelArgs, attention_kwargs=None, shared_expert=True,
+                 layer_ropes=None):
+        """``attention_kwargs``/``shared_expert``: what Qwen 3 MoE changes;
+        ``layer_ropes``: one RoPE per layer (Mellum's per-layer-type theta)."""
         super().__init__()
         rope = config_rope(args, args.head_dim)
+        layer_ropes = layer_ropes or [rope] * args.num_hidden_layers
         norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps)
         attention_kwargs = attention_kwargs or dict(bias=True, o_bias=False)
         act = activation(args.hidden_act)
@@ -72,7 +75,7 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                          args.head_dim, rope, **attention_kwargs),
+                          args.head_dim, layer_ropes[i], **attention_kwargs),
                 mlp(i),
                 norm,
             )

@@ -15,8 +15,8 @@ class ModelArgs(qwen2_moe.ModelArgs):
 
 
 class Model(qwen2_moe.Model):
-    def __init__(self, args: ModelArgs):
-        super().__init__(args, shared_expert=False, attention_kwargs=dict(
+    def __init__(self, args: ModelArgs, layer_ropes=None):
+        super().__init__(args, shared_expert=False, layer_ropes=layer_ropes, attention_kwargs=dict(
             bias=args.attention_bias,
             qk_norm=lambda dims: RMSNorm(dims, args.rms_norm_eps),
         ))

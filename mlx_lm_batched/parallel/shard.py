@@ -1,6 +1,7 @@
 """``shard_model``: tensor parallelism of a whole model, driven by its layer classes.
 
-The walk meets each module once: a family's own layer (``recurrent.SHARDERS``) or a
+The walk meets each module once: a family's own layer (``recurrent.SHARDERS``, or
+``refused.SHARDERS`` for those refused by name) or a
 shared block (``tensor.shard_shared_block``) is split in place; anything else is
 walked into. A linear layer met outside any known block is refused by name, unless it is
 one every rank keeps whole (the LM head, MoE routers)."""
@@ -8,8 +9,12 @@ one every rank keeps whole (the LM head, MoE routers)."""
 import mlx.core as mx
 import mlx.nn as nn
 
-from .recurrent import SHARDERS
+from . import recurrent, refused
 from .tensor import LINEARS, REPLICATED, shard_shared_block
+
+
+# Family layers with a sharder of their own, or refused by name.
+SHARDERS = {**recurrent.SHARDERS, **refused.SHARDERS}
 
 
 def _walk(module, group, path, parent):

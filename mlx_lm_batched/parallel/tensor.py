@@ -26,7 +26,8 @@ from .sharded_layers import SHARDED_TO_ALL, ShardedRMSNorm
 LINEARS = (nn.Linear, nn.QuantizedLinear, SwitchLinear, QuantizedSwitchLinear)
 # Linear layers outside the known blocks that every rank keeps whole: the LM head and
 # MoE routers (small, and every rank needs their full output).
-REPLICATED = {"lm_head", "gate", "router", "layer", "shared_expert_gate"}
+REPLICATED = {"lm_head", "gate", "router", "layer", "shared_expert_gate",
+              "coefficient"}  # Klear's routed/shared mixing weights
 
 
 def split_range(n, parts, i, unit=1):
