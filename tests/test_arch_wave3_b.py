@@ -1,0 +1,53 @@
+"""Wave 3, part B (mixture-of-experts, latent and sparse attention): each family
+against its reference on a tiny random checkpoint, in both config layouts —
+transformers where it has the model, else mlx-lm 0.32 on the same weights."""
+
+import pytest
+
+from arch_harness import VOCAB, run_family
+from test_arch_gemma4 import TEXT as GEMMA4_TEXT
+from test_arch_gemma4 import WINDOWED as GEMMA4_WINDOWED
+from test_arch_gemma4 import random_layer_scalars
+
+MLX_LM = {"oracle": "mlx_lm"}
+SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+WINDOWED = {"lengths": (11, 3, 20, 9), "gen_lengths": (5, 14, 1)}
+
+# K-EXAONE: sliding (RoPE), sliding, global (no RoPE); layer 0 dense, then a grouped
+# sigmoid router with a shared expert.
+EXAONE_MOE = dict(SMALL, num_hidden_layers=3, sliding_window=8, sliding_window_pattern=3,
+                  moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                  num_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1)
+# Gemma 4's encoder-free multimodal checkpoint: its patch embedder is ignored; its
+# text model has no per-layer inputs (the config omits them: our default follows).
+GEMMA4_UNIFIED_TEXT = {k: v for k, v in GEMMA4_TEXT.items()
+                       if k not in ("hidden_size_per_layer_input", "vocab_size_per_layer_input")}
+GEMMA4_UNIFIED_VISION = dict(patch_size=2, pooling_kernel_size=2, mm_embed_dim=16,
+                             mm_posemb_size=8, output_proj_dims=16)
+
+
+def random_router_bias(model):
+    """transformers keeps ``e_score_correction_bias`` as a zero buffer: give it values
+    that change which experts are chosen."""
+    import torch
+
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(torch.rand(buf.shape, generator=gen) * 0.2)
+
+
+FAMILIES = {
+    "exaone_moe": (EXAONE_MOE, dict(WINDOWED, hf_hook=random_router_bias)),
+    "gemma4_unified": (dict(text_config=GEMMA4_UNIFIED_TEXT, vision_config=GEMMA4_UNIFIED_VISION,
+                            image_token_id=5, video_token_id=6, audio_token_id=7),
+                       dict(GEMMA4_WINDOWED, hf_hook=random_layer_scalars)),
+}
+
+
+@pytest.mark.parametrize("layout", ["transformers4", "transformers5"])
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_family_matches_reference_and_batches_exactly(name, layout):
+    run_family(name, FAMILIES[name], layout)
