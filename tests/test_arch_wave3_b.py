@@ -8,6 +8,7 @@ from arch_harness import VOCAB, run_family
 from test_arch_gemma4 import TEXT as GEMMA4_TEXT
 from test_arch_gemma4 import WINDOWED as GEMMA4_WINDOWED
 from test_arch_gemma4 import random_layer_scalars
+from test_arch_deepseek import sharpen
 
 MLX_LM = {"oracle": "mlx_lm"}
 SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_attention_heads=4,
@@ -26,6 +27,19 @@ GEMMA4_UNIFIED_TEXT = {k: v for k, v in GEMMA4_TEXT.items()
 GEMMA4_UNIFIED_VISION = dict(patch_size=2, pooling_kernel_size=2, mm_embed_dim=16,
                              mm_posemb_size=8, output_proj_dims=16)
 
+# Mistral 4: DeepSeek V3's latent attention with yarn RoPE and Llama 4's query
+# temperature (steps every 4 positions here); a softmax router over 2 groups.
+MLA = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+           num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+           kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+           v_head_dim=12, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+           n_shared_experts=1, first_k_dense_replace=1)
+MISTRAL4 = dict(MLA, n_group=2, topk_group=1, routed_scaling_factor=1.5,
+                rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                 "original_max_position_embeddings": 4, "beta_fast": 32,
+                                 "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                 "llama_4_scaling_beta": 0.5})
+
 
 def random_router_bias(model):
     """transformers keeps ``e_score_correction_bias`` as a zero buffer: give it values
@@ -41,6 +55,7 @@ def random_router_bias(model):
 
 FAMILIES = {
     "exaone_moe": (EXAONE_MOE, dict(WINDOWED, hf_hook=random_router_bias)),
+    "mistral4": (MISTRAL4, {"hf_hook": sharpen}),
     "gemma4_unified": (dict(text_config=GEMMA4_UNIFIED_TEXT, vision_config=GEMMA4_UNIFIED_VISION,
                             image_token_id=5, video_token_id=6, audio_token_id=7),
                        dict(GEMMA4_WINDOWED, hf_hook=random_layer_scalars)),

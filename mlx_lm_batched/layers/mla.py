@@ -55,7 +55,10 @@ class MultiHeadLatentAttention(nn.Module):
         rope=None,
         scale=None,
         bias=False,
+        position_scale=None,
     ):
+        """``position_scale``: ``f(positions (B, L)) -> (B, L)`` factors on the queries
+        (Mistral 4's Llama-4 long-context temperature)."""
         super().__init__()
         self.n_heads = n_heads
         self.qk_nope_head_dim = qk_nope_head_dim
@@ -76,6 +79,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.o_proj = nn.Linear(n_heads * v_head_dim, hidden_size, bias=bias)
         self.rope = rope
         self.scale = scale if scale is not None else qk_head_dim**-0.5
+        self.position_scale = position_scale
 
     def __call__(self, x, mask, offset, cache=None, attention=None):
         # ``attention`` (decode row groups) is a CPU speed-up the shared Attention
@@ -99,6 +103,12 @@ class MultiHeadLatentAttention(nn.Module):
             q_pe, k_pe = self.rope(q_pe, offset), self.rope(k_pe, offset)
         k_pe = mx.broadcast_to(k_pe, (B, H, L, self.qk_rope_head_dim))
         queries = mx.concatenate([q_nope, q_pe], axis=-1)
+        if self.position_scale is not None:
+            # Padding columns have negative positions: clamp them to 0 (a finite
+            # factor; their outputs are never read).
+            positions = mx.maximum(offset[:, None] + mx.arange(L), 0)
+            queries = queries * self.position_scale(positions)[:, None, :, None].astype(
+                queries.dtype)
         keys = mx.concatenate([k_nope, k_pe], axis=-1)
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)

@@ -68,6 +68,7 @@ MODEL_TYPES = {
     "ministral3": "ministral3",
     "mistral": "llama",
     "mistral3": "mistral3",
+    "mistral4": "mistral4",
     "mixtral": "mixtral",
     "nemotron": "nemotron",
     "nemotron_h": "nemotron_h",

@@ -145,8 +145,9 @@ class DeepseekMoE(nn.Module):
 
 
 class Model(CausalLM):
-    def __init__(self, args: ModelArgs, gate=SoftmaxGate):
-        """``gate(args)`` builds each MoE layer's router (V3 passes its own)."""
+    def __init__(self, args: ModelArgs, gate=SoftmaxGate, position_scale=None):
+        """``gate(args)`` builds each MoE layer's router (V3 passes its own);
+        ``position_scale``: the attention's query temperature (Mistral 4)."""
         super().__init__()
         interleaved = args.rope_interleave or args.model_type == "deepseek_v2"
         # DeepSeek rotates adjacent pairs (traditional). transformers' V3 de-interleaves
@@ -161,7 +162,7 @@ class Model(CausalLM):
             attn = MultiHeadLatentAttention(
                 args.hidden_size, args.num_attention_heads, args.qk_nope_head_dim,
                 args.qk_rope_head_dim, args.v_head_dim, args.kv_lora_rank, args.q_lora_rank,
-                rope, scale, args.attention_bias,
+                rope, scale, args.attention_bias, position_scale,
             )
             if args.is_moe_layer(i):
                 mlp = DeepseekMoE(args, gate(args))
