@@ -40,6 +40,12 @@ MISTRAL4 = dict(MLA, n_group=2, topk_group=1, routed_scaling_factor=1.5,
                                  "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
                                  "llama_4_scaling_beta": 0.5})
 
+# AFMoE: sliding (RoPE), sliding, global (no RoPE); gated attention; layer 0 dense;
+# muP embedding scale.
+AFMOE = dict(SMALL, num_hidden_layers=3, sliding_window=8, global_attn_every_n_layers=3,
+             num_dense_layers=1, moe_intermediate_size=32, num_experts=8,
+             num_experts_per_tok=3, num_shared_experts=1, route_scale=1.7, mup_enabled=True)
+
 
 def random_router_bias(model):
     """transformers keeps ``e_score_correction_bias`` as a zero buffer: give it values
@@ -48,12 +54,13 @@ def random_router_bias(model):
 
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
-        for name, buf in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
+        for name, buf in list(model.named_buffers()) + list(model.named_parameters()):
+            if name.endswith(("e_score_correction_bias", "expert_bias")):
                 buf.copy_(torch.rand(buf.shape, generator=gen) * 0.2)
 
 
 FAMILIES = {
+    "afmoe": (AFMOE, dict(WINDOWED, hf_hook=random_router_bias)),
     "exaone_moe": (EXAONE_MOE, dict(WINDOWED, hf_hook=random_router_bias)),
     "mistral4": (MISTRAL4, {"hf_hook": sharpen}),
     "gemma4_unified": (dict(text_config=GEMMA4_UNIFIED_TEXT, vision_config=GEMMA4_UNIFIED_VISION,

@@ -101,8 +101,10 @@ class Attention(nn.Module):
         if sinks:  # per-head attention-sink logits (GPT-OSS)
             self.sinks = mx.zeros((n_heads,))
 
-    def __call__(self, x, mask, offset, cache=None, attention=None):
-        """``attention``: the step's :class:`~.base.StepAttention` (or None)."""
+    def __call__(self, x, mask, offset, cache=None, attention=None, output_gate=None):
+        """``attention``: the step's :class:`~.base.StepAttention` (or None);
+        ``output_gate``: ``(B, L, heads * head_dim)`` factors on the heads' output
+        before ``o_proj`` (:class:`OutputGatedAttention`)."""
         B, L, _ = x.shape
         q, k, v = self.project(x)
         q = self._heads(q, 0, offset)
@@ -120,11 +122,11 @@ class Attention(nn.Module):
         v = v.transpose(0, 2, 1, 3)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
-        return self._attend(q, k, v, mask, attention)
+        return self._attend(q, k, v, mask, attention, output_gate)
 
-    def _attend(self, q, k, v, mask, attention):
+    def _attend(self, q, k, v, mask, attention, output_gate=None):
         """Attention of the rotated queries ``(B, heads, L, D)`` over the fetched keys
-        and values, then ``o_proj``."""
+        and values, times ``output_gate`` when given, then ``o_proj``."""
         B, _, L, _ = q.shape
         sinks = self.sinks.astype(q.dtype) if "sinks" in self else None
         groups = attention.row_groups if attention is not None and L == 1 else None
@@ -132,7 +134,10 @@ class Attention(nn.Module):
             out = grouped_attention(q, k, v, self.scale, mask, self.softcap, sinks, groups)
         else:
             out = scaled_dot_product_attention(q, k, v, self.scale, mask, self.softcap, sinks)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        out = out.transpose(0, 2, 1, 3).reshape(B, L, -1)
+        if output_gate is not None:
+            out = out * output_gate
+        return self.o_proj(out)
 
     def _heads(self, t, which, offset):
         """Query (``which`` 0) or key (1) projection ``t`` ``(B, L, heads * D)`` as
@@ -165,3 +170,16 @@ class Attention(nn.Module):
     def _qk_norm(self, q, k):
         q_name, k_name = self.qk_norm_names
         return getattr(self, q_name)(q), getattr(self, k_name)(k)
+
+
+class OutputGatedAttention(Attention):
+    """The shared attention with an output gate from its own projection: the heads'
+    output is scaled by ``sigmoid(gate_proj(x))`` before ``o_proj`` (AFMoE, Laguna)."""
+
+    def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, rope, **kwargs):
+        super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, rope, **kwargs)
+        self.gate_proj = nn.Linear(hidden_size, n_heads * head_dim, bias=False)
+
+    def __call__(self, x, mask, offset, cache=None, attention=None):
+        gate = mx.sigmoid(self.gate_proj(x))
+        return super().__call__(x, mask, offset, cache, attention, output_gate=gate)

@@ -110,6 +110,8 @@ def _shard_attention(attn, group, path):
             _slice_out(attn.k_proj, k)
         if "v_proj" in attn:  # else the values are the keys (Gemma 4) or another layer's
             _slice_out(attn.v_proj, k)
+    if "gate_proj" in attn:  # OutputGatedAttention: one gate per query feature
+        _slice_out(attn.gate_proj, q)
     _slice_in(attn.o_proj, qa * hd, qb * hd, group, f"{path}.o_proj")
     if attn.has_qk_norm:
         for name, (a, b) in zip(attn.qk_norm_names, ((qa, qb), (ka, kb))):
