@@ -46,6 +46,21 @@ AFMOE = dict(SMALL, num_hidden_layers=3, sliding_window=8, global_attn_every_n_l
              num_dense_layers=1, moe_intermediate_size=32, num_experts=8,
              num_experts_per_tok=3, num_shared_experts=1, route_scale=1.7, mup_enabled=True)
 
+# Laguna: sliding, full, sliding layers with 4, 2, 4 query heads; each layer type its
+# own theta (the same partial rotation: the flat transformers-4 keys hold one);
+# per-head softplus gates; soft-capped router; layer 0 dense.
+LAGUNA = dict(SMALL, num_hidden_layers=3, sliding_window=8,
+              layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+              num_attention_heads_per_layer=[4, 2, 4], mlp_layer_types=["dense", "sparse", "sparse"],
+              moe_intermediate_size=32, shared_expert_intermediate_size=24, num_experts=8,
+              num_experts_per_tok=2, moe_routed_scaling_factor=1.5,
+              moe_router_logit_softcapping=3.0,
+              rope_parameters={
+                  "full_attention": {"rope_type": "default", "rope_theta": 500000.0,
+                                     "partial_rotary_factor": 0.5},
+                  "sliding_attention": {"rope_type": "default", "rope_theta": 100.0,
+                                        "partial_rotary_factor": 0.5}})
+
 
 def random_router_bias(model):
     """transformers keeps ``e_score_correction_bias`` as a zero buffer: give it values
@@ -62,6 +77,9 @@ def random_router_bias(model):
 FAMILIES = {
     "afmoe": (AFMOE, dict(WINDOWED, hf_hook=random_router_bias)),
     "exaone_moe": (EXAONE_MOE, dict(WINDOWED, hf_hook=random_router_bias)),
+    "laguna": (LAGUNA, dict(WINDOWED, hf_hook=random_router_bias)),
+    "laguna_per_element_gates": (dict(LAGUNA, gating="per-element"),
+                                 dict(WINDOWED, model_type="laguna", hf_hook=random_router_bias)),
     "mistral4": (MISTRAL4, {"hf_hook": sharpen}),
     "gemma4_unified": (dict(text_config=GEMMA4_UNIFIED_TEXT, vision_config=GEMMA4_UNIFIED_VISION,
                             image_token_id=5, video_token_id=6, audio_token_id=7),

@@ -173,13 +173,28 @@ class Attention(nn.Module):
 
 
 class OutputGatedAttention(Attention):
-    """The shared attention with an output gate from its own projection: the heads'
-    output is scaled by ``sigmoid(gate_proj(x))`` before ``o_proj`` (AFMoE, Laguna)."""
+    """The shared attention with an output gate from its own projection of ``x``: the
+    heads' output is scaled by ``sigmoid`` (AFMoE) or ``softplus`` (Laguna) of it
+    before ``o_proj``; ``per_head``: one gate per head (broadcast over its features)
+    instead of one per feature. ``gate_name``: the checkpoint's name of the projection."""
 
-    def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, rope, **kwargs):
+    GATES = ("sigmoid", "softplus")
+
+    def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, rope, gate="sigmoid",
+                 per_head=False, gate_name="gate_proj", **kwargs):
         super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, rope, **kwargs)
-        self.gate_proj = nn.Linear(hidden_size, n_heads * head_dim, bias=False)
+        if gate not in self.GATES:
+            raise ValueError(f"unknown attention output gate '{gate}' (known: {self.GATES})")
+        self.gate, self.per_head, self.gate_name = gate, per_head, gate_name
+        setattr(self, gate_name, nn.Linear(hidden_size, n_heads * (1 if per_head else head_dim),
+                                           bias=False))
 
     def __call__(self, x, mask, offset, cache=None, attention=None):
-        gate = mx.sigmoid(self.gate_proj(x))
-        return super().__call__(x, mask, offset, cache, attention, output_gate=gate)
+        g = getattr(self, self.gate_name)(x)
+        if self.gate == "sigmoid":
+            g = mx.sigmoid(g)
+        else:  # softplus in float32, as Laguna's reference computes it
+            g = mx.logaddexp(g.astype(mx.float32), mx.array(0.0, mx.float32)).astype(x.dtype)
+        if self.per_head:
+            g = mx.repeat(g, self.head_dim, axis=-1)
+        return super().__call__(x, mask, offset, cache, attention, output_gate=g)

@@ -53,6 +53,7 @@ MODEL_TYPES = {
     "joyai_llm_flash": "deepseek_v3",
     "kimi_k2": "deepseek_v3",
     "kimi_linear": "kimi_linear",
+    "laguna": "laguna",
     "lfm2": "lfm2",
     "lfm2_moe": "lfm2_moe",
     "llama": "llama",
