@@ -61,6 +61,20 @@ LAGUNA = dict(SMALL, num_hidden_layers=3, sliding_window=8,
                   "sliding_attention": {"rope_type": "default", "rope_theta": 100.0,
                                         "partial_rotary_factor": 0.5}})
 
+# MiMo-V2-Flash: full, sliding, sliding (twice the KV heads, attention sinks); value
+# heads narrower than query/key heads and scaled; a third of each head rotated with
+# per-type thetas; grouped sigmoid router without shared experts.
+MIMO_V2_FLASH = dict(SMALL, num_hidden_layers=3, head_dim=24, v_head_dim=16, sliding_window=8,
+                     layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+                     mlp_layer_types=["dense", "sparse", "sparse"], moe_intermediate_size=32,
+                     n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
+                     routed_scaling_factor=1.5, attention_value_scale=0.6,
+                     rope_parameters={
+                         "full_attention": {"rope_type": "default", "rope_theta": 5e6,
+                                            "partial_rotary_factor": 0.334},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 100.0,
+                                               "partial_rotary_factor": 0.334}})
+
 
 def random_router_bias(model):
     """transformers keeps ``e_score_correction_bias`` as a zero buffer: give it values
@@ -80,6 +94,7 @@ FAMILIES = {
     "laguna": (LAGUNA, dict(WINDOWED, hf_hook=random_router_bias)),
     "laguna_per_element_gates": (dict(LAGUNA, gating="per-element"),
                                  dict(WINDOWED, model_type="laguna", hf_hook=random_router_bias)),
+    "mimo_v2_flash": (MIMO_V2_FLASH, dict(WINDOWED, hf_hook=random_router_bias)),
     "mistral4": (MISTRAL4, {"hf_hook": sharpen}),
     "gemma4_unified": (dict(text_config=GEMMA4_UNIFIED_TEXT, vision_config=GEMMA4_UNIFIED_VISION,
                             image_token_id=5, video_token_id=6, audio_token_id=7),

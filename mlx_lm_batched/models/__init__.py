@@ -63,6 +63,7 @@ MODEL_TYPES = {
     "mamba": "mamba",
     "mamba2": "mamba2",
     "mimo": "mimo",
+    "mimo_v2_flash": "mimo_v2_flash",
     "minicpm": "minicpm",
     "minicpm3": "minicpm3",
     "minimax": "minimax",

@@ -16,9 +16,8 @@ from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.moe import SwitchGLU, combine_experts, stack_experts, topk_indices
 from ..layers.norms import RMSNorm
-from ..layers.rope import make_rope
 from ..layers.stack import CausalLM
-from .common import DecoderArgs, init_causal_lm, type_windows
+from .common import DecoderArgs, init_causal_lm, layer_type_rope, type_windows
 
 
 @dataclass
@@ -57,24 +56,6 @@ class ModelArgs(DecoderArgs):
         self.mlp_layer_types = self.mlp_layer_types or ["dense"] + ["sparse"] * (n - 1)
         self.num_attention_heads_per_layer = (self.num_attention_heads_per_layer
                                               or [self.num_attention_heads] * n)
-
-    def layer_rope(self, layer_type):
-        """The RoPE of one layer type: its entry of transformers 5's per-type
-        ``rope_parameters``, else the flat keys (the sliding layers' theta as
-        ``rope_local_base_freq``)."""
-        params = (self.rope_parameters_by_type or {}).get(layer_type)
-        if params is not None:
-            theta = params.get("rope_theta", 10000.0)
-            partial = params.get("partial_rotary_factor", 1.0)
-            kind = params.get("rope_type", params.get("type", "default"))
-            scaling = None if kind in (None, "default") else params
-        else:
-            sliding = layer_type == "sliding_attention"
-            theta = (self.rope_local_base_freq or self.rope_theta) if sliding else self.rope_theta
-            partial = self.partial_rotary_factor or 1.0
-            scaling = None if sliding else self.rope_scaling
-        return make_rope(int(self.head_dim * partial), theta, False, scaling,
-                         self.max_position_embeddings)
 
 
 class LagunaGate(nn.Module):
@@ -115,7 +96,7 @@ class Model(CausalLM):
     def __init__(self, args: ModelArgs):
         super().__init__()
         norm = lambda dims=args.hidden_size: RMSNorm(dims, args.rms_norm_eps)
-        ropes = {t: args.layer_rope(t) for t in set(args.layer_types)}
+        ropes = {t: layer_type_rope(args, t) for t in set(args.layer_types)}
         per_head = args.gating is True or args.gating == "per-head"
         layers = [
             PreNormBlock(
