@@ -75,6 +75,11 @@ MIMO_V2_FLASH = dict(SMALL, num_hidden_layers=3, head_dim=24, v_head_dim=16, sli
                          "sliding_attention": {"rope_type": "default", "rope_theta": 100.0,
                                                "partial_rotary_factor": 0.334}})
 
+# DeepSeek V3.2: sparse attention keeping each query's 4 best keys (prompts up to 20
+# tokens: most queries attend a strict subset), 8 indexer heads of 16 features.
+DSA = dict(MLA, n_group=2, topk_group=1, routed_scaling_factor=2.5, index_topk=4,
+           index_n_heads=8, index_head_dim=16)
+
 
 def random_router_bias(model):
     """transformers keeps ``e_score_correction_bias`` as a zero buffer: give it values
@@ -90,6 +95,8 @@ def random_router_bias(model):
 
 FAMILIES = {
     "afmoe": (AFMOE, dict(WINDOWED, hf_hook=random_router_bias)),
+    "deepseek_v32": (DSA, dict(WINDOWED, hf_hook=sharpen)),
+    "glm_moe_dsa": (dict(DSA, v_head_dim=16), dict(WINDOWED, hf_hook=sharpen)),
     "exaone_moe": (EXAONE_MOE, dict(WINDOWED, hf_hook=random_router_bias)),
     "laguna": (LAGUNA, dict(WINDOWED, hf_hook=random_router_bias)),
     "laguna_per_element_gates": (dict(LAGUNA, gating="per-element"),

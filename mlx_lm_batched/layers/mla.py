@@ -81,15 +81,18 @@ class MultiHeadLatentAttention(nn.Module):
         self.scale = scale if scale is not None else qk_head_dim**-0.5
         self.position_scale = position_scale
 
-    def __call__(self, x, mask, offset, cache=None, attention=None):
-        # ``attention`` (decode row groups) is a CPU speed-up the shared Attention
-        # takes; one call over every slot gives the same result.
+    def project(self, x, offset):
+        """Rotated ``(B, H, L, D)`` queries (position-scaled) and keys, the values,
+        and the normed low-rank query (DeepSeek sparse attention's indexer reads it;
+        None without ``q_lora_rank``)."""
         B, L, _ = x.shape
         H, nope = self.n_heads, self.qk_nope_head_dim
         if self.q_lora_rank is None:
+            q_resid = None
             q = self.q_proj(x)
         else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+            q_resid = self.q_a_layernorm(self.q_a_proj(x))
+            q = self.q_b_proj(q_resid)
         q = q.reshape(B, L, H, -1).transpose(0, 2, 1, 3)
         q_nope, q_pe = q[..., :nope], q[..., nope:]
 
@@ -110,10 +113,20 @@ class MultiHeadLatentAttention(nn.Module):
             queries = queries * self.position_scale(positions)[:, None, :, None].astype(
                 queries.dtype)
         keys = mx.concatenate([k_nope, k_pe], axis=-1)
+        return queries, keys, values, q_resid
+
+    def output(self, out):
+        """``o_proj`` of the attention output ``(B, H, L, v_head_dim)``."""
+        B, _, L, _ = out.shape
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+    def __call__(self, x, mask, offset, cache=None, attention=None):
+        # ``attention`` (decode row groups) is a CPU speed-up the shared Attention
+        # takes; one call over every slot gives the same result.
+        queries, keys, values, _ = self.project(x, offset)
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)
-        out = scaled_dot_product_attention(queries, keys, values, self.scale, mask)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        return self.output(scaled_dot_product_attention(queries, keys, values, self.scale, mask))
 
 
 def merge_absorbed_kv_b(weights, prefix, qk_nope_head_dim, kv_lora_rank):
