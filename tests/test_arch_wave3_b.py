@@ -80,6 +80,14 @@ MIMO_V2_FLASH = dict(SMALL, num_hidden_layers=3, head_dim=24, v_head_dim=16, sli
 DSA = dict(MLA, n_group=2, topk_group=1, routed_scaling_factor=2.5, index_topk=4,
            index_n_heads=8, index_head_dim=16)
 
+# LongCat-Flash: two layers of two MLA sublayers each, the shortcut MoE choosing among
+# 4 routed and 2 identity experts.
+LONGCAT = dict(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_attention_heads=4,
+               max_position_embeddings=256, ffn_hidden_size=96, q_lora_rank=24,
+               kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, head_dim=8,
+               v_head_dim=12, moe_topk=2, n_routed_experts=4, zero_expert_num=2,
+               expert_ffn_hidden_size=32, routed_scaling_factor=1.5)
+
 
 def random_router_bias(model):
     """transformers keeps ``e_score_correction_bias`` as a zero buffer: give it values
@@ -102,6 +110,7 @@ FAMILIES = {
     "laguna_per_element_gates": (dict(LAGUNA, gating="per-element"),
                                  dict(WINDOWED, model_type="laguna", hf_hook=random_router_bias)),
     "mimo_v2_flash": (MIMO_V2_FLASH, dict(WINDOWED, hf_hook=random_router_bias)),
+    "longcat_flash": (LONGCAT, dict(hf_hook=random_router_bias)),
     "mistral4": (MISTRAL4, {"hf_hook": sharpen}),
     "gemma4_unified": (dict(text_config=GEMMA4_UNIFIED_TEXT, vision_config=GEMMA4_UNIFIED_VISION,
                             image_token_id=5, video_token_id=6, audio_token_id=7),

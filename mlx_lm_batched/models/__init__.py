@@ -62,6 +62,7 @@ MODEL_TYPES = {
     "llama4": "llama4",
     "llama4_text": "llama4_text",
     "llava": "mistral3",
+    "longcat_flash": "longcat_flash",
     "mamba": "mamba",
     "mamba2": "mamba2",
     "mimo": "mimo",
