@@ -88,6 +88,13 @@ LONGCAT = dict(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_attention_hea
                v_head_dim=12, moe_topk=2, n_routed_experts=4, zero_expert_num=2,
                expert_ffn_hidden_size=32, routed_scaling_factor=1.5)
 
+# Muse Glimmer's language model: sliding, global (NoPE), sliding, global (NoPE).
+MUSE_GLIMMER_TEXT = dict(SMALL, num_hidden_layers=4, sliding_window=8, qk_scale_factor=2.0,
+                         output_multiplier=0.5, final_logit_softcapping=10.0)
+MUSE_GLIMMER_VISION = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                           num_attention_heads=2, patch_size=2, pos_emb_height=4,
+                           pos_emb_width=4)
+
 
 def random_router_bias(model):
     """transformers keeps ``e_score_correction_bias`` as a zero buffer: give it values
@@ -111,6 +118,8 @@ FAMILIES = {
                                  dict(WINDOWED, model_type="laguna", hf_hook=random_router_bias)),
     "mimo_v2_flash": (MIMO_V2_FLASH, dict(WINDOWED, hf_hook=random_router_bias)),
     "longcat_flash": (LONGCAT, dict(hf_hook=random_router_bias)),
+    "muse_glimmer": (dict(text_config=MUSE_GLIMMER_TEXT, vision_config=MUSE_GLIMMER_VISION),
+                     WINDOWED),
     "mistral4": (MISTRAL4, {"hf_hook": sharpen}),
     "gemma4_unified": (dict(text_config=GEMMA4_UNIFIED_TEXT, vision_config=GEMMA4_UNIFIED_VISION,
                             image_token_id=5, video_token_id=6, audio_token_id=7),

@@ -76,6 +76,7 @@ MODEL_TYPES = {
     "mistral3": "mistral3",
     "mistral4": "mistral4",
     "mixtral": "mixtral",
+    "muse_glimmer": "muse_glimmer",
     "nemotron": "nemotron",
     "nemotron_h": "nemotron_h",
     "olmo": "olmo",
