@@ -95,6 +95,12 @@ MUSE_GLIMMER_VISION = dict(hidden_size=32, intermediate_size=48, num_hidden_laye
                            num_attention_heads=2, patch_size=2, pos_emb_height=4,
                            pos_emb_width=4)
 
+# LongCat-Flash with n-gram embeddings (mlx-lm the reference): 2- and 3-grams, two
+# hash tables each.
+LONGCAT_NGRAM = dict(LONGCAT, rms_norm_eps=1e-5, rope_theta=10000.0, mla_scale_q_lora=True,
+                     mla_scale_kv_lora=True, ngram_vocab_size_ratio=4, emb_neighbor_num=3,
+                     emb_split_num=2)
+
 
 def random_router_bias(model):
     """transformers keeps ``e_score_correction_bias`` as a zero buffer: give it values
@@ -120,6 +126,7 @@ FAMILIES = {
     "longcat_flash": (LONGCAT, dict(hf_hook=random_router_bias)),
     "muse_glimmer": (dict(text_config=MUSE_GLIMMER_TEXT, vision_config=MUSE_GLIMMER_VISION),
                      WINDOWED),
+    "longcat_flash_ngram": (LONGCAT_NGRAM, MLX_LM),
     "mistral4": (MISTRAL4, {"hf_hook": sharpen}),
     "gemma4_unified": (dict(text_config=GEMMA4_UNIFIED_TEXT, vision_config=GEMMA4_UNIFIED_VISION,
                             image_token_id=5, video_token_id=6, audio_token_id=7),

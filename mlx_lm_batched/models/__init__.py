@@ -63,6 +63,7 @@ MODEL_TYPES = {
     "llama4_text": "llama4_text",
     "llava": "mistral3",
     "longcat_flash": "longcat_flash",
+    "longcat_flash_ngram": "longcat_flash_ngram",
     "mamba": "mamba",
     "mamba2": "mamba2",
     "mimo": "mimo",
