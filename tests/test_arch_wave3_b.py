@@ -101,6 +101,14 @@ LONGCAT_NGRAM = dict(LONGCAT, rms_norm_eps=1e-5, rope_theta=10000.0, mla_scale_q
                      mla_scale_kv_lora=True, ngram_vocab_size_ratio=4, emb_neighbor_num=3,
                      emb_split_num=2)
 
+# Spark 2.5 (mlx-lm the reference; its configs exist only with per-type RoPE):
+# sliding, sliding, full; biased projections and head-wise gates.
+SPARK2_5 = dict(SMALL, num_hidden_layers=3, sliding_window=8, attention_bias=True,
+                layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                rope_parameters={"sliding_attention": {"rope_theta": 100.0},
+                                 "full_attention": {"rope_theta": 10000.0,
+                                                    "partial_rotary_factor": 0.5}})
+
 
 def random_router_bias(model):
     """transformers keeps ``e_score_correction_bias`` as a zero buffer: give it values
@@ -127,6 +135,7 @@ FAMILIES = {
     "muse_glimmer": (dict(text_config=MUSE_GLIMMER_TEXT, vision_config=MUSE_GLIMMER_VISION),
                      WINDOWED),
     "longcat_flash_ngram": (LONGCAT_NGRAM, MLX_LM),
+    "spark2_5": (SPARK2_5, dict(WINDOWED, **MLX_LM)),
     "mistral4": (MISTRAL4, {"hf_hook": sharpen}),
     "gemma4_unified": (dict(text_config=GEMMA4_UNIFIED_TEXT, vision_config=GEMMA4_UNIFIED_VISION,
                             image_token_id=5, video_token_id=6, audio_token_id=7),

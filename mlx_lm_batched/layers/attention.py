@@ -181,18 +181,18 @@ class OutputGatedAttention(Attention):
     GATES = ("sigmoid", "softplus")
 
     def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, rope, gate="sigmoid",
-                 per_head=False, gate_name="gate_proj", **kwargs):
+                 per_head=False, gate_name="gate_proj", gate_bias=False, **kwargs):
         super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, rope, **kwargs)
         if gate not in self.GATES:
             raise ValueError(f"unknown attention output gate '{gate}' (known: {self.GATES})")
         self.gate, self.per_head, self.gate_name = gate, per_head, gate_name
         setattr(self, gate_name, nn.Linear(hidden_size, n_heads * (1 if per_head else head_dim),
-                                           bias=False))
+                                           bias=gate_bias))
 
     def __call__(self, x, mask, offset, cache=None, attention=None):
         g = getattr(self, self.gate_name)(x)
         if self.gate == "sigmoid":
-            g = mx.sigmoid(g)
+            g = mx.sigmoid(g.astype(mx.float32)).astype(x.dtype)
         else:  # softplus in float32, as Laguna's reference computes it
             g = mx.logaddexp(g.astype(mx.float32), mx.array(0.0, mx.float32)).astype(x.dtype)
         if self.per_head:

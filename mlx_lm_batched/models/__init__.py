@@ -105,6 +105,7 @@ MODEL_TYPES = {
     "recurrent_gemma": "recurrent_gemma",
     "seed_oss": "seed_oss",
     "smollm3": "smollm3",
+    "spark2_5": "spark2_5",
     "stablelm": "stablelm",
     "starcoder2": "starcoder2",
 }
