@@ -109,6 +109,18 @@ SPARK2_5 = dict(SMALL, num_hidden_layers=3, sliding_window=8, attention_bias=Tru
                                  "full_attention": {"rope_theta": 10000.0,
                                                     "partial_rotary_factor": 0.5}})
 
+# Step 3.5 (mlx-lm the reference): sliding layers with their own head counts, a theta
+# and partial rotation per layer, clamped SwiGLU on layer 2's experts and shared
+# expert, layers 1-2 MoE.
+STEP3P5 = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+               num_attention_groups=2, head_dim=16, intermediate_size=96,
+               max_position_embeddings=256, sliding_window=8, rope_theta=[100.0, 1e4, 500.0],
+               partial_rotary_factors=[0.5, 1.0, 0.5],
+               attention_other_setting={"num_attention_heads": 2, "num_attention_groups": 1},
+               moe_num_experts=8, moe_top_k=2, moe_intermediate_size=32, share_expert_dim=24,
+               moe_router_scaling_factor=2.0, swiglu_limits=[0, 0, 0.5],
+               swiglu_limits_shared=[0, 0, 0.7])
+
 
 def random_router_bias(model):
     """transformers keeps ``e_score_correction_bias`` as a zero buffer: give it values
@@ -136,6 +148,7 @@ FAMILIES = {
                      WINDOWED),
     "longcat_flash_ngram": (LONGCAT_NGRAM, MLX_LM),
     "spark2_5": (SPARK2_5, dict(WINDOWED, **MLX_LM)),
+    "step3p5": (STEP3P5, dict(WINDOWED, **MLX_LM)),
     "mistral4": (MISTRAL4, {"hf_hook": sharpen}),
     "gemma4_unified": (dict(text_config=GEMMA4_UNIFIED_TEXT, vision_config=GEMMA4_UNIFIED_VISION,
                             image_token_id=5, video_token_id=6, audio_token_id=7),

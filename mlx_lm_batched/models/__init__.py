@@ -107,6 +107,7 @@ MODEL_TYPES = {
     "smollm3": "smollm3",
     "spark2_5": "spark2_5",
     "stablelm": "stablelm",
+    "step3p5": "step3p5",
     "starcoder2": "starcoder2",
 }
 
