@@ -2,6 +2,7 @@
 against its reference on a tiny random checkpoint, in both config layouts —
 transformers where it has the model, else mlx-lm 0.32 on the same weights."""
 
+import mlx.core as mx
 import pytest
 
 from arch_harness import VOCAB, run_family
@@ -121,6 +122,18 @@ STEP3P5 = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attent
                moe_router_scaling_factor=2.0, swiglu_limits=[0, 0, 0.5],
                swiglu_limits_shared=[0, 0, 0.7])
 
+# AFM 7 (mlx-lm the reference): three regular layers, the last two layers reusing the
+# third's keys and values; 8-bit key/value rounding at a coarse learned scale.
+AFM7 = dict(vocab_size=VOCAB, hidden_dim=64, num_layers=5, num_kv_reuse_layers=2,
+            num_heads=4, num_kv_heads=2, hidden_dim_scale_factor=1.5, rope_theta=10000.0)
+
+
+def coarse_kv_scales(model):
+    """Scales large enough that the 8-bit rounding changes keys and values visibly."""
+    for layer in model.model.layers:
+        layer.self_attn.quant_key_scale = mx.array(0.05)
+        layer.self_attn.quant_value_scale = mx.array(0.05)
+
 
 def random_router_bias(model):
     """transformers keeps ``e_score_correction_bias`` as a zero buffer: give it values
@@ -149,6 +162,7 @@ FAMILIES = {
     "longcat_flash_ngram": (LONGCAT_NGRAM, MLX_LM),
     "spark2_5": (SPARK2_5, dict(WINDOWED, **MLX_LM)),
     "step3p5": (STEP3P5, dict(WINDOWED, **MLX_LM)),
+    "afm7": (AFM7, dict(MLX_LM, hf_hook=coarse_kv_scales)),
     "mistral4": (MISTRAL4, {"hf_hook": sharpen}),
     "gemma4_unified": (dict(text_config=GEMMA4_UNIFIED_TEXT, vision_config=GEMMA4_UNIFIED_VISION,
                             image_token_id=5, video_token_id=6, audio_token_id=7),

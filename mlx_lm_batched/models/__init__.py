@@ -5,6 +5,7 @@ import importlib
 # model_type -> module in this package. Aliases share a module when the
 # Hugging Face architectures differ only in config values.
 MODEL_TYPES = {
+    "afm7": "afm7",
     "afmoe": "afmoe",
     "apertus": "apertus",
     "bailing_moe": "bailing_moe",
