@@ -173,4 +173,54 @@ FAMILIES = {
 @pytest.mark.parametrize("layout", ["transformers4", "transformers5"])
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_family_matches_reference_and_batches_exactly(name, layout):
-    run_family(name, FAMILIES[name], layout)
+    config, options = FAMILIES[name]
+    # 8 new tokens keep this file's 30 checks fast; each row still decodes past its prompt.
+    run_family(name, (config, dict({"new_tokens": 8}, **options)), layout)
+
+
+def test_new_attention_kinds_shard_their_gates_and_value_heads():
+    """Rank 0 of 2: Laguna's per-head gate keeps its heads' rows, AFMoE's per-feature
+    gate its heads' features, MiMo-V2-Flash's narrower value heads their own width;
+    DeepSeek sparse attention half of the latent attention's heads and the whole
+    indexer (its keys ride in each rank's cache as the extra head). (Run on 2 real
+    ranks, the sparse model's logits, greedy tokens and joining rows equal one
+    process, as ``test_distributed.assert_tensor_parallel_exact`` checks; too slow
+    for this file.)"""
+    from mlx_lm_batched.models import afmoe, deepseek_v32, laguna, mimo_v2_flash
+    from mlx_lm_batched.parallel.shard import shard_model
+    from test_distributed import _TwoRanks
+
+    def sharded(module, config):
+        model = module.Model(module.ModelArgs.from_dict(dict(config, model_type=module.__name__
+                                                              .rsplit(".", 1)[1])))
+        return shard_model(model, _TwoRanks())
+
+    attn = sharded(laguna, LAGUNA).layers[0].self_attn
+    assert attn.g_proj.weight.shape == (2, 64) and attn.q_proj.weight.shape == (32, 64)
+    attn = sharded(afmoe, AFMOE).layers[0].self_attn
+    assert attn.gate_proj.weight.shape == (32, 64)
+    attn = sharded(mimo_v2_flash, MIMO_V2_FLASH).layers[1].self_attn
+    assert attn.v_proj.weight.shape == (2 * 16, 64)  # 2 of 4 sliding KV heads, 16 wide
+    assert attn.o_proj.weight.shape == (64, 2 * 16)  # 2 of 4 query heads' values
+    attn = sharded(deepseek_v32, DSA).layers[0].self_attn
+    assert attn.n_heads == 2 and attn.kv_b_proj.weight.shape == (2 * (16 + 12), 16)
+    assert attn.indexer.wq_b.weight.shape == (8 * 16, 24)  # replicated
+
+
+def test_ngram_embeddings_refuse_tensor_parallelism_by_name():
+    from mlx_lm_batched.models import longcat_flash_ngram
+    from mlx_lm_batched.parallel.shard import shard_model
+    from test_distributed import _TwoRanks
+
+    model = longcat_flash_ngram.Model(longcat_flash_ngram.ModelArgs.from_dict(
+        dict(LONGCAT_NGRAM, model_type="longcat_flash_ngram")))
+    with pytest.raises(ValueError, match="cannot shard layer 'model.ngram_embeddings"):
+        shard_model(model, _TwoRanks())
+
+
+def test_glm5_shared_indexer_layers_are_refused_by_name(tmp_path):
+    from mlx_lm_batched.models import glm_moe_dsa
+
+    with pytest.raises(NotImplementedError, match="indexer_types"):
+        glm_moe_dsa.ModelArgs.from_dict(dict(DSA, model_type="glm_moe_dsa",
+                                             indexer_types=["full", "shared", "full"]))
