@@ -104,12 +104,15 @@ class Attention(nn.Module):
         if sinks:  # per-head attention-sink logits (GPT-OSS)
             self.sinks = mx.zeros((n_heads,))
 
-    def __call__(self, x, mask, offset, cache=None, attention=None):
-        """``attention``: the step's :class:`~.base.StepAttention` (or None)."""
+    def __call__(self, x, mask, offset, cache=None, attention=None, output_gate=None):
+        """``attention``: the step's :class:`~.base.StepAttention` (or None);
+        ``output_gate``: ``(B, L, heads * head_dim)`` factors on the heads' output
+        before ``o_proj`` (:class:`OutputGatedAttention`)."""
         q, k, v = self.project(x)
-        return self.attend_projections(q, k, v, mask, offset, cache, attention)
+        return self.attend_projections(q, k, v, mask, offset, cache, attention, output_gate)
 
-    def attend_projections(self, q, k, v, mask, offset, cache=None, attention=None):
+    def attend_projections(self, q, k, v, mask, offset, cache=None, attention=None,
+                           output_gate=None):
         """Attention from the ``(B, L, heads * head_dim)`` query, key and value
         projections (a family that transforms them first, as Baichuan-M1's key/value
         convolution, calls this after)."""
@@ -129,11 +132,11 @@ class Attention(nn.Module):
         v = v.transpose(0, 2, 1, 3)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
-        return self._attend(q, k, v, mask, attention)
+        return self._attend(q, k, v, mask, attention, output_gate)
 
-    def _attend(self, q, k, v, mask, attention):
+    def _attend(self, q, k, v, mask, attention, output_gate=None):
         """Attention of the rotated queries ``(B, heads, L, D)`` over the fetched keys
-        and values, then ``o_proj``."""
+        and values, times ``output_gate`` when given, then ``o_proj``."""
         B, _, L, _ = q.shape
         sinks = self.sinks.astype(q.dtype) if "sinks" in self else None
         groups = attention.row_groups if attention is not None and L == 1 else None
@@ -141,7 +144,10 @@ class Attention(nn.Module):
             out = grouped_attention(q, k, v, self.scale, mask, self.softcap, sinks, groups)
         else:
             out = scaled_dot_product_attention(q, k, v, self.scale, mask, self.softcap, sinks)
-        return self.output(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        out = out.transpose(0, 2, 1, 3).reshape(B, L, -1)
+        if output_gate is not None:
+            out = out * output_gate
+        return self.output(out)
 
     def output(self, h):
         """The output projection of the heads' concatenated outputs ``h`` (BitNet
@@ -179,3 +185,31 @@ class Attention(nn.Module):
     def _qk_norm(self, q, k):
         q_name, k_name = self.qk_norm_names
         return getattr(self, q_name)(q), getattr(self, k_name)(k)
+
+
+class OutputGatedAttention(Attention):
+    """The shared attention with an output gate from its own projection of ``x``: the
+    heads' output is scaled by ``sigmoid`` (AFMoE) or ``softplus`` (Laguna) of it
+    before ``o_proj``; ``per_head``: one gate per head (broadcast over its features)
+    instead of one per feature. ``gate_name``: the checkpoint's name of the projection."""
+
+    GATES = ("sigmoid", "softplus")
+
+    def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, rope, gate="sigmoid",
+                 per_head=False, gate_name="gate_proj", gate_bias=False, **kwargs):
+        super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, rope, **kwargs)
+        if gate not in self.GATES:
+            raise ValueError(f"unknown attention output gate '{gate}' (known: {self.GATES})")
+        self.gate, self.per_head, self.gate_name = gate, per_head, gate_name
+        setattr(self, gate_name, nn.Linear(hidden_size, n_heads * (1 if per_head else head_dim),
+                                           bias=gate_bias))
+
+    def __call__(self, x, mask, offset, cache=None, attention=None):
+        g = getattr(self, self.gate_name)(x)
+        if self.gate == "sigmoid":
+            g = mx.sigmoid(g.astype(mx.float32)).astype(x.dtype)
+        else:  # softplus in float32, as Laguna's reference computes it
+            g = mx.logaddexp(g.astype(mx.float32), mx.array(0.0, mx.float32)).astype(x.dtype)
+        if self.per_head:
+            g = mx.repeat(g, self.head_dim, axis=-1)
+        return super().__call__(x, mask, offset, cache, attention, output_gate=g)

@@ -99,9 +99,11 @@ class SharedKVAttention(Attention):
     ``o_proj`` (tensor parallelism shards them like the source's query side)."""
 
     def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, rope=None, bias=False,
-                 scale=None, qk_norm=None, qk_norm_names=("q_norm", "k_norm")):
+                 scale=None, qk_norm=None, qk_norm_names=("q_norm", "k_norm"),
+                 qk_norm_after_rope=False):
         super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, rope, bias=bias, scale=scale,
-                         qk_norm=qk_norm, qk_norm_names=qk_norm_names)
+                         qk_norm=qk_norm, qk_norm_names=qk_norm_names,
+                         qk_norm_after_rope=qk_norm_after_rope)
         for name in ("k_proj", "v_proj", qk_norm_names[1]):
             if name in self:
                 del self[name]

@@ -56,9 +56,11 @@ class MultiHeadLatentAttention(nn.Module):
         scale=None,
         bias=False,
         output_gate=False,
+        position_scale=None,
     ):
         """``output_gate``: scale each head's output by ``sigmoid(g_proj(x))``, one
-        gate per head (Bailing V3)."""
+        gate per head (Bailing V3). ``position_scale``: ``f(positions (B, L)) -> (B, L)``
+        factors on the queries (Mistral 4's Llama-4 long-context temperature)."""
         super().__init__()
         self.n_heads = n_heads
         self.qk_nope_head_dim = qk_nope_head_dim
@@ -81,16 +83,20 @@ class MultiHeadLatentAttention(nn.Module):
         self.scale = scale if scale is not None else qk_head_dim**-0.5
         if output_gate:
             self.g_proj = nn.Linear(hidden_size, n_heads, bias=False)
+        self.position_scale = position_scale
 
-    def __call__(self, x, mask, offset, cache=None, attention=None):
-        # ``attention`` (decode row groups) is a CPU speed-up the shared Attention
-        # takes; one call over every slot gives the same result.
+    def project(self, x, offset):
+        """Rotated ``(B, H, L, D)`` queries (position-scaled) and keys, the values,
+        and the normed low-rank query (DeepSeek sparse attention's indexer reads it;
+        None without ``q_lora_rank``)."""
         B, L, _ = x.shape
         H, nope = self.n_heads, self.qk_nope_head_dim
         if self.q_lora_rank is None:
+            q_resid = None
             q = self.q_proj(x)
         else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+            q_resid = self.q_a_layernorm(self.q_a_proj(x))
+            q = self.q_b_proj(q_resid)
         q = q.reshape(B, L, H, -1).transpose(0, 2, 1, 3)
         q_nope, q_pe = q[..., :nope], q[..., nope:]
 
@@ -104,15 +110,33 @@ class MultiHeadLatentAttention(nn.Module):
             q_pe, k_pe = self.rope(q_pe, offset), self.rope(k_pe, offset)
         k_pe = mx.broadcast_to(k_pe, (B, H, L, self.qk_rope_head_dim))
         queries = mx.concatenate([q_nope, q_pe], axis=-1)
+        if self.position_scale is not None:
+            # Padding columns have negative positions: clamp them to 0 (a finite
+            # factor; their outputs are never read).
+            positions = mx.maximum(offset[:, None] + mx.arange(L), 0)
+            queries = queries * self.position_scale(positions)[:, None, :, None].astype(
+                queries.dtype)
         keys = mx.concatenate([k_nope, k_pe], axis=-1)
-        if cache is not None:
-            keys, values = cache.update_and_fetch(keys, values)
-        out = scaled_dot_product_attention(queries, keys, values, self.scale, mask)
+        return queries, keys, values, q_resid
+
+    def output(self, out, x):
+        """``o_proj`` of the attention output ``(B, H, L, v_head_dim)`` (each head
+        gated by ``sigmoid(g_proj(x))`` first when the layer has an output gate)."""
+        B, _, L, _ = out.shape
         out = out.transpose(0, 2, 1, 3)
         if "g_proj" in self:
             gate = mx.sigmoid(self.g_proj(x).astype(mx.float32)).astype(out.dtype)
             out = out * gate[..., None]
         return self.o_proj(out.reshape(B, L, -1))
+
+    def __call__(self, x, mask, offset, cache=None, attention=None):
+        # ``attention`` (decode row groups) is a CPU speed-up the shared Attention
+        # takes; one call over every slot gives the same result.
+        queries, keys, values, _ = self.project(x, offset)
+        if cache is not None:
+            keys, values = cache.update_and_fetch(keys, values)
+        return self.output(scaled_dot_product_attention(queries, keys, values, self.scale, mask),
+                           x)
 
 
 def merge_absorbed_kv_b(weights, prefix, qk_nope_head_dim, kv_lora_rank):

@@ -66,6 +66,27 @@ def config_rope(args, dims, traditional=False):
                      args.max_position_embeddings)
 
 
+def layer_type_rope(args, layer_type, default_partial=1.0):
+    """The RoPE of one layer type (Laguna, MiMo-V2-Flash): its entry of transformers
+    5's per-type ``rope_parameters`` (own theta, partial rotation and scaling), else
+    the flat keys of transformers 4 (the sliding layers' theta as
+    ``rope_local_base_freq``, one ``partial_rotary_factor``)."""
+    params = (getattr(args, "rope_parameters_by_type", None) or {}).get(layer_type)
+    if params is not None:
+        theta = params.get("rope_theta", 10000.0)
+        partial = params.get("partial_rotary_factor", default_partial)
+        kind = params.get("rope_type", params.get("type", "default"))
+        scaling = None if kind in (None, "default") else params
+    else:
+        sliding = layer_type == "sliding_attention"
+        local = getattr(args, "rope_local_base_freq", None)
+        theta = (local or args.rope_theta) if sliding else args.rope_theta
+        partial = getattr(args, "partial_rotary_factor", None) or default_partial
+        scaling = None if sliding else args.rope_scaling
+    return make_rope(int(args.head_dim * partial), theta, False, scaling,
+                     args.max_position_embeddings)
+
+
 def init_causal_lm(model, args, layers, final_norm, layer_windows=None, head_bias=False,
                    **stack_kwargs):
     """Set what ``CausalLM`` reads: ``args``, ``model`` (a ``DecoderStack``), an

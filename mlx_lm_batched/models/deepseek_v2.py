@@ -145,8 +145,9 @@ class DeepseekMoE(nn.Module):
 
 
 class Model(CausalLM):
-    def __init__(self, args: ModelArgs, gate=SoftmaxGate):
-        """``gate(args)`` builds each MoE layer's router (V3 passes its own)."""
+    def __init__(self, args: ModelArgs, gate=SoftmaxGate, position_scale=None):
+        """``gate(args)`` builds each MoE layer's router (V3 passes its own);
+        ``position_scale``: the attention's query temperature (Mistral 4)."""
         super().__init__()
         interleaved = args.rope_interleave or args.model_type == "deepseek_v2"
         # DeepSeek rotates adjacent pairs (traditional). transformers' V3 de-interleaves
@@ -158,17 +159,21 @@ class Model(CausalLM):
         norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps)
         layers = []
         for i in range(args.num_hidden_layers):
-            attn = MultiHeadLatentAttention(
-                args.hidden_size, args.num_attention_heads, args.qk_nope_head_dim,
-                args.qk_rope_head_dim, args.v_head_dim, args.kv_lora_rank, args.q_lora_rank,
-                rope, scale, args.attention_bias,
-            )
+            attn = self.make_attention(args, rope, scale, position_scale)
             if args.is_moe_layer(i):
                 mlp = DeepseekMoE(args, gate(args))
             else:
                 mlp = MLP(args.hidden_size, args.intermediate_size, args.hidden_act, args.mlp_bias)
             layers.append(PreNormBlock(attn, mlp, norm))
         init_causal_lm(self, args, layers, norm())
+
+    def make_attention(self, args, rope, scale, position_scale):
+        """One layer's attention (DeepSeek V3.2 adds its sparse indexer)."""
+        return MultiHeadLatentAttention(
+            args.hidden_size, args.num_attention_heads, args.qk_nope_head_dim,
+            args.qk_rope_head_dim, args.v_head_dim, args.kv_lora_rank, args.q_lora_rank,
+            rope, scale, args.attention_bias, position_scale,
+        )
 
     def sanitize(self, weights):
         weights = super().sanitize(weights)

@@ -16,7 +16,7 @@ then holds only its own heads. Quantized layers are split in whole quantization 
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..layers.attention import Attention
+from ..layers.attention import Attention, OutputGatedAttention
 from ..layers.mla import MultiHeadLatentAttention
 from ..layers.mlp import MLP, DenseMLP
 from ..layers.moe import QuantizedSwitchLinear, SwitchGLU, SwitchLinear, SwitchMLP
@@ -110,8 +110,12 @@ def _shard_attention(attn, group, path):
         if "k_proj" in attn:
             _slice_out(attn.k_proj, k)
         if "v_proj" in attn:  # else the values are the keys (Gemma 4) or another layer's
-            _slice_out(attn.v_proj, k)
-    _slice_in(attn.o_proj, qa * hd, qb * hd, group, f"{path}.o_proj")
+            vd = getattr(attn, "v_head_dim", hd)  # narrower value heads (MiMo-V2-Flash)
+            _slice_out(attn.v_proj, [(ka * vd, kb * vd)])
+    if isinstance(attn, OutputGatedAttention):  # a gate per query head or feature
+        _slice_out(getattr(attn, attn.gate_name), [(qa, qb)] if attn.per_head else q)
+    vd = getattr(attn, "v_head_dim", hd)
+    _slice_in(attn.o_proj, qa * vd, qb * vd, group, f"{path}.o_proj")
     if attn.has_qk_norm:
         for name, (a, b) in zip(attn.qk_norm_names, ((qa, qb), (ka, kb))):
             if name not in attn:  # no key norm where the keys are another layer's
