@@ -172,7 +172,7 @@ class Model(CausalLM):
         return MultiHeadLatentAttention(
             args.hidden_size, args.num_attention_heads, args.qk_nope_head_dim,
             args.qk_rope_head_dim, args.v_head_dim, args.kv_lora_rank, args.q_lora_rank,
-            rope, scale, args.attention_bias, position_scale,
+            rope, scale, args.attention_bias, position_scale=position_scale,
         )
 
     def sanitize(self, weights):
