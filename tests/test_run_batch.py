@@ -85,3 +85,30 @@ def test_run_batch_resumes_after_sigkill_with_every_line_once(tmp_path):
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "already in" in again.stderr
     assert records(results) == out
+
+
+def test_bad_lines_are_named_one_by_one():
+    from mlx_lm_batched.cli.batch_lines import LineError, parse_line
+
+    def check(line, code, fragment):
+        try:
+            parse_line(json.dumps(line), tokenizer=None, context=64, default_max_tokens=8,
+                       vocab_size=100)
+        except LineError as e:
+            assert e.code == code and fragment in str(e), (e.code, str(e))
+            assert e.custom_id == line.get("custom_id")
+        else:
+            raise AssertionError(f"accepted {line}")
+
+    text = {"custom_id": "a", "url": "/v1/completions"}
+    check({**text, "body": {"prompt": [1, 200]}}, "invalid_value", "token id 200 is outside")
+    check({**text, "body": {"prompt": [1] * 64}}, "context_length_exceeded", "64 tokens")
+    check({**text, "body": {"prompt": [1], "temperature": 3}}, "invalid_value", "'temperature'")
+    check({**text, "body": {"prompt": [1], "n": 2}}, "unsupported_value", "'n' must be 1")
+    check({**text, "url": "/v1/embeddings", "body": {}}, "invalid_url", "'url' must be one of")
+    check({"custom_id": "c", "url": "/v1/chat/completions",
+           "body": {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}},
+          "unsupported_value", "constrained decoding")
+    _, req = parse_line(json.dumps({**text, "body": {"prompt": [5, 6], "max_tokens": 100,
+                                                       "stop": "x", "seed": 3}}), None, 64, 8, 100)
+    assert (req.tokens, req.max_tokens, req.stop, req.seed) == ([5, 6], 62, ["x"], 3)

@@ -46,7 +46,7 @@ def _number(body, key, kind, lo=None, hi=None, default=None):
     return value
 
 
-def parse_line(text, tokenizer, context, default_max_tokens):
+def parse_line(text, tokenizer, context, default_max_tokens, vocab_size=None):
     """``(custom_id, Request)``; raises :class:`LineError` (``custom_id`` on it when known)."""
     try:
         line = json.loads(text)
@@ -56,7 +56,12 @@ def parse_line(text, tokenizer, context, default_max_tokens):
         raise LineError("invalid_request", "the line must be a JSON object")
     custom_id = line.get("custom_id")
     try:
-        return custom_id, _request(line, custom_id, tokenizer, context, default_max_tokens)
+        req = _request(line, custom_id, tokenizer, context, default_max_tokens)
+        bad = next((t for t in req.tokens if vocab_size and not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise LineError("invalid_value", f"token id {bad} is outside the vocabulary "
+                            f"[0, {vocab_size})")
+        return custom_id, req
     except LineError as e:
         e.custom_id = custom_id
         raise

@@ -115,6 +115,13 @@ class Conversation:
                 reply.append(r.text)
                 self.last = r
                 yield r.text
+        except KeyboardInterrupt:
+            # Ctrl-C may land inside a model call, with some layers' caches updated and
+            # others not: drop the cache; the next turn prefills the conversation again.
+            from ..cache.factory import make_prompt_cache
+
+            self.cache, self.cached = make_prompt_cache(self.model, self.args.max_kv_size), []
+            raise
         finally:  # also after Ctrl-C: the partial reply is part of the conversation
             self.messages.append({"role": "assistant", "content": "".join(reply)})
 

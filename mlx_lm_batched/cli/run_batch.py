@@ -123,7 +123,7 @@ def run(args):
         return EXIT_OK
 
     from ..loading.load import load
-    from ..models.context import context_length
+    from ..models.context import context_length, model_vocab_size
     from ..sampling.samplers import make_sampler
     from ..sched.generator import BatchGenerator
     from ..sched.output import RowText
@@ -139,6 +139,7 @@ def run(args):
     except Exception as e:
         raise CliError(f"loading the model '{model_path}' failed: {one_line(e)}") from None
     context = context_length(model) or 131072
+    vocab = model_vocab_size(model)
     template = getattr(tokenizer, "chat_template", None)
     family, think = detect_family(template), detect_think_markers(template)
 
@@ -166,16 +167,18 @@ def run(args):
                     exhausted = True
                     break
                 number, text = item
+                req = None
                 try:
-                    _, req = parse_line(text, tokenizer, context, args.max_tokens)
-                except LineError as e:
-                    results.write(number, getattr(e, "custom_id", None),
-                                  error={"code": e.code, "message": str(e)})
-                    bar is not None and bar.update(1)
+                    _, req = parse_line(text, tokenizer, context, args.max_tokens, vocab)
+                    (uid,) = gen.insert([req.tokens], max_tokens=[req.max_tokens],
+                                        samplers=[make_sampler(**req.sampling)], seeds=[req.seed])
+                except (LineError, ValueError, TypeError) as e:  # this line's problem only
+                    code = e.code if isinstance(e, LineError) else "invalid_value"
+                    custom_id = req.custom_id if req is not None else getattr(e, "custom_id", None)
+                    results.write(number, custom_id, error={"code": code, "message": one_line(e)})
+                    if bar is not None:
+                        bar.update(1)
                     continue
-                sampler = make_sampler(**req.sampling)
-                (uid,) = gen.insert([req.tokens], max_tokens=[req.max_tokens], samplers=[sampler],
-                                    seeds=[req.seed])
                 rows[uid] = [number, req, RowText(tokenizer, req.stop), "", 0]
             if not rows:
                 break

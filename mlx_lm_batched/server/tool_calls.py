@@ -81,7 +81,8 @@ def message_fields(parsed):
     """The assistant message's fields from a whole parse (``reasoning`` mirrors
     ``reasoning_content``: clients read either)."""
     content, calls = parsed["content"], parsed["tool_calls"]
-    message = {"role": "assistant", "content": content if content or not calls else None}
+    message = {"role": "assistant", "content": content if content or not calls else None,
+               "refusal": None}  # OpenAI's schema requires the key
     if parsed["reasoning_content"]:
         message["reasoning_content"] = message["reasoning"] = parsed["reasoning_content"]
     if calls:
