@@ -16,7 +16,8 @@ from .sched.stats import BatchStats
 from .cli.generate import main
 from .sampling.stop_sequences import StopSequences, make_stop_sequences
 from .sched.generator import BatchGenerator
+from .tool_parsers.state_machine import TextStateMachine
 
 __all__ = ["BatchGenerator", "BatchResponse", "BatchStats", "BatchStreamResponse",
-           "GenerationResponse", "StopSequences", "batch_generate", "generate", "generate_step",
+           "GenerationResponse", "StopSequences", "TextStateMachine", "batch_generate", "generate", "generate_step",
            "main", "make_stop_sequences", "stream_batch_generate", "stream_generate"]

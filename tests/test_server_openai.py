@@ -10,7 +10,8 @@ import openai
 import pytest
 
 from mlx_lm_batched import generate, load, stream_generate
-from mlx_lm_batched.server.tool_calls import ToolCallStream, split_tool_calls
+from mlx_lm_batched.server.tool_calls import ChatOutput, check_tool_choice, delta_fields, message_fields
+from mlx_lm_batched.tool_parsers import get_family
 from server_harness import ServerProcess
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -167,22 +168,35 @@ def test_tools_reach_the_template(client, model_id, oracle):
     rendered = oracle[1].apply_chat_template(QUESTION, tools=tools, add_generation_prompt=True)
     assert out.usage.prompt_tokens == len(rendered)
     assert out.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    # tool_choice "none": the template is not shown the tools (SmolLM2's ignores them anyway)
+    assert check_tool_choice("none", tools) is None and check_tool_choice("auto", tools) == tools
+    out = client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=1,
+                                         temperature=0, tools=tools, tool_choice="none")
+    assert out.usage.prompt_tokens == len(chat_ids(oracle[1], QUESTION))
+    # forced calls need constrained decoding: refused in one line, naming the field
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=1,
+                                       tools=tools, tool_choice="required")
+    assert e.value.body["param"] == "tool_choice" and "constrained decoding" in e.value.body["message"]
 
 
 def test_tool_call_parsing():
     text = ('Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
             '</tool_call><tool_call>{"name": "bad"</tool_call>')
-    content, calls = split_tool_calls(text)
-    assert content == 'Let me check.<tool_call>{"name": "bad"</tool_call>'
+    output = ChatOutput(get_family("json_tools"))
+    message = message_fields(output.parser().parse(text))
+    assert message["content"] == 'Let me check.<tool_call>{"name": "bad"</tool_call>'
+    calls = message["tool_calls"]
     assert [c["function"]["name"] for c in calls] == ["get_weather"]
     assert calls[0]["function"]["arguments"] == '{"city": "Paris"}' and calls[0]["type"] == "function"
-    stream, got_text, got_calls = ToolCallStream(), "", []
+    parser, got_text, got_calls = output.parser(), "", []
     for i in range(0, len(text), 3):  # cut everywhere, including inside the tags
-        t, c = stream.feed(text[i : i + 3])
-        got_text += t
-        got_calls += c
-    t, c = stream.feed("", final=True)
-    assert got_text + t == content and [x["function"] for x in got_calls + c] == [calls[0]["function"]]
+        delta = delta_fields(parser.feed(text[i : i + 3]))
+        got_text += delta.get("content", "")
+        got_calls += delta.get("tool_calls", [])
+    delta = delta_fields(parser.finish())
+    assert got_text + delta.get("content", "") == message["content"]
+    assert [x["function"] for x in got_calls] == [calls[0]["function"]]
 
 
 def test_metrics_after_requests(server):

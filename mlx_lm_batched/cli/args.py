@@ -25,7 +25,6 @@ UNSUPPORTED = {
     "adapter_path": ("--adapter-path", "LoRA adapters"),
     "draft_model": ("--draft-model", "speculative decoding"),
     "kv_bits": ("--kv-bits", "quantized KV caches"),
-    "prompt_cache_file": ("--prompt-cache-file", "saved prompt caches on the command line"),
     "quantize_activations": ("--quantize-activations/-qa", "activation quantization"),
     "image": ("--image", "image inputs"),
 }
@@ -127,6 +126,9 @@ def build_parser():
                    "prompt-N.out.txt for the N-th --prompt)")
     p.add_argument("--jsonl", default=None, metavar="PATH",
                    help="write one JSON record per prompt to PATH ('-' for stdout) as it finishes")
+    p.add_argument("--prompt-cache-file", default=None, metavar="FILE",
+                   help="a prefix cached by cache_prompt (ours or mlx-lm's) that every prompt "
+                   "continues; --model defaults to the file's model")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     # mlx-lm flags whose features are missing: parsed, then rejected by check_args.
     p.add_argument("--adapter-path", default=None, help=argparse.SUPPRESS)
@@ -135,7 +137,6 @@ def build_parser():
     p.add_argument("--kv-bits", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--kv-group-size", type=int, default=64, help=argparse.SUPPRESS)
     p.add_argument("--quantized-kv-start", type=int, default=5000, help=argparse.SUPPRESS)
-    p.add_argument("--prompt-cache-file", default=None, help=argparse.SUPPRESS)
     p.add_argument("--quantize-activations", "-qa", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--image", nargs="+", default=[], help=argparse.SUPPRESS)
     return p

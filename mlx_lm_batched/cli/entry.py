@@ -21,3 +21,15 @@ def run_generate():
     from .generate import main
 
     raise SystemExit(main())
+
+
+def run_main(name):
+    """``python -m mlx_lm_batched.<name>`` for the other command lines (``chat``,
+    ``cache_prompt``, ``benchmark``, ``run_batch``): quiet Ctrl-C during the imports,
+    then ``cli.<name>.main()``'s exit code."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, _quiet_interrupt)
+    import importlib
+
+    module = importlib.import_module(f"{__package__}.{name}")
+    raise SystemExit(module.main())

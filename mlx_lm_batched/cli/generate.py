@@ -109,6 +109,12 @@ def run(args, state):
         say(e)
     if not texts:
         raise CliError("no usable prompts")
+    prefix = None
+    if args.prompt_cache_file is not None:
+        state.stage = "reading the prompt cache file"
+        from .prompt_cache_file import load_cache_file
+
+        prefix, args.cached_prefix = load_cache_file(args)
     state.stage = "opening the outputs"
     outputs = state.outputs = Outputs(args.output_dir, args.jsonl, args.verbose)
 
@@ -147,13 +153,13 @@ def run(args, state):
     state.stage = "generating"
     if args.group is None:
         stats = generate_all(args, model, tokenizer, prompts, limits, sampler, outputs,
-                             prefill_step(args, model, rows))
+                             prefill_step(args, model, rows), prefix=prefix)
     else:  # a lost or stalled rank ends the run with an error instead of a hang
         from ..parallel.group import STEP_TIMEOUT, guard_collectives
 
         with guard_collectives(STEP_TIMEOUT, args.group) as guard:
             stats = generate_all(args, model, tokenizer, prompts, limits, sampler, outputs,
-                                 prefill_step(args, model, rows), guard.tick)
+                                 prefill_step(args, model, rows), guard.tick, prefix=prefix)
     outputs.close()
     if args.verbose:
         print(f"Prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.3f} tokens-per-sec")
@@ -167,9 +173,11 @@ def run(args, state):
     return EXIT_SOME_FAILED if errors else EXIT_OK
 
 
-def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step_size, tick=None):
+def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step_size, tick=None,
+                 prefix=None):
     """Generate every prompt; each is handed to ``outputs`` the moment it finishes.
-    ``tick`` (optional) is called after every generated token."""
+    ``tick`` (optional) is called after every generated token. ``prefix``: a prompt
+    cache every prompt continues (the scheduler copies it per row)."""
     from ..api.batch import stream_batch_generate
     from ..sched.stats import BatchStats
 
@@ -190,7 +198,8 @@ def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step
         for r in stream_batch_generate(model, tokenizer, prompts, limits, sampler=sampler,
                                        completion_batch_size=args.batch_size,
                                        prefill_step_size=step_size, max_kv_size=args.max_kv_size,
-                                       stats=stats, logprobs=False):
+                                       stats=stats, logprobs=False,
+                                       prompt_caches=None if prefix is None else [prefix] * len(prompts)):
             if tick is not None:
                 tick()
             if r.finish_reason != "stop":

@@ -88,6 +88,8 @@ def make_prompt_tokens(tokenizer, text, args):
     from ..tokenization.tokenizer import encode_prompt
 
     if args.ignore_chat_template or not (tokenizer.has_chat_template or args.chat_template):
+        if getattr(args, "cached_prefix", 0):  # the cached prefix holds the BOS already
+            return tokenizer.encode(text, add_special_tokens=False)
         return encode_prompt(tokenizer, text)
     messages = [{"role": "user", "content": text}]
     if args.system_prompt:
@@ -98,6 +100,10 @@ def make_prompt_tokens(tokenizer, text, args):
     kwargs = dict(args.chat_template_kwargs)
     if args.chat_template:
         kwargs["chat_template"] = args.chat_template
+    if getattr(args, "cached_prefix", 0):
+        from .prompt_cache_file import suffix_tokens
+
+        return suffix_tokens(tokenizer, text, args, kwargs)
     kwargs.update(add_generation_prompt=not prefill, continue_final_message=prefill)
     rendered = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
     return encode_prompt(tokenizer, rendered)
@@ -146,7 +152,7 @@ def tokenize_prompts(tokenizer, sources, texts, context, args, errors):
             say(msg)
             errors.append(msg)
             continue
-        room = context - len(ids)
+        room = context - len(ids) - getattr(args, "cached_prefix", 0)
         if not ids or room < 1:
             msg = (f"prompt {source} is empty after tokenization" if not ids else
                    f"prompt {source} has {len(ids)} tokens, over the model's context of {context}")

@@ -18,6 +18,7 @@ import sys
 from .. import load
 from .app import ServerConfig, create_app
 from .engine import Engine, EngineConfig
+from ..tool_parsers import FAMILIES
 
 log = logging.getLogger("mlx_lm_batched.server")
 
@@ -74,6 +75,8 @@ def build_parser():
     p.add_argument("--distributed", default="auto", choices=["auto", "tensor", "off"],
                    help="under mlx.launch: 'auto' (default) and 'tensor' shard the model over "
                    "the ranks (tensor parallel; rank 0 serves HTTP), 'off' runs every rank alone")
+    p.add_argument("--tool-call-parser", default=None, choices=sorted(FAMILIES),
+                   help="tool-call format to parse (default: the one the chat template uses)")
     return p
 
 
@@ -159,7 +162,8 @@ def _serve(argv):
     engine.start()
     app = create_app(engine, ServerConfig(
         model_id=name, model_path=path, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
-        max_tokens=args.max_tokens_limit, max_n=args.max_n, default_temperature=args.temp))
+        max_tokens=args.max_tokens_limit, max_n=args.max_n, default_temperature=args.temp,
+        tool_parser=args.tool_call_parser))
 
     import uvicorn
 

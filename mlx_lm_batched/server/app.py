@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from .errors import APIError
 from .handlers import serve
 from .job_prep import JobSpec
+from .tool_calls import chat_output
 from .middleware import AuthMiddleware, StatusCounter, read_json
 from .schema import (
     ChatCompletionRequest,
@@ -33,6 +34,7 @@ class ServerConfig:
     max_tokens: int = 4096  # per request
     max_n: int = 8
     default_temperature: float = 0.0
+    tool_parser: Optional[str] = None  # a tool_parsers family name; None: from the template
 
 
 def _accepted_names(config):
@@ -87,7 +89,11 @@ def create_app(engine, config):
         req = parse(ChatCompletionRequest, await read_json(request, config.max_body_bytes))
         check_model(req.model)
         params = generation_params(req, config, config.default_temperature)
-        spec = JobSpec(params, messages=chat_messages(req), tools=req.tools)
+        messages, kwargs = chat_messages(req), dict(req.chat_template_kwargs or {})
+        output = chat_output(engine.tokenizer, messages, req.tools, req.tool_choice, kwargs,
+                             config.tool_parser)
+        spec = JobSpec(params, messages=messages, tools=output.tools_for_template,
+                       template_kwargs=kwargs, output=output)
         return await serve(engine, spec, "chat", config.model_id, request)
 
     @app.post("/v1/completions")

@@ -19,7 +19,7 @@ from .responses import (
     sse,
     usage,
 )
-from .tool_calls import ToolCallStream, split_tool_calls
+from .tool_calls import delta_fields, message_fields
 
 DISCONNECT_POLL_S = 1.0
 
@@ -80,10 +80,8 @@ def _whole(ids, spec, started, result):
     choices = []
     for i, (text, reason) in enumerate(zip(texts, finish)):
         if ids.kind == "chat":
-            content, calls = split_tool_calls(text) if spec.tools else (text, [])
-            message = {"role": "assistant", "content": content if content or not calls else None}
-            if calls:
-                message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
+            message = message_fields(spec.output.parser().parse(text))
+            if "tool_calls" in message:
                 reason = "tool_calls"
             choices.append({"index": i, "message": message, "finish_reason": reason,
                             "logprobs": chat_logprobs(entries[i]) if params.logprobs else None})
@@ -97,7 +95,7 @@ async def _stream(engine, job, events, started, ids, n, spec):
     """Server-sent events of one job; cancels it unless it ran to its end."""
     params, chat = spec.params, ids.kind == "chat"
     extra = {"usage": None} if params.include_usage else {}
-    tools = [ToolCallStream() for _ in range(n)] if chat and spec.tools else None
+    parsers = [spec.output.parser() for _ in range(n)] if chat else None
     offsets = [0] * n  # text offsets (completions logprobs)
     done, finished, completion = False, 0, 0
     try:
@@ -111,18 +109,18 @@ async def _stream(engine, job, events, started, ids, n, spec):
                 yield sse(ev.error.body())
                 break
             if isinstance(ev, Delta):
-                choice = _delta_choice(ev, chat, tools, offsets, params.logprobs, final=False)
+                choice = _delta_choice(ev, chat, parsers, offsets, params.logprobs, final=False)
                 if choice is not None:
                     yield sse(ids.envelope([choice], chunk=True, **extra))
                 continue
             finished += 1
             completion += ev.completion_tokens
             reason = ev.finish_reason
-            if tools is not None:
-                tail = _delta_choice(Delta(ev.index, "", []), chat, tools, offsets, False, final=True)
+            if parsers is not None:
+                tail = _delta_choice(Delta(ev.index, "", []), chat, parsers, offsets, False, final=True)
                 if tail is not None:
                     yield sse(ids.envelope([tail], chunk=True, **extra))
-                if tools[ev.index].count:
+                if parsers[ev.index].count:
                     reason = "tool_calls"
             end = {"index": ev.index, "finish_reason": reason, "logprobs": None}
             end.update({"delta": {}} if chat else {"text": ""})
@@ -138,7 +136,7 @@ async def _stream(engine, job, events, started, ids, n, spec):
             engine.cancel(job)
 
 
-def _delta_choice(ev, chat, tools, offsets, logprobs, final):
+def _delta_choice(ev, chat, parsers, offsets, logprobs, final):
     """The choice object of one Delta (None when there is nothing to send)."""
     i = ev.index
     if not chat:
@@ -147,12 +145,7 @@ def _delta_choice(ev, chat, tools, offsets, logprobs, final):
         if not ev.text and not ev.logprobs:
             return None
         return {"index": i, "text": ev.text, "logprobs": lp, "finish_reason": None}
-    text, calls = (tools[i].feed(ev.text, final=final) if tools is not None else (ev.text, []))
-    delta = {}
-    if text:
-        delta["content"] = text
-    if calls:
-        delta["tool_calls"] = calls
+    delta = delta_fields(parsers[i].finish() if final else parsers[i].feed(ev.text))
     if not delta and not ev.logprobs:
         return None
     return {"index": i, "delta": delta, "finish_reason": None,

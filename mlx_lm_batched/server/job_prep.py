@@ -1,7 +1,7 @@
 """A request's prompts as token lists, checked against the vocabulary and the context."""
 
-from dataclasses import dataclass
-from typing import Any, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
 
 from .errors import APIError
 
@@ -15,6 +15,8 @@ class JobSpec:
     messages: Optional[List[dict]] = None
     tools: Optional[List[dict]] = None
     prompts: Optional[List[Any]] = None
+    template_kwargs: Dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs
+    output: Any = None  # tool_calls.ChatOutput of a chat request
 
 
 def _encode(spec, tokenizer):
@@ -24,7 +26,7 @@ def _encode(spec, tokenizer):
                            "messages", "no_chat_template")
         try:
             ids = tokenizer.apply_chat_template(spec.messages, tools=spec.tools or None,
-                                                add_generation_prompt=True)
+                                                add_generation_prompt=True, **spec.template_kwargs)
         except Exception as e:  # jinja raises on messages the template does not accept
             raise APIError(400, f"The chat template rejected 'messages': {e}", "messages",
                            "invalid_value") from None

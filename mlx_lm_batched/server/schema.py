@@ -91,6 +91,8 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)
     tools: Optional[List[Dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, Dict[str, Any]]] = None
+    chat_template_kwargs: Optional[Dict[str, Any]] = None  # e.g. {"enable_thinking": false}
 
 
 class CompletionRequest(_Sampling):

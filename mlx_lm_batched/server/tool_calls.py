@@ -1,91 +1,102 @@
-"""Tool calls in Hermes/Qwen form: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
+"""The chat-output seam: how one chat request's text becomes ``content``,
+``reasoning_content`` and ``tool_calls``.
 
-Chat templates of Qwen 2.5/3, Hermes and many fine-tunes make the model emit such
-blocks; the server turns them into OpenAI's ``tool_calls``. :func:`split_tool_calls`
-parses a whole text; :class:`ToolCallStream` does it on streamed text, holding back a
-block until it closes.
+:func:`chat_output` decides, once per request, the tool-call family (the server's
+``--tool-call-parser``, else the one the chat template asks for; see
+``tool_parsers``), the reasoning markers, whether the prompt already opened the
+reasoning block, and what ``tool_choice`` allows. The handlers only call
+``ChatOutput.parser()`` per choice and feed it text. Forced tool calls
+(``tool_choice`` ``required`` or a named function) need constrained decoding and
+are refused here until a grammar engine provides them.
 """
 
-import json
-import uuid
+from dataclasses import dataclass
+from typing import Any, Optional
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+from ..tool_parsers import ChatOutputParser, detect_think_markers, select_family
+from .errors import APIError
 
 
-def _call(body, index):
-    """OpenAI's tool call object for one block body (None when it is not valid JSON
-    with a ``name``)."""
+@dataclass
+class ChatOutput:
+    """Per-request parsing settings; ``tools_for_template``: the tools the template sees."""
+
+    family: Any = None  # a tool_parsers.ToolFamily, or None: tool markup is plain text
+    think: Optional[tuple] = None
+    in_reasoning: bool = False
+    tools_for_template: Optional[list] = None
+
+    def parser(self):
+        """A fresh parser for one choice."""
+        return ChatOutputParser(self.family, self.think, self.in_reasoning)
+
+
+def check_tool_choice(tool_choice, tools):
+    """The tools to show the template: all of them for ``auto``, none for ``none``.
+    APIError(400) for the forced forms (they need constrained decoding) and for a
+    ``tool_choice`` other than those of OpenAI's schema."""
+    if tool_choice is None or tool_choice == "auto":
+        return tools or None
+    if tool_choice == "none":
+        return None
+    if tool_choice == "required" or (isinstance(tool_choice, dict)
+                                     and tool_choice.get("type") == "function"):
+        if not tools:
+            raise APIError(400, "'tool_choice' forces a tool call but 'tools' is empty.",
+                           "tool_choice", "invalid_value")
+        raise APIError(400, "'tool_choice' 'required' or a named function needs constrained "
+                       "decoding, which this server does not have yet; use 'auto'.",
+                       "tool_choice", "unsupported_value")
+    raise APIError(400, "Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or "
+                   "{\"type\": \"function\", \"function\": {\"name\": ...}}.", "tool_choice",
+                   "invalid_value")
+
+
+def chat_output(tokenizer, messages, tools, tool_choice, template_kwargs, parser_name=None):
+    """The :class:`ChatOutput` of one chat request (see the module docstring)."""
+    tools = check_tool_choice(tool_choice, tools)
+    template = getattr(tokenizer, "chat_template", None)
+    family = select_family(template, parser_name) if tools else None
+    think = detect_think_markers(template, _vocab(tokenizer))
+    in_reasoning = False
+    if think is not None:
+        try:
+            rendered = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                     add_generation_prompt=True, **template_kwargs)
+        except Exception:  # the engine renders again and reports the template's error
+            rendered = ""
+        tail = rendered.rstrip()
+        in_reasoning = tail.endswith(think[0])
+    return ChatOutput(family, think, in_reasoning, tools)
+
+
+def _vocab(tokenizer):
     try:
-        data = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-        return None
-    args = data.get("arguments", data.get("parameters", {}))
-    return {"index": index, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": data["name"],
-                         "arguments": args if isinstance(args, str) else json.dumps(args)}}
+        return tokenizer.get_vocab()
+    except Exception:  # a tokenizer without a vocabulary listing: the template decides
+        return {}
 
 
-def split_tool_calls(text):
-    """``(content without valid blocks, [tool calls])``; a block that does not parse
-    stays in the content as it was written."""
-    content, calls, pos = "", [], 0
-    while True:
-        start = text.find(OPEN, pos)
-        end = text.find(CLOSE, start + len(OPEN)) if start >= 0 else -1
-        if start < 0 or end < 0:
-            content += text[pos:]
-            break
-        call = _call(text[start + len(OPEN) : end].strip(), len(calls))
-        if call is None:
-            content += text[pos : end + len(CLOSE)]
-        else:
-            content += text[pos:start]
-            calls.append(call)
-        pos = end + len(CLOSE)
-    return content, calls
+def message_fields(parsed):
+    """The assistant message's fields from a whole parse (``reasoning`` mirrors
+    ``reasoning_content``: clients read either)."""
+    content, calls = parsed["content"], parsed["tool_calls"]
+    message = {"role": "assistant", "content": content if content or not calls else None,
+               "refusal": None}  # OpenAI's schema requires the key
+    if parsed["reasoning_content"]:
+        message["reasoning_content"] = message["reasoning"] = parsed["reasoning_content"]
+    if calls:
+        message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
+    return message
 
 
-class ToolCallStream:
-    """Feed text deltas; get ``(content delta, [complete tool calls])`` per feed."""
-
-    def __init__(self):
-        self._buf = ""
-        self.count = 0  # tool calls emitted so far
-
-    def feed(self, text, final=False):
-        """Process a delta; ``final`` flushes an unclosed block as plain content."""
-        self._buf += text
-        content, calls = "", []
-        while True:
-            start = self._buf.find(OPEN)
-            if start < 0:
-                keep = 0 if final else _partial_open(self._buf)
-                content += self._buf[: len(self._buf) - keep]
-                self._buf = self._buf[len(self._buf) - keep :]
-                return content, calls
-            end = self._buf.find(CLOSE, start)
-            if end < 0:
-                content += self._buf[:start]
-                self._buf = self._buf[start:]
-                if final:
-                    content += self._buf
-                    self._buf = ""
-                return content, calls
-            call = _call(self._buf[start + len(OPEN) : end].strip(), self.count)
-            if call is None:
-                content += self._buf[: end + len(CLOSE)]
-            else:
-                content += self._buf[:start]
-                calls.append(call)
-                self.count += 1
-            self._buf = self._buf[end + len(CLOSE) :]
-
-
-def _partial_open(text):
-    """Length of the longest tail of ``text`` that starts ``<tool_call>``."""
-    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if text.endswith(OPEN[:n]):
-            return n
-    return 0
+def delta_fields(parsed):
+    """A streamed delta's fields from one ``feed``/``finish`` result."""
+    delta = {}
+    if parsed["reasoning_content"]:
+        delta["reasoning_content"] = delta["reasoning"] = parsed["reasoning_content"]
+    if parsed["content"]:
+        delta["content"] = parsed["content"]
+    if parsed["tool_calls"]:
+        delta["tool_calls"] = parsed["tool_calls"]
+    return delta

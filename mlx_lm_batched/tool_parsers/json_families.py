@@ -1,0 +1,42 @@
+"""Families whose calls carry JSON: Hermes/Qwen ``json_tools``, ``longcat``, ``mistral``
+and ``kimi_k2``. Each parser takes the text between the family's markers and returns
+``[(name, arguments), ...]``, raising ValueError when it is not a call."""
+
+import re
+
+from .calls import load_json, named_call
+
+
+def parse_json_tools(body):
+    """``{"name": "f", "arguments": {...}}`` (Hermes, Qwen 2.5/3, many fine-tunes)."""
+    return [named_call(load_json(body.strip()))]
+
+
+def parse_mistral(body):
+    """``f[ARGS]{...}`` (Mistral v11+ templates) or ``[{"name": ..., "arguments": ...}]``."""
+    body = body.strip()
+    if "[ARGS]" in body:
+        name, _, args = body.partition("[ARGS]")
+        name = name.strip()
+        if not name:
+            raise ValueError("a Mistral tool call needs a name before [ARGS]")
+        return [(name, load_json(args.strip()))]
+    data = load_json(body)
+    return [named_call(d) for d in (data if isinstance(data, list) else [data])]
+
+
+_KIMI_CALL = re.compile(r"<\|tool_call_begin\|>(.*?)<\|tool_call_argument_begin\|>(.*?)"
+                        r"<\|tool_call_end\|>", re.DOTALL)
+
+
+def parse_kimi_k2(body):
+    """``<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{...}<|tool_call_end|>``,
+    one or more inside the section markers."""
+    calls = []
+    for ident, args in _KIMI_CALL.findall(body):
+        name = ident.strip().split(":")[0]
+        name = name[len("functions."):] if name.startswith("functions.") else name
+        calls.append((name, load_json(args.strip())))
+    if not calls:
+        raise ValueError("no <|tool_call_begin|> call in the Kimi tool-call section")
+    return calls

@@ -1,0 +1,72 @@
+"""Split a chat model's output into answer, reasoning and tool calls, whole or as a
+stream of text deltas (OpenAI's delta fields), never letting part of a marker reach
+the answer."""
+
+from .calls import tool_call
+from .state_machine import TextStateMachine
+
+ANSWER, REASONING, TOOL = "normal", "reasoning", "tool"
+
+
+class ChatOutputParser:
+    """Feed decoded text; get ``{"content", "reasoning_content", "tool_calls"}`` pieces.
+
+    ``family``: a :class:`ToolFamily` or None (tool markup stays in the answer);
+    ``think``: ``(start, end)`` reasoning markers or None; ``in_reasoning``: the prompt
+    already opened the reasoning block (templates that end with ``<think>``)."""
+
+    def __init__(self, family=None, think=None, in_reasoning=False):
+        edges = {ANSWER: [], REASONING: [], TOOL: []}
+        if think is not None:
+            edges[ANSWER].append((think[0], REASONING))
+            edges[REASONING].append((think[1], ANSWER))
+        if family is not None:
+            edges[ANSWER].append((family.start, TOOL))
+            # Without an end marker a call runs to the next start marker (or the end).
+            edges[TOOL].append((family.end, ANSWER) if family.end else (family.start, TOOL))
+        self.family = family
+        self._machine = TextStateMachine(edges)
+        self._state = self._machine.make_state(REASONING if think and in_reasoning else ANSWER)
+        self._body = ""
+        self.count = 0  # tool calls emitted so far
+
+    def feed(self, text):
+        """The pieces ``text`` completes (held-back text waits for the next feed)."""
+        self._state, segments = TextStateMachine.split(self._state, text)
+        return self._collect(segments)
+
+    def finish(self):
+        """The rest at the end of generation: held-back text, and an unclosed call (a
+        family without an end marker, or one whose end token was not decoded)."""
+        self._state, rest, name = TextStateMachine.flush(self._state)
+        return self._collect([(name, rest)], closing=True)
+
+    def parse(self, text):
+        """Whole-response form of :meth:`feed` + :meth:`finish`."""
+        first, last = self.feed(text), self.finish()
+        return {k: first[k] + last[k] for k in first}
+
+    def _collect(self, segments, closing=False):
+        out = {"content": "", "reasoning_content": "", "tool_calls": []}
+        for k, (state, text) in enumerate(segments):
+            done = closing or k < len(segments) - 1  # later segments mean this state ended
+            if state == TOOL:
+                self._body += text
+                if done:  # closed by its end marker, or cut off at the end of the text
+                    self._close_call(out, "" if closing else self.family.end)
+            elif state == REASONING:
+                out["reasoning_content"] += text
+            elif state == ANSWER:
+                out["content"] += text
+        return out
+
+    def _close_call(self, out, end):
+        body, self._body = self._body, ""
+        try:
+            calls = self.family.parse(body)
+        except (ValueError, TypeError):  # not a call after all: the markup is the answer
+            out["content"] += self.family.start + body + end
+            return
+        for name, arguments in calls:
+            out["tool_calls"].append(tool_call(name, arguments, self.count))
+            self.count += 1
