@@ -1,5 +1,6 @@
 """The ASGI app: OpenAI's routes, health and metrics, with OpenAI-shaped errors."""
 
+import asyncio
 import os
 import time
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse
 
+from ..sampling.grammar import grammar_tokenizer
 from .errors import APIError
 from .handlers import serve
 from .job_prep import JobSpec
@@ -20,6 +22,7 @@ from .schema import (
     generation_params,
     parse,
 )
+from .tool_choice import tools_for_prompt
 
 
 @dataclass
@@ -67,6 +70,12 @@ def create_app(engine, config):
             raise APIError(404, f"The model '{name}' does not exist; this server serves "
                            f"'{config.model_id}'.", "model", "model_not_found")
 
+    async def _grammar_ready(params):
+        # The grammar engine's view of the vocabulary takes seconds to build once per
+        # model: built here, off the engine thread, so the running batch never waits.
+        if params.constraint is not None:
+            await asyncio.to_thread(grammar_tokenizer, engine.tokenizer)
+
     @app.get("/health")
     async def health():
         if not engine.alive:
@@ -87,7 +96,9 @@ def create_app(engine, config):
         req = parse(ChatCompletionRequest, await read_json(request, config.max_body_bytes))
         check_model(req.model)
         params = generation_params(req, config, config.default_temperature)
-        spec = JobSpec(params, messages=chat_messages(req), tools=req.tools)
+        spec = JobSpec(params, messages=chat_messages(req),
+                       tools=tools_for_prompt(req.tools, req.tool_choice))
+        await _grammar_ready(params)
         return await serve(engine, spec, "chat", config.model_id, request)
 
     @app.post("/v1/completions")
@@ -101,6 +112,7 @@ def create_app(engine, config):
         if len(spec.prompts) * params.n > config.max_n:
             raise APIError(400, f"{len(spec.prompts)} prompts times n={params.n} is over this "
                            f"server's limit of {config.max_n} choices.", "prompt", "invalid_value")
+        await _grammar_ready(params)
         return await serve(engine, spec, "text", config.model_id, request)
 
     paths = [r.path for r in app.routes]

@@ -81,7 +81,8 @@ def _whole(ids, spec, started, result):
     for i, (text, reason) in enumerate(zip(texts, finish)):
         if ids.kind == "chat":
             content, calls = split_tool_calls(text) if spec.tools else (text, [])
-            message = {"role": "assistant", "content": content if content or not calls else None}
+            message = {"role": "assistant", "content": content if content or not calls else None,
+                       "refusal": None}
             if calls:
                 message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
                 reason = "tool_calls"

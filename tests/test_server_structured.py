@@ -1,0 +1,141 @@
+"""Structured outputs on the server, with the official ``openai`` client: ``response_format``
+(json_object, json_schema strict), vLLM's ``guided_*`` fields, forced ``tool_choice``,
+vLLM's extra sampling fields; constrained and free requests in one batch; bad
+constraint fields answered with a 400 naming them."""
+
+import concurrent.futures as futures
+import json
+
+import jsonschema
+import pytest
+from openai import OpenAI
+from transformers import PreTrainedTokenizerFast
+
+from server_harness import ServerProcess
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "pets"],
+          "properties": {"name": {"type": "string", "maxLength": 12},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "pets": {"type": "array", "maxItems": 2,
+                                  "items": {"enum": ["cat", "dog", "fish"]}}}}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}},
+                   "required": ["city"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Time in a zone",
+    "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+                   "required": ["zone"], "additionalProperties": False}}}
+
+
+MODEL = None  # the served model's id (its directory), set by the server fixture
+
+
+@pytest.fixture(scope="module")
+def server(float_dirs):
+    global MODEL
+    MODEL = str(float_dirs["smollm2"])
+    srv = ServerProcess(float_dirs["smollm2"], "--max-batch", 8)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return OpenAI(base_url=server.url + "/v1", api_key="none")
+
+
+def ask(text):
+    return [{"role": "user", "content": text}]
+
+
+def test_schema_and_free_requests_share_the_batch(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+
+    def constrained(i):
+        r = client.chat.completions.create(model=MODEL, messages=ask(f"Describe person {i}."),
+                                           max_tokens=40, response_format=fmt)
+        return r.choices[0]
+
+    def free(i):
+        return client.chat.completions.create(model=MODEL, messages=ask(f"Count to {i}."),
+                                              max_tokens=12).choices[0]
+
+    with futures.ThreadPoolExecutor(4) as pool:
+        jobs = [pool.submit(constrained, i) for i in range(2)] + [pool.submit(free, i) for i in (3, 5)]
+        results = [j.result() for j in jobs]
+    for choice in results[:2]:
+        assert choice.finish_reason == "stop" and choice.message.refusal is None
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+    assert all(c.message.content for c in results[2:])
+    obj = client.chat.completions.create(model=MODEL, messages=ask("Give a JSON object about a cat."),
+                                         max_tokens=48, response_format={"type": "json_object"})
+    assert isinstance(json.loads(obj.choices[0].message.content), dict)
+
+
+def test_guided_fields_on_completions(client):
+    r = client.completions.create(model=MODEL, prompt="The date today is", max_tokens=12,
+                                  extra_body={"guided_regex": r"[0-9]{4}-[0-9]{2}-[0-9]{2}"})
+    text = r.choices[0].text
+    assert len(text) == 10 and text[4] == "-" and text.replace("-", "").isdigit(), text
+    r = client.completions.create(model=MODEL, prompt="Pick an animal:", max_tokens=8,
+                                  extra_body={"guided_grammar": 'start: " cat" | " dog"'})
+    assert r.choices[0].text in (" cat", " dog")
+    r = client.completions.create(model=MODEL, prompt="Person:", max_tokens=40,
+                                  extra_body={"response_format": {
+                                      "type": "json_schema",
+                                      "json_schema": {"name": "p", "schema": PERSON}}})
+    jsonschema.validate(json.loads(r.choices[0].text), PERSON)
+
+
+@pytest.mark.parametrize("choice,name", [("required", None),
+                                         ({"type": "function", "function": {"name": "get_time"}},
+                                          "get_time")])
+def test_forced_tool_choice(client, choice, name):
+    r = client.chat.completions.create(model=MODEL, messages=ask("What is the weather in Paris?"),
+                                       tools=[WEATHER, TIME], tool_choice=choice, max_tokens=48)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", c
+    call = c.message.tool_calls[0]
+    assert call.function.name in ({"get_weather", "get_time"} if name is None else {name})
+    schema = (WEATHER if call.function.name == "get_weather" else TIME)["function"]["parameters"]
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+
+
+def test_vllm_sampling_fields(client, float_dirs):
+    base = dict(model=MODEL, prompt="Hello", max_tokens=16)
+    free = client.completions.create(**base, logprobs=0)
+    assert free.usage.completion_tokens >= 3
+    # ignore_eos: every one of max_tokens tokens is generated.
+    r = client.completions.create(**{**base, "max_tokens": 24}, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 24 and r.choices[0].finish_reason == "length"
+    # stop_token_ids: the first token of the free run ends the row there.
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(float_dirs["smollm2"] / "tokenizer.json"))
+    first = tok.encode(free.choices[0].text, add_special_tokens=False)[0]
+    r = client.completions.create(**base, extra_body={"stop_token_ids": [first]})
+    assert r.usage.completion_tokens == 1 and r.choices[0].finish_reason == "stop"
+    r = client.completions.create(**base, extra_body={"min_tokens": 10, "ignore_eos": False})
+    assert r.usage.completion_tokens >= 10
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {"response_format": {"type": "xml"}}, "response_format"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
+        "schema": {"type": "bogus"}}}}, "response_format"),
+    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    ("/v1/chat/completions", {"tools": [WEATHER], "tool_choice": {
+        "type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ("/v1/completions", {"guided_regex": "("}, "guided_regex"),
+    ("/v1/completions", {"guided_regex": "a", "response_format": {"type": "json_object"}},
+     "guided_regex"),
+    ("/v1/completions", {"stop_token_ids": [10 ** 9]}, "stop_token_ids"),
+    ("/v1/completions", {"min_tokens": -1}, "min_tokens"),
+])
+def test_bad_constraint_fields(server, path, body, param):
+    base = {"messages": ask("Hi")} if "chat" in path else {"prompt": "Hi"}
+    code, got, _ = server.post(path, {**base, **body, "max_tokens": 4})
+    assert code == 400, got
+    assert set(got["error"]) == {"message", "type", "param", "code"}
+    assert got["error"]["param"] == param, got
+    assert server.get("/health")[0] == 200
