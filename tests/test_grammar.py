@@ -135,3 +135,21 @@ def test_text_format_is_no_constraint(float_models):
     with pytest.raises(ValueError, match="one entry"):
         batch_generate(*float_models["smollm2"], ["a", "b"], max_tokens=1,
                        response_format=[{"type": "json_object"}])
+
+
+def test_cli_json_schema(tmp_path, float_dirs):
+    from test_cli import assert_one_line_error, records, run_cli
+
+    schema = SCHEMAS[8]  # name and age, closed
+    path = tmp_path / "person.json"
+    path.write_text(json.dumps(schema))
+    proc = run_cli("--model", float_dirs["smollm2"], "--prompt", "Describe Ada as JSON.",
+                   "--prompt", "Describe Alan as JSON.", "--json-schema", path,
+                   "--max-tokens", 40, "--jsonl", "-", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    recs = records(proc.stdout)
+    assert len(recs) == 2
+    for r in recs:
+        jsonschema.validate(json.loads(r["text"]), schema)
+    path.write_text('{"type": "bogus"}')
+    assert_one_line_error(run_cli("--prompt", "x", "--json-schema", path), "--json-schema")

@@ -190,7 +190,8 @@ def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step
         for r in stream_batch_generate(model, tokenizer, prompts, limits, sampler=sampler,
                                        completion_batch_size=args.batch_size,
                                        prefill_step_size=step_size, max_kv_size=args.max_kv_size,
-                                       stats=stats, logprobs=False):
+                                       stats=stats, logprobs=False,
+                                       response_format=args.response_format):
             if tick is not None:
                 tick()
             if r.finish_reason != "stop":
