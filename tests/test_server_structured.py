@@ -139,3 +139,19 @@ def test_bad_constraint_fields(server, path, body, param):
     assert set(got["error"]) == {"message", "type", "param", "code"}
     assert got["error"]["param"] == param, got
     assert server.get("/health")[0] == 200
+
+
+def test_tokenize_and_detokenize(server, float_dirs):
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(float_dirs["smollm2"] / "tokenizer.json"))
+    code, body, _ = server.post("/tokenize", {"prompt": "Hello world", "return_token_strs": True})
+    assert code == 200, body
+    assert body["tokens"] == tok.encode("Hello world") and body["count"] == len(body["tokens"])
+    assert body["max_model_len"] == 8192 and body["token_strs"][-1] == "Ġworld"
+    code, chat, _ = server.post("/tokenize", {"messages": ask("Hi")})
+    assert code == 200 and chat["count"] > body["count"]
+    code, back, _ = server.post("/detokenize", {"tokens": body["tokens"]})
+    assert code == 200 and back == {"prompt": "Hello world"}
+    code, err, _ = server.post("/detokenize", {"tokens": [10 ** 9]})
+    assert code == 400 and err["error"]["param"] == "tokens"
+    code, err, _ = server.post("/v1/nowhere", {})
+    assert code == 404 and set(err["error"]) == {"message", "type", "param", "code"}

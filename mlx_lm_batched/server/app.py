@@ -22,6 +22,7 @@ from .schema import (
     generation_params,
     parse,
 )
+from .tokenize_routes import add_tokenize_routes
 from .tool_choice import tools_for_prompt
 
 
@@ -115,6 +116,7 @@ def create_app(engine, config):
         await _grammar_ready(params)
         return await serve(engine, spec, "text", config.model_id, request)
 
+    add_tokenize_routes(app, engine, config, check_model)
     paths = [r.path for r in app.routes]
     wrapped = StatusCounter(AuthMiddleware(app, config.api_key), engine.metrics, paths)
     wrapped.fastapi_app = app
