@@ -155,3 +155,36 @@ def test_tokenize_and_detokenize(server, float_dirs):
     assert code == 400 and err["error"]["param"] == "tokens"
     code, err, _ = server.post("/v1/nowhere", {})
     assert code == 404 and set(err["error"]) == {"message", "type", "param", "code"}
+
+
+def test_anthropic_messages(server):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key="none")
+    msg = client.messages.create(model=MODEL, max_tokens=12, system="You are terse.",
+                                 messages=[{"role": "user", "content": "Name a color."}])
+    assert msg.type == "message" and msg.role == "assistant"
+    assert msg.content[0].type == "text" and msg.content[0].text
+    assert msg.stop_reason in ("end_turn", "max_tokens") and msg.usage.output_tokens <= 12
+    with client.messages.stream(model=MODEL, max_tokens=12, system="You are terse.",
+                                messages=[{"role": "user", "content": "Name a color."}]) as s:
+        streamed = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert streamed == msg.content[0].text == final.content[0].text
+    tool = {"name": "get_weather", "description": "Weather of a city",
+            "input_schema": WEATHER["function"]["parameters"]}
+    used = client.messages.create(
+        model=MODEL, max_tokens=48, tools=[tool], tool_choice={"type": "tool", "name": "get_weather"},
+        messages=[{"role": "user", "content": "Weather in Oslo?"}])
+    call = next(b for b in used.content if b.type == "tool_use")
+    assert used.stop_reason == "tool_use" and call.name == "get_weather"
+    jsonschema.validate(call.input, tool["input_schema"])
+    # The tool's result goes back as a tool_result block; the model answers in text.
+    again = client.messages.create(
+        model=MODEL, max_tokens=12, tools=[tool],
+        messages=[{"role": "user", "content": "Weather in Oslo?"},
+                  {"role": "assistant", "content": [{"type": "tool_use", "id": call.id,
+                                                     "name": call.name, "input": call.input}]},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
+                                                "content": "Sunny, 20 C"}]}])
+    assert again.content and again.usage.input_tokens > used.usage.input_tokens

@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse
 
 from ..sampling.grammar import grammar_tokenizer
+from .anthropic_messages import serve_messages
 from .errors import APIError
 from .handlers import serve
 from .job_prep import JobSpec
@@ -115,6 +116,12 @@ def create_app(engine, config):
                            f"server's limit of {config.max_n} choices.", "prompt", "invalid_value")
         await _grammar_ready(params)
         return await serve(engine, spec, "text", config.model_id, request)
+
+    @app.post("/v1/messages")
+    async def anthropic_messages(request: Request):
+        data = await read_json(request, config.max_body_bytes)
+        check_model(data.get("model") if isinstance(data, dict) else None)
+        return await serve_messages(engine, config, data, config.model_id, _grammar_ready)
 
     add_tokenize_routes(app, engine, config, check_model)
     paths = [r.path for r in app.routes]
