@@ -131,6 +131,9 @@ def test_vllm_sampling_fields(client, float_dirs):
      "guided_regex"),
     ("/v1/completions", {"stop_token_ids": [10 ** 9]}, "stop_token_ids"),
     ("/v1/completions", {"min_tokens": -1}, "min_tokens"),
+    ("/v1/completions", {"echo": True}, "echo"),
+    ("/v1/completions", {"include_stop_str_in_output": True}, "include_stop_str_in_output"),
+    ("/v1/chat/completions", {"skip_special_tokens": False}, "skip_special_tokens"),
 ])
 def test_bad_constraint_fields(server, path, body, param):
     base = {"messages": ask("Hi")} if "chat" in path else {"prompt": "Hi"}
@@ -188,3 +191,30 @@ def test_anthropic_messages(server):
                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
                                                 "content": "Sunny, 20 C"}]}])
     assert again.content and again.usage.input_tokens > used.usage.input_tokens
+
+
+def test_openai_responses(client, server):
+    r = client.responses.create(model=MODEL, input="Name a color.", instructions="Be terse.",
+                                max_output_tokens=12)
+    assert r.object == "response" and r.output_text and r.usage.output_tokens <= 12
+    with client.responses.stream(model=MODEL, input="Name a color.", instructions="Be terse.",
+                                 max_output_tokens=12) as s:
+        deltas = "".join(e.delta for e in s if e.type == "response.output_text.delta")
+        final = s.get_final_response()
+    assert deltas == final.output_text == r.output_text
+    fmt = {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}
+    j = client.responses.create(model=MODEL, input="Describe a person.", max_output_tokens=40,
+                                text={"format": fmt})
+    jsonschema.validate(json.loads(j.output_text), PERSON)
+    tool = {"type": "function", **WEATHER["function"]}
+    call = client.responses.create(model=MODEL, input="Weather in Oslo?", tools=[tool],
+                                   tool_choice="required", max_output_tokens=48).output[0]
+    assert call.type == "function_call" and call.name == "get_weather"
+    follow = client.responses.create(model=MODEL, max_output_tokens=8, tools=[tool], input=[
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name,
+         "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"}])
+    assert follow.output_text
+    code, err, _ = server.post("/v1/responses", {"input": "x", "previous_response_id": "resp_1"})
+    assert code == 400 and err["error"]["param"] == "previous_response_id"

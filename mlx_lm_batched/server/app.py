@@ -16,6 +16,7 @@ from .errors import APIError
 from .handlers import serve
 from .job_prep import JobSpec
 from .middleware import AuthMiddleware, StatusCounter, read_json
+from .openai_responses import serve_responses
 from .schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -122,6 +123,12 @@ def create_app(engine, config):
         data = await read_json(request, config.max_body_bytes)
         check_model(data.get("model") if isinstance(data, dict) else None)
         return await serve_messages(engine, config, data, config.model_id, _grammar_ready)
+
+    @app.post("/v1/responses")
+    async def openai_responses(request: Request):
+        data = await read_json(request, config.max_body_bytes)
+        check_model(data.get("model") if isinstance(data, dict) else None)
+        return await serve_responses(engine, config, data, config.model_id, _grammar_ready)
 
     add_tokenize_routes(app, engine, config, check_model)
     paths = [r.path for r in app.routes]

@@ -163,6 +163,18 @@ class GenerationParams:
     stop_token_ids: List[int] = field(default_factory=list)
 
 
+# Fields that would change the output but are not implemented: a 400, never ignored.
+_UNSUPPORTED = {"echo": True, "include_stop_str_in_output": True, "skip_special_tokens": False}
+
+
+def _unsupported(req):
+    extra = req.model_extra or {}
+    for name, value in _UNSUPPORTED.items():
+        if extra.get(name) == value:
+            raise APIError(400, f"'{name}: {json.dumps(value)}' is not supported by this server.",
+                           name, "unsupported_parameter")
+
+
 def generation_params(req, limits, default_temperature=0.0):
     """:class:`GenerationParams` of a validated request; APIError(400) past ``limits``
     (an object with ``max_tokens`` and ``max_n``)."""
@@ -181,6 +193,7 @@ def generation_params(req, limits, default_temperature=0.0):
                            "invalid_value")
     else:
         logprobs, top = req.logprobs is not None, req.logprobs or 0
+    _unsupported(req)
     temperature = default_temperature if req.temperature is None else req.temperature
     return GenerationParams(
         max_tokens=max_tokens, temperature=temperature, top_p=req.top_p, top_k=req.top_k,
