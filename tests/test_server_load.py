@@ -1,4 +1,5 @@
-"""64 concurrent streaming clients on one server; 16 drop their stream midway.
+"""64 concurrent streaming clients on one server; 16 drop their stream midway, and 8
+others ask for JSON (``response_format`` json_schema): constrained and free rows mixed.
 
 Every completed stream must be whole and equal to its prompt generated alone (greedy);
 afterwards no row is left running and the KV memory is back to idle, which also shows
@@ -12,12 +13,21 @@ import time
 import httpx
 import pytest
 
-from mlx_lm_batched import generate, load
+from mlx_lm_batched import batch_generate, generate, load
 from server_harness import ServerProcess
 
 CLIENTS, DROPPED, MAX_TOKENS = 64, 16, 12
 TOPICS = ["the sea", "a red fox", "winter", "bread", "rivers", "the moon", "bees", "trains",
           "chess", "a lighthouse", "rain", "tea", "mountains", "owls", "clocks", "gardens"]
+
+
+SCHEMA = {"type": "object", "properties": {"sunny": {"type": "boolean"}}, "required": ["sunny"],
+          "additionalProperties": False}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA, "strict": True}}
+
+
+def constrained(i):
+    return i % 8 == 1  # never a dropped client (those are i % 4 == 0)
 
 
 def messages(i):
@@ -35,6 +45,8 @@ async def stream_chat(http, i, drop):
     """The streamed text and finish reason of client ``i`` (None for a dropped stream)."""
     body = {"messages": messages(i), "stream": True, "temperature": 0,
             "max_tokens": 256 if drop else MAX_TOKENS}
+    if constrained(i):
+        body["response_format"] = FORMAT
     if drop:
         body["logit_bias"] = {"2": -100}  # SmolLM2's EOS: the row would run 256 steps
     text, finish, chunks = "", None, 0
@@ -66,6 +78,9 @@ def test_64_streams_16_dropped(server, float_dirs):
     model, tokenizer = load(str(float_dirs["smollm2"]))
     expected = [generate(model, tokenizer, tokenizer.apply_chat_template(messages(i), add_generation_prompt=True),
                          max_tokens=MAX_TOKENS) for i in range(len(TOPICS))]
+    as_json = {i: batch_generate(model, tokenizer, [tokenizer.apply_chat_template(
+        messages(i), add_generation_prompt=True)], max_tokens=MAX_TOKENS,
+        response_format=FORMAT).texts[0] for i in range(len(TOPICS)) if constrained(i)}
     idle = server.metrics()
     tic = time.monotonic()
     results, drops = asyncio.run(run_clients(server.url))
@@ -75,6 +90,10 @@ def test_64_streams_16_dropped(server, float_dirs):
             assert result is None
             continue
         text, finish = result
+        if constrained(i):
+            assert text == as_json[i % len(TOPICS)], (i, text)
+            assert isinstance(json.loads(text)["sunny"], bool)
+            continue
         assert text == expected[i % len(TOPICS)], (i, text)
         assert finish in ("stop", "length")
     deadline = time.monotonic() + 15

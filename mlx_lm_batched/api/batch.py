@@ -23,6 +23,7 @@ from .batch_args import (
     check_seeds,
     encode_prompts,
     per_row_lists,
+    row_constraints,
     row_limits,
     row_samplers,
 )
@@ -30,7 +31,8 @@ from .responses import BatchResponse, BatchStreamResponse
 
 # Keywords batch_generate passes on to stream_batch_generate (mlx-lm's BatchGenerator's).
 BATCH_KWARGS = ("sampler", "logits_processors", "completion_batch_size", "prefill_step_size",
-                "max_kv_size", "prefill_batch_size", "stream", "stop", "seeds")
+                "max_kv_size", "prefill_batch_size", "stream", "stop", "seeds",
+                "response_format")
 
 
 def stream_batch_generate(
@@ -50,6 +52,7 @@ def stream_batch_generate(
     prompt_caches=None,
     stop=None,
     seeds=None,
+    response_format=None,
 ):
     """Yield a :class:`BatchStreamResponse` per row per generated token.
 
@@ -80,16 +83,23 @@ def stream_batch_generate(
     - ``seeds``: one int (or None) per prompt: the row samples from its own key
       stream, so its tokens do not depend on its batch mates (samplers must come
       from ``make_sampler``).
+    - ``response_format``: an output constraint (OpenAI's ``{"type": "json_object"}`` or
+      ``{"type": "json_schema", "json_schema": {"schema": {...}}}``) for every prompt,
+      or a list with one (or None) per prompt. Each constrained row masks, at every
+      step, the tokens its grammar forbids (``sampling/grammar.py``), so its text parses
+      and validates unless ``max_tokens`` cuts it.
     """
     for response, _ in _stream(model, tokenizer, prompts, max_tokens, sampler, logits_processors,
                                completion_batch_size, prefill_step_size, max_kv_size, stats,
-                               logprobs, prefill_batch_size, stream, prompt_caches, stop, seeds):
+                               logprobs, prefill_batch_size, stream, prompt_caches, stop, seeds,
+                               response_format=response_format):
         yield response
 
 
 def _stream(model, tokenizer, prompts, max_tokens, sampler, logits_processors,
             completion_batch_size, prefill_step_size, max_kv_size, stats, logprobs,
-            prefill_batch_size, stream, prompt_caches, stop, seeds, want_caches=False):
+            prefill_batch_size, stream, prompt_caches, stop, seeds, want_caches=False,
+            response_format=None):
     """:func:`stream_batch_generate` yielding ``(response, cache or None)`` pairs."""
     completion_batch_size = V.check_int("completion_batch_size", completion_batch_size, 1)
     prefill_step_size = V.check_int("prefill_step_size", prefill_step_size, 1)
@@ -116,6 +126,11 @@ def _stream(model, tokenizer, prompts, max_tokens, sampler, logits_processors,
     if per_row and len(logits_processors) != n:
         raise ValueError(f"logits_processors must have one list per prompt: expected {n}, "
                          f"got {len(logits_processors)}")
+    constraints = row_constraints(tokenizer, response_format, n)
+    if constraints is not None:  # each constrained row gets its processor after its own
+        rows = logits_processors if per_row else [logits_processors] * n
+        logits_processors = [list(p or []) + c for p, c in zip(rows, constraints)]
+        per_row = True
     cached = [cache_length(c) for c in prompt_caches] if prompt_caches else None
     limits = row_limits(model, encoded, max_tokens, cached)
 
@@ -170,8 +185,8 @@ def batch_generate(
     prompt. Texts exclude the EOS token, as mlx-lm's do. Other keyword arguments
     (``sampler``, ``logits_processors``, ``completion_batch_size``,
     ``prefill_step_size``, ``max_kv_size``, ``prefill_batch_size``, ``stream``, ``stop``,
-    ``seeds``) go to :func:`stream_batch_generate`, which checks them and every
-    prompt before any work; others raise ``TypeError`` naming them.
+    ``seeds``, ``response_format``) go to :func:`stream_batch_generate`, which checks
+    them and every prompt before any work; others raise ``TypeError`` naming them.
 
     ``prompt_caches``: one prompt cache (or None) per prompt to continue from, e.g.
     the ``caches`` of an earlier call (they are not modified). With
@@ -199,7 +214,8 @@ def batch_generate(
                             options["prefill_step_size"], options["max_kv_size"], stats,
                             return_logprobs, options["prefill_batch_size"], options["stream"],
                             prompt_caches, options["stop"], options["seeds"],
-                            want_caches=return_prompt_caches):
+                            want_caches=return_prompt_caches,
+                            response_format=options["response_format"]):
         if r.finish_reason != "stop" or r.token not in eos:  # EOS is not output
             ids[r.index].append(r.token)
             logprobs[r.index].append(r.logprob)

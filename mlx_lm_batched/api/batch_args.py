@@ -4,6 +4,7 @@ context, prompt caches, samplers, processors and seeds one per row."""
 
 from ..cache.rows import check_cache
 from ..models.context import context_length
+from ..sampling.grammar import make_grammar_processor
 from ..tokenization.tokenizer import encode_prompt
 from . import validation as V
 
@@ -93,3 +94,26 @@ def check_seeds(seeds, n):
         if s is not None and (isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**64):
             raise ValueError(f"seeds[{i}] must be an integer in [0, 2**64) or None, got {s!r}")
     return list(seeds)
+
+
+def row_constraints(tokenizer, response_format, n):
+    """None (no row constrained), or one list per prompt holding its own grammar
+    processor (or nothing) for ``response_format``: one format for every prompt, or a
+    list with one (or None) per prompt."""
+    if response_format is None:
+        return None
+    if isinstance(response_format, (list, tuple)):
+        if len(response_format) != n:
+            raise ValueError(f"response_format list must have one entry (or None) per prompt: "
+                             f"expected {n}, got {len(response_format)}")
+        formats = list(response_format)
+    elif isinstance(response_format, dict):
+        formats = [response_format] * n
+    else:
+        raise TypeError(f"response_format must be a dict or a list of them, "
+                        f"got {type(response_format).__name__}")
+    rows = []
+    for f in formats:
+        p = None if f is None else make_grammar_processor(tokenizer, f)
+        rows.append([] if p is None else [p])
+    return rows

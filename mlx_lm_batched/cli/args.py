@@ -121,6 +121,8 @@ def build_parser():
     p.add_argument("--verbose", type=str2bool, default=None, metavar="BOOL",
                    help="as mlx-lm: True prints texts between ========== lines and the "
                    "statistics on stdout, False only the texts (no progress, no summary)")
+    p.add_argument("--json-schema", default=None, metavar="FILE",
+                   help="constrain every output to JSON valid against this JSON schema file")
     p.add_argument("--output-dir", default=None,
                    help="write one output file per prompt (NAME.out.txt after its prompt file, "
                    "prompt-N.out.txt for the N-th --prompt)")
@@ -167,8 +169,30 @@ def check_args(args):
         raise CliError(f"--seed must be in 0..{SEED_MAX}, got {args.seed}")
     if args.prompt.count("-") > 1:
         raise CliError("--prompt - (read stdin) can be given once")
+    args.response_format = read_json_schema(args.json_schema)
     args.chat_template_kwargs = parse_template_config(args.chat_template_config)
     args.chat_template = resolve_chat_template(args.chat_template)
+
+
+def read_json_schema(path):
+    """``--json-schema FILE``: the ``response_format`` constraining every row, or None."""
+    if path is None:
+        return None
+    from ..sampling.grammar import grammar_spec
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            schema = json.load(f)
+    except OSError as e:
+        raise CliError(f"--json-schema: cannot read {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise CliError(f"--json-schema: {path} is not JSON: {e}") from None
+    fmt = {"type": "json_schema", "json_schema": {"name": "cli", "schema": schema}}
+    try:
+        grammar_spec(response_format=fmt)
+    except (ValueError, TypeError) as e:
+        raise CliError(f"--json-schema: {path}: {str(e).split(': ', 1)[-1]}") from None
+    return fmt
 
 
 def parse_template_config(text):

@@ -199,7 +199,8 @@ def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step
                                        completion_batch_size=args.batch_size,
                                        prefill_step_size=step_size, max_kv_size=args.max_kv_size,
                                        stats=stats, logprobs=False,
-                                       prompt_caches=None if prefix is None else [prefix] * len(prompts)):
+                                       prompt_caches=None if prefix is None else [prefix] * len(prompts),
+                                       response_format=args.response_format):
             if tick is not None:
                 tick()
             if r.finish_reason != "stop":

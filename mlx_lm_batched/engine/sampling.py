@@ -134,6 +134,9 @@ class RowSampling:
     def sample(self, logits):
         rows = self.rows
         if any(r.processors for r in rows):
+            # Start the model step before the processors run: a processor that works on
+            # the CPU (a grammar's token mask) then overlaps the device's forward pass.
+            mx.async_eval(logits)
             parts = []
             for i, r in enumerate(rows):
                 x = logits[i : i + 1]

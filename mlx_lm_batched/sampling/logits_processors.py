@@ -160,3 +160,24 @@ def make_frequency_penalty(penalty: RowParam, context_size: int = 20) -> LogitsP
     """Frequency penalty processor (mlx-lm's name): ``penalty`` is subtracted from each
     id's logit once per occurrence among the last ``context_size`` tokens."""
     return _one_penalty("frequency", penalty, context_size, -math.inf)
+
+
+def make_min_tokens_processor(stop_ids, min_tokens: int) -> LogitsProcessor:
+    """A per-row processor that forbids ``stop_ids`` (end-of-sequence and stop tokens)
+    for the row's first ``min_tokens`` generated tokens (vLLM's ``min_tokens``).
+
+    It counts its own calls (one per generated token), so give each row its own.
+    """
+    ids = sorted({int(t) for t in stop_ids})
+    calls = [0]
+
+    def processor(tokens, logits: mx.array) -> mx.array:
+        calls[0] += 1
+        if calls[0] > min_tokens or not ids:
+            return logits
+        vocab = logits.shape[-1]
+        banned = mx.zeros((vocab,), mx.bool_)
+        banned[mx.array([i for i in ids if i < vocab], dtype=mx.int32)] = True
+        return mx.where(banned, -math.inf, logits).astype(logits.dtype)
+
+    return processor

@@ -1,5 +1,6 @@
 """The ASGI app: OpenAI's routes, health and metrics, with OpenAI-shaped errors."""
 
+import asyncio
 import os
 import time
 from dataclasses import dataclass
@@ -9,11 +10,14 @@ from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse
 
+from ..sampling.grammar import grammar_tokenizer
+from .anthropic_messages import serve_messages
 from .errors import APIError
 from .handlers import serve
 from .job_prep import JobSpec
 from .tool_calls import chat_output
 from .middleware import AuthMiddleware, StatusCounter, read_json
+from .openai_responses import serve_responses
 from .schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -21,6 +25,8 @@ from .schema import (
     generation_params,
     parse,
 )
+from .tokenize_routes import add_tokenize_routes
+from .tool_choice import tools_for_prompt
 
 
 @dataclass
@@ -69,6 +75,12 @@ def create_app(engine, config):
             raise APIError(404, f"The model '{name}' does not exist; this server serves "
                            f"'{config.model_id}'.", "model", "model_not_found")
 
+    async def _grammar_ready(params):
+        # The grammar engine's view of the vocabulary takes seconds to build once per
+        # model: built here, off the engine thread, so the running batch never waits.
+        if params.constraint is not None:
+            await asyncio.to_thread(grammar_tokenizer, engine.tokenizer)
+
     @app.get("/health")
     async def health():
         if not engine.alive:
@@ -94,6 +106,7 @@ def create_app(engine, config):
                              config.tool_parser)
         spec = JobSpec(params, messages=messages, tools=output.tools_for_template,
                        template_kwargs=kwargs, output=output)
+        await _grammar_ready(params)
         return await serve(engine, spec, "chat", config.model_id, request)
 
     @app.post("/v1/completions")
@@ -107,8 +120,22 @@ def create_app(engine, config):
         if len(spec.prompts) * params.n > config.max_n:
             raise APIError(400, f"{len(spec.prompts)} prompts times n={params.n} is over this "
                            f"server's limit of {config.max_n} choices.", "prompt", "invalid_value")
+        await _grammar_ready(params)
         return await serve(engine, spec, "text", config.model_id, request)
 
+    @app.post("/v1/messages")
+    async def anthropic_messages(request: Request):
+        data = await read_json(request, config.max_body_bytes)
+        check_model(data.get("model") if isinstance(data, dict) else None)
+        return await serve_messages(engine, config, data, config.model_id, _grammar_ready)
+
+    @app.post("/v1/responses")
+    async def openai_responses(request: Request):
+        data = await read_json(request, config.max_body_bytes)
+        check_model(data.get("model") if isinstance(data, dict) else None)
+        return await serve_responses(engine, config, data, config.model_id, _grammar_ready)
+
+    add_tokenize_routes(app, engine, config, check_model)
     paths = [r.path for r in app.routes]
     wrapped = StatusCounter(AuthMiddleware(app, config.api_key), engine.metrics, paths)
     wrapped.fastapi_app = app

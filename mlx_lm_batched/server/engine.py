@@ -27,7 +27,7 @@ from .errors import APIError
 from .job_prep import prepare_prompts
 from .metrics import Metrics
 from .rows import RowState, token_logprobs
-from .sampling import SamplerFactory, row_processors
+from .sampling import SamplerFactory, row_processors, row_stops
 
 log = logging.getLogger("mlx_lm_batched.server")
 
@@ -263,6 +263,7 @@ class Engine:
                                               self.context_length, self.config.default_max_tokens)
         self._reserve(job, prompts, max_tokens)
         rests, caches, prefixes, samplers, procs, states, cached = [], [], [], [], [], [], 0
+        stops = row_stops(params, self.tokenizer)
         for i, prompt in enumerate(prompts):
             for j in range(params.n):
                 cache, rest = self._fetch_prefix(prompt)
@@ -272,11 +273,12 @@ class Engine:
                 caches.append(cache)
                 prefixes.append(prompt[: len(prompt) - len(rest)])
                 samplers.append(self.samplers.row_sampler(params, j))
-                procs.append(row_processors(params))
+                procs.append(row_processors(params, self.tokenizer))
                 states.append(RowState(job, i * params.n + j, self.tokenizer, params.stop))
         uids = self.gen.insert(rests, max_tokens=[max_tokens[k // params.n] for k in range(len(rests))],
                                caches=caches, all_tokens=prefixes, samplers=samplers,
-                               logits_processors=procs)
+                               logits_processors=procs,
+                               **({} if stops is None else {"stop_sequences": [stops] * len(rests)}))
         for uid, state in zip(uids, states):
             state.uid = uid
             self._rows[uid] = state

@@ -61,6 +61,10 @@ def prepare_prompts(spec, tokenizer, vocab_size, context_length, default_max_tok
             if m is None:
                 m = min(default_max_tokens, context_length - len(p))
         max_tokens.append(m if m is not None else default_max_tokens)
+    for t in spec.params.stop_token_ids:
+        if not 0 <= t < vocab_size:
+            raise APIError(400, f"Invalid value for 'stop_token_ids': token id {t} is outside "
+                           f"the vocabulary [0, {vocab_size}).", "stop_token_ids", "invalid_value")
     for t in spec.params.logit_bias:
         if t >= vocab_size:
             raise APIError(400, f"Invalid value for 'logit_bias': token id {t} is outside the "

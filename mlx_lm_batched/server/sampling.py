@@ -8,7 +8,9 @@ not depend on what else is in the batch, or on when it joined.
 
 import mlx.core as mx
 
-from ..sampling.logits_processors import make_logits_processors
+from ..sampling.grammar import GrammarProcessor
+from ..sampling.logits_processors import make_logits_processors, make_min_tokens_processor
+from ..sampling.stop_sequences import StopSequences
 from ..sampling.samplers import (
     apply_min_p,
     apply_top_k,
@@ -63,11 +65,30 @@ class SamplerFactory:
         return self._shared[key]
 
 
-def row_processors(params):
-    """Logits processors of one row (logit bias and penalties; none when unused)."""
-    return make_logits_processors(
+def row_processors(params, tokenizer):
+    """Logits processors of one row (logit bias, penalties, ``min_tokens`` and its own
+    grammar matcher when the request is constrained; none when unused)."""
+    procs = make_logits_processors(
         logit_bias=params.logit_bias or None,
         repetition_penalty=params.repetition_penalty,
         presence_penalty=params.presence_penalty or None,
         frequency_penalty=params.frequency_penalty or None,
     )
+    if params.min_tokens:
+        procs.append(make_min_tokens_processor(row_stop_ids(params, tokenizer), params.min_tokens))
+    if params.constraint is not None:  # last: the mask applies to the final logits
+        procs.append(GrammarProcessor(tokenizer, params.constraint))
+    return procs
+
+
+def row_stop_ids(params, tokenizer):
+    """The token ids that end one row: EOS (unless ``ignore_eos``) and ``stop_token_ids``."""
+    eos = [] if params.ignore_eos else [int(t) for t in tokenizer.eos_token_ids]
+    return eos + list(params.stop_token_ids)
+
+
+def row_stops(params, tokenizer):
+    """The row's :class:`StopSequences`, or None for the generator's default (EOS)."""
+    if not params.ignore_eos and not params.stop_token_ids:
+        return None
+    return StopSequences([[t] for t in row_stop_ids(params, tokenizer)])

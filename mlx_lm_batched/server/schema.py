@@ -1,18 +1,20 @@
 """Request bodies of the OpenAI API (pydantic, strict types) and the parameters they give.
 
-Fields the server does not use (``user``, ``response_format``, ...) are accepted and
-ignored, as OpenAI clients send them. Types are strict (``"1"`` is not a number, ``1.5``
+Fields that do not change the output (``user``, ``metadata``, ...) are accepted and
+ignored, as OpenAI clients send them; every field that changes it is honoured or
+answered with a 400 (``response_format``, ``tool_choice``, vLLM's ``guided_*``). Types are strict (``"1"`` is not a number, ``1.5``
 is not an integer); ranges follow OpenAI's, and the server's own limits (``max_tokens``,
 ``n``) are checked in :func:`generation_params`.
 """
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .constraints import request_constraint
 from .errors import APIError, validation_error
 
 _CONFIG = ConfigDict(strict=True, extra="allow")
@@ -57,6 +59,23 @@ class _Sampling(BaseModel):
     n: int = Field(1, ge=1)
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
+    # Output constraints (server/constraints.py): OpenAI's, and vLLM's names.
+    response_format: Optional[Dict[str, Any]] = None
+    guided_json: Optional[Union[Dict[str, Any], str]] = None
+    guided_regex: Optional[str] = None
+    guided_grammar: Optional[str] = None
+    # vLLM's extra sampling fields, sent by load generators and evaluation clients.
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    stop_token_ids: Optional[List[int]] = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _format(cls, v):
+        kinds = ("text", "json_object", "json_schema")
+        if v is not None and v.get("type") not in kinds:
+            raise ValueError(f"unsupported type {v.get('type')!r}; supported: {', '.join(kinds)}")
+        return v
 
     @field_validator("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty")
@@ -139,6 +158,22 @@ class GenerationParams:
     top_logprobs: int
     stream: bool = False
     include_usage: bool = False
+    constraint: Optional[str] = None  # a compiled llguidance grammar (server/constraints.py)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    stop_token_ids: List[int] = field(default_factory=list)
+
+
+# Fields that would change the output but are not implemented: a 400, never ignored.
+_UNSUPPORTED = {"echo": True, "include_stop_str_in_output": True, "skip_special_tokens": False}
+
+
+def _unsupported(req):
+    extra = req.model_extra or {}
+    for name, value in _UNSUPPORTED.items():
+        if extra.get(name) == value:
+            raise APIError(400, f"'{name}: {json.dumps(value)}' is not supported by this server.",
+                           name, "unsupported_parameter")
 
 
 def generation_params(req, limits, default_temperature=0.0):
@@ -159,6 +194,7 @@ def generation_params(req, limits, default_temperature=0.0):
                            "invalid_value")
     else:
         logprobs, top = req.logprobs is not None, req.logprobs or 0
+    _unsupported(req)
     temperature = default_temperature if req.temperature is None else req.temperature
     return GenerationParams(
         max_tokens=max_tokens, temperature=temperature, top_p=req.top_p, top_k=req.top_k,
@@ -168,6 +204,8 @@ def generation_params(req, limits, default_temperature=0.0):
         logit_bias={int(k): float(v) for k, v in (req.logit_bias or {}).items()},
         n=req.n, logprobs=logprobs, top_logprobs=top, stream=req.stream,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        constraint=request_constraint(req), ignore_eos=req.ignore_eos,
+        min_tokens=req.min_tokens, stop_token_ids=list(req.stop_token_ids or []),
     )
 
 

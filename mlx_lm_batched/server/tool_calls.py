@@ -6,15 +6,22 @@
 ``tool_parsers``), the reasoning markers, whether the prompt already opened the
 reasoning block, and what ``tool_choice`` allows. The handlers only call
 ``ChatOutput.parser()`` per choice and feed it text. Forced tool calls
-(``tool_choice`` ``required`` or a named function) need constrained decoding and
-are refused here until a grammar engine provides them.
+(``tool_choice`` ``required`` or a named function) are constrained to the
+``json_tools`` (Hermes/Qwen) format by ``tool_choice.py``'s grammar: a model whose
+template asks for another format is refused for them (a 400 naming it), one whose
+template has no tool markup gets that format.
 """
 
+import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..tool_parsers import ChatOutputParser, detect_think_markers, select_family
+from ..tool_parsers import FAMILIES, ChatOutputParser, detect_think_markers, select_family
 from .errors import APIError
+
+# The format forced tool calls take (``tool_choice.py``'s grammar).
+FORCED_FAMILY = FAMILIES["json_tools"]
+OPEN, CLOSE = FORCED_FAMILY.start, FORCED_FAMILY.end
 
 
 @dataclass
@@ -31,22 +38,22 @@ class ChatOutput:
         return ChatOutputParser(self.family, self.think, self.in_reasoning)
 
 
+def forces_tool_call(tool_choice):
+    """True for ``tool_choice`` ``"required"`` or a named function."""
+    return tool_choice == "required" or (isinstance(tool_choice, dict)
+                                         and tool_choice.get("type") == "function")
+
+
 def check_tool_choice(tool_choice, tools):
-    """The tools to show the template: all of them for ``auto``, none for ``none``.
-    APIError(400) for the forced forms (they need constrained decoding) and for a
-    ``tool_choice`` other than those of OpenAI's schema."""
-    if tool_choice is None or tool_choice == "auto":
+    """The tools to show the template: all of them for ``auto`` and the forced forms,
+    none for ``none``; APIError(400) for a ``tool_choice`` outside OpenAI's schema."""
+    if tool_choice is None or tool_choice == "auto" or forces_tool_call(tool_choice):
+        if forces_tool_call(tool_choice) and not tools:
+            raise APIError(400, "'tool_choice' forces a tool call but 'tools' is empty.",
+                           "tool_choice", "invalid_value")
         return tools or None
     if tool_choice == "none":
         return None
-    if tool_choice == "required" or (isinstance(tool_choice, dict)
-                                     and tool_choice.get("type") == "function"):
-        if not tools:
-            raise APIError(400, "'tool_choice' forces a tool call but 'tools' is empty.",
-                           "tool_choice", "invalid_value")
-        raise APIError(400, "'tool_choice' 'required' or a named function needs constrained "
-                       "decoding, which this server does not have yet; use 'auto'.",
-                       "tool_choice", "unsupported_value")
     raise APIError(400, "Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or "
                    "{\"type\": \"function\", \"function\": {\"name\": ...}}.", "tool_choice",
                    "invalid_value")
@@ -57,6 +64,13 @@ def chat_output(tokenizer, messages, tools, tool_choice, template_kwargs, parser
     tools = check_tool_choice(tool_choice, tools)
     template = getattr(tokenizer, "chat_template", None)
     family = select_family(template, parser_name) if tools else None
+    if forces_tool_call(tool_choice):
+        if family is None:
+            family = FORCED_FAMILY
+        elif family is not FORCED_FAMILY:
+            raise APIError(400, f"'tool_choice' {json.dumps(tool_choice)[:60]} forces a call in "
+                           f"the {FORCED_FAMILY.name} format; this model's tool calls use "
+                           f"{family.name} (use 'auto').", "tool_choice", "unsupported_value")
     think = detect_think_markers(template, _vocab(tokenizer))
     in_reasoning = False
     if think is not None:
@@ -68,6 +82,13 @@ def chat_output(tokenizer, messages, tools, tool_choice, template_kwargs, parser
         tail = rendered.rstrip()
         in_reasoning = tail.endswith(think[0])
     return ChatOutput(family, think, in_reasoning, tools)
+
+
+def split_tool_calls(text, family=FORCED_FAMILY):
+    """``(content, [OpenAI tool calls])`` of a whole text in ``family``'s format (blocks
+    that do not parse stay in the content as written)."""
+    parsed = ChatOutputParser(family, None, False).parse(text)
+    return parsed["content"], parsed["tool_calls"]
 
 
 def _vocab(tokenizer):
