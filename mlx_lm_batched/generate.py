@@ -11,6 +11,7 @@ if __name__ == "__main__":
 
 from .api.batch import batch_generate, stream_batch_generate
 from .api.generate import generate, generate_step, stream_generate
+from .cache.quantized import maybe_quantize_kv_cache
 from .api.responses import BatchResponse, BatchStreamResponse, GenerationResponse
 from .sched.stats import BatchStats
 from .cli.generate import main
@@ -19,4 +20,4 @@ from .sched.generator import BatchGenerator
 
 __all__ = ["BatchGenerator", "BatchResponse", "BatchStats", "BatchStreamResponse",
            "GenerationResponse", "StopSequences", "batch_generate", "generate", "generate_step",
-           "main", "make_stop_sequences", "stream_batch_generate", "stream_generate"]
+           "main", "make_stop_sequences", "maybe_quantize_kv_cache", "stream_batch_generate", "stream_generate"]
