@@ -190,7 +190,9 @@ def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step
         for r in stream_batch_generate(model, tokenizer, prompts, limits, sampler=sampler,
                                        completion_batch_size=args.batch_size,
                                        prefill_step_size=step_size, max_kv_size=args.max_kv_size,
-                                       stats=stats, logprobs=False):
+                                       stats=stats, logprobs=False, kv_bits=args.kv_bits,
+                                       kv_group_size=args.kv_group_size,
+                                       quantized_kv_start=args.quantized_kv_start):
             if tick is not None:
                 tick()
             if r.finish_reason != "stop":

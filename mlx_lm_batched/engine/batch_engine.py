@@ -86,7 +86,7 @@ class BatchEngine:
         context = context_length(self.model)
         if context is not None:
             ahead = min(ahead, context)
-        check_kv_fits(self.model, self.cache, rows, slots + ahead)
+        check_kv_fits(self.model, self.cache, rows, slots + ahead, self.kv_quant)
         self.cache.reserve(slots + ahead)
 
     def start_prefill(self, tokens, left_padding=None, input_embeddings=None, cuts=()):
