@@ -55,13 +55,16 @@ def cache_layout(model, kv_quant=None):
     ``kv_quant`` (a ``KVQuantization``): the key/value bytes once quantized, ``bits``
     per value plus a scale and a bias (in the cache's dtype) per ``group_size`` values.
     """
-    ref, layout = _LAYOUTS.get(id(model), (None, None))
+    ref, probed = _LAYOUTS.get(id(model), (None, None))
     if ref is None or ref() is not model:
-        layout = _probe(model)
+        probed = {"probe": _probe(model)}
         # Drop the entry with the model (a later model may reuse its id).
         _LAYOUTS[id(model)] = (weakref.ref(model, lambda _, key=id(model): _LAYOUTS.pop(key, None)),
-                               layout)
-    return tuple(_quantized(entry, kv_quant) for entry in layout)
+                               probed)
+    key = None if kv_quant is None else (kv_quant.bits, kv_quant.group_size)
+    if key not in probed:  # one tuple per setting: callers may compare by identity
+        probed[key] = tuple(_quantized(entry, kv_quant) for entry in probed["probe"])
+    return probed[key]
 
 
 def _quantized(entry, kv_quant):

@@ -19,6 +19,7 @@ from typing import Any, List, Optional
 
 import mlx.core as mx
 
+from ..engine.batch_engine import KVQuantization
 from ..engine.kv_budget import cache_layout, quantized_need
 from ..models.context import context_length
 from ..sched.generator import BatchGenerator
@@ -154,7 +155,8 @@ class Engine:
         layout = [entry for entry in cache_layout(self.model) if entry is not None]
         self.kv_bytes_per_token = sum(per_slot for per_slot, _ in layout)
         self.state_bytes_per_row = sum(fixed for _, fixed in layout)
-        quant = self.gen.kv_quant
+        c = self.config
+        quant = KVQuantization.of(c.kv_bits, c.kv_group_size, c.quantized_kv_start)
         quantized = [entry for entry in cache_layout(self.model, quant) if entry is not None]
         self.quantized_kv_bytes_per_token = sum(per_slot for per_slot, _ in quantized)
         self.gen.close()
