@@ -11,6 +11,7 @@ if __name__ == "__main__":
 
 from .api.batch import batch_generate, stream_batch_generate
 from .api.generate import generate, generate_step, stream_generate
+from .cache.quantized import maybe_quantize_kv_cache
 from .api.responses import BatchResponse, BatchStreamResponse, GenerationResponse
 from .sched.stats import BatchStats
 from .cli.generate import main
@@ -19,5 +20,6 @@ from .sched.generator import BatchGenerator
 from .tool_parsers.state_machine import TextStateMachine
 
 __all__ = ["BatchGenerator", "BatchResponse", "BatchStats", "BatchStreamResponse",
-           "GenerationResponse", "StopSequences", "TextStateMachine", "batch_generate", "generate", "generate_step",
-           "main", "make_stop_sequences", "stream_batch_generate", "stream_generate"]
+           "GenerationResponse", "StopSequences", "TextStateMachine", "batch_generate", "generate",
+           "generate_step", "main", "make_stop_sequences", "maybe_quantize_kv_cache",
+           "stream_batch_generate", "stream_generate"]

@@ -7,12 +7,15 @@ import pytest
 
 from mlx_lm_batched.cache.kv import KVCache, RotatingKVCache
 from mlx_lm_batched.cache.protocol import KVLayerCache, LayerCache
+from mlx_lm_batched.cache.quantized import QuantizedKVCache
 from mlx_lm_batched.cache.state import StateCache
 
 CACHES = {
     "KVCache": (KVCache, KVLayerCache),
     "RotatingKVCache": (lambda: RotatingKVCache(8), KVLayerCache),
     "StateCache": (StateCache, LayerCache),
+    "QuantizedKVCache": (QuantizedKVCache, KVLayerCache),
+    "QuantizedKVCache(ring)": (lambda: QuantizedKVCache(64, 4, max_size=8), KVLayerCache),
 }
 
 

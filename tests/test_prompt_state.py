@@ -259,11 +259,9 @@ def test_load_prompt_cache_errors(tmp_path):
     mx.save_safetensors(foreign, {"model.norm.weight": mx.ones((4,))})
     with pytest.raises(ValueError, match="weights.safetensors.*no cache classes"):
         load_prompt_cache(foreign)
-    quantized = lm_cache.KVCache()
-    quantized.update_and_fetch(mx.ones((1, 1, 2, 64)), mx.ones((1, 1, 2, 64)))
-    path = str(tmp_path / "quantized.safetensors")
-    lm_cache.save_prompt_cache(path, [quantized.to_quantized(group_size=32, bits=4)])
-    with pytest.raises(ValueError, match="QuantizedKVCache"):
+    path = str(tmp_path / "unknown.safetensors")
+    mx.save_safetensors(path, {"0.0": mx.ones((2,))}, metadata={"1.0": "QuantizedFooCache"})
+    with pytest.raises(ValueError, match="QuantizedFooCache"):
         load_prompt_cache(path)
 
 

@@ -52,6 +52,13 @@ def test_living_batches_example_runs_as_written(tmp_path):
     assert "Rome" in out.splitlines()[-1]  # the second turn answered on top of it
 
 
+def test_quantized_kv_example_runs_as_written(tmp_path):
+    blocks = [b for b in python_blocks() if "kv_bits" in b]
+    assert len(blocks) == 1, "README lost its kv_bits example"
+    texts = eval(run_block(blocks[0], tmp_path))  # the printed list of texts
+    assert len(texts) == 2 and all(t.strip() for t in texts)
+
+
 def test_every_python_block_is_tested():
     readme_blocks = re.findall(r"```python\n(.*?)```", README, re.S)
-    assert len(python_blocks()) == 2 and len(readme_blocks) == 3
+    assert len(python_blocks()) == 3 and len(readme_blocks) == 4

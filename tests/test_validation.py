@@ -181,8 +181,8 @@ def test_unknown_and_unsupported_keywords(float_models):
         batch_generate(model, tokenizer, ["a"], max_tokens=2, samplr=None)
     with pytest.raises(TypeError, match="temperature"):
         next(stream_batch_generate(model, tokenizer, ["a"], max_tokens=2, temperature=0.5))
-    with pytest.raises(NotImplementedError, match="max_kv_size"):
-        generate(model, tokenizer, "a", max_tokens=2, kv_bits=4, kv_group_size=32)
+    with pytest.raises(ValueError, match="kv_group_size must be one of"):
+        generate(model, tokenizer, "a", max_tokens=2, kv_bits=4, kv_group_size=33)
     # mlx-lm's stream= (the stream the generator runs on) works; a non-stream is refused.
     assert batch_generate(model, tokenizer, ["a"], max_tokens=2, stream=mx.cpu).texts[0]
     with pytest.raises(TypeError, match="stream"):

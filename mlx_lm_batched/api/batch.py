@@ -32,7 +32,7 @@ from .responses import BatchResponse, BatchStreamResponse
 # Keywords batch_generate passes on to stream_batch_generate (mlx-lm's BatchGenerator's).
 BATCH_KWARGS = ("sampler", "logits_processors", "completion_batch_size", "prefill_step_size",
                 "max_kv_size", "prefill_batch_size", "stream", "stop", "seeds",
-                "response_format")
+                "response_format", "kv_bits", "kv_group_size", "quantized_kv_start")
 
 
 def stream_batch_generate(
@@ -53,6 +53,9 @@ def stream_batch_generate(
     stop=None,
     seeds=None,
     response_format=None,
+    kv_bits=None,
+    kv_group_size=64,
+    quantized_kv_start=5000,
 ):
     """Yield a :class:`BatchStreamResponse` per row per generated token.
 
@@ -88,23 +91,30 @@ def stream_batch_generate(
       or a list with one (or None) per prompt. Each constrained row masks, at every
       step, the tokens its grammar forbids (``sampling/grammar.py``), so its text parses
       and validates unless ``max_tokens`` cuts it.
+
+    ``kv_bits``/``kv_group_size``/``quantized_kv_start``: quantized KV caches with
+    ``generate_step``'s meaning, for every row of the batch.
     """
     for response, _ in _stream(model, tokenizer, prompts, max_tokens, sampler, logits_processors,
                                completion_batch_size, prefill_step_size, max_kv_size, stats,
                                logprobs, prefill_batch_size, stream, prompt_caches, stop, seeds,
-                               response_format=response_format):
+                               response_format=response_format,
+                               kv=(kv_bits, kv_group_size, quantized_kv_start)):
         yield response
 
 
 def _stream(model, tokenizer, prompts, max_tokens, sampler, logits_processors,
             completion_batch_size, prefill_step_size, max_kv_size, stats, logprobs,
             prefill_batch_size, stream, prompt_caches, stop, seeds, want_caches=False,
-            response_format=None):
+            response_format=None, kv=(None, 64, 5000)):
     """:func:`stream_batch_generate` yielding ``(response, cache or None)`` pairs."""
     completion_batch_size = V.check_int("completion_batch_size", completion_batch_size, 1)
     prefill_step_size = V.check_int("prefill_step_size", prefill_step_size, 1)
     prefill_batch_size = V.check_optional_int("prefill_batch_size", prefill_batch_size, 1)
     max_kv_size = V.check_optional_int("max_kv_size", max_kv_size, 1, V.INT32_MAX)
+    kv_bits = V.check_optional_int("kv_bits", kv[0], 1, 8)
+    kv_group_size = V.check_int("kv_group_size", kv[1], 1)
+    quantized_kv_start = V.check_int("quantized_kv_start", kv[2], 0)
     if stream is not None and not isinstance(stream, (mx.Stream, mx.Device, mx.DeviceType)):
         raise TypeError(f"stream must be an mx.Stream or a device, got {type(stream).__name__}")
     if not isinstance(sampler, (list, tuple)):
@@ -140,7 +150,8 @@ def _stream(model, tokenizer, prompts, max_tokens, sampler, logits_processors,
         completion_batch_size=completion_batch_size,
         prefill_batch_size=prefill_batch_size or completion_batch_size,
         prefill_step_size=prefill_step_size, max_kv_size=max_kv_size, stream=stream,
-        return_logprobs=logprobs, return_caches=want_caches)
+        return_logprobs=logprobs, return_caches=want_caches, kv_bits=kv_bits,
+        kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start)
     # Shortest first: the generator admits rows in this order, so rows of similar length
     # share a prefill (as static length-sorted batches would) and short ones finish first.
     order = sorted(range(n), key=lambda i: len(encoded[i]))
@@ -185,8 +196,9 @@ def batch_generate(
     prompt. Texts exclude the EOS token, as mlx-lm's do. Other keyword arguments
     (``sampler``, ``logits_processors``, ``completion_batch_size``,
     ``prefill_step_size``, ``max_kv_size``, ``prefill_batch_size``, ``stream``, ``stop``,
-    ``seeds``, ``response_format``) go to :func:`stream_batch_generate`, which checks
-    them and every prompt before any work; others raise ``TypeError`` naming them.
+    ``seeds``, ``response_format``, ``kv_bits``, ``kv_group_size``,
+    ``quantized_kv_start``) go to :func:`stream_batch_generate`, which checks them and
+    every prompt before any work; others raise ``TypeError`` naming them.
 
     ``prompt_caches``: one prompt cache (or None) per prompt to continue from, e.g.
     the ``caches`` of an earlier call (they are not modified). With
@@ -215,7 +227,9 @@ def batch_generate(
                             return_logprobs, options["prefill_batch_size"], options["stream"],
                             prompt_caches, options["stop"], options["seeds"],
                             want_caches=return_prompt_caches,
-                            response_format=options["response_format"]):
+                            response_format=options["response_format"],
+                            kv=(options["kv_bits"], kwargs.get("kv_group_size", 64),
+                                kwargs.get("quantized_kv_start", 5000))):
         if r.finish_reason != "stop" or r.token not in eos:  # EOS is not output
             ids[r.index].append(r.token)
             logprobs[r.index].append(r.logprob)

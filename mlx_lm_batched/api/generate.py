@@ -6,7 +6,7 @@ import time
 
 import mlx.core as mx
 
-from ..engine.batch_engine import BatchEngine
+from ..engine.batch_engine import BatchEngine, KVQuantization
 from ..engine.sampling import SharedSampling
 from ..models.context import model_vocab_size
 from ..sched.stats import peak_memory_gb
@@ -47,18 +47,18 @@ def generate_step(
     (``max_position_embeddings``) is cut to fit with one ``ContextLengthWarning``
     (with -1 the warning comes when generation crosses the context); a prompt that
     fills the context raises ``ValueError``. Raises ``TypeError`` for values of the
-    wrong type, ``NotImplementedError`` for ``kv_bits`` (``kv_group_size`` and
-    ``quantized_kv_start`` only apply with it, as in mlx-lm).
+    wrong type. ``kv_bits`` (2, 3, 4, 5, 6 or 8) quantizes the key/value caches in
+    groups of ``kv_group_size`` (32, 64, 128) once they hold ``quantized_kv_start``
+    slots, as mlx-lm (``kv_group_size`` and ``quantized_kv_start`` only apply with it).
     """
-    if kv_bits is not None:
-        raise NotImplementedError("quantized KV caches (kv_bits) are not supported yet: drop "
-                                  "kv_bits, or bound the cache with max_kv_size")
     # 0 prefills the prompt into the cache and yields nothing (mlx-lm's meaning).
     max_tokens = V.check_int("max_tokens", max_tokens, 0, allow=(-1,))
     prefill_step_size = V.check_int("prefill_step_size", prefill_step_size, 1)
     max_kv_size = V.check_optional_int("max_kv_size", max_kv_size, 1, V.INT32_MAX)
     kv_group_size = V.check_int("kv_group_size", kv_group_size, 1)
     quantized_kv_start = V.check_int("quantized_kv_start", quantized_kv_start, 0)
+    kv_quant = KVQuantization.of(V.check_optional_int("kv_bits", kv_bits, 1, 8), kv_group_size,
+                                 quantized_kv_start)
     V.check_callable("sampler", sampler)
     V.check_callable("prompt_progress_callback", prompt_progress_callback)
     logits_processors = V.check_processors(logits_processors)
@@ -76,7 +76,7 @@ def generate_step(
         processors = [lambda h, l, p=p: p(h[0], l) for p in processors]
     engine = BatchEngine(model, prompt_cache, max_kv_size=max_kv_size,
                          prefill_step_size=prefill_step_size,
-                         sampling=SharedSampling(sampler, processors))
+                         sampling=SharedSampling(sampler, processors), kv_quant=kv_quant)
     if max_tokens > 0:
         engine.reserve(max_tokens)
     if single and input_embeddings is not None and input_embeddings.ndim == 2:

@@ -28,12 +28,6 @@ class BatchRotatingKVCache(_Unsupported):
                    "make_prompt_cache(model, max_kv_size=N)")
 
 
-class QuantizedKVCache(_Unsupported):
-    """Not supported: quantized KV caches are not implemented yet."""
-
-    alternative = "quantized KV caches are not implemented yet; use KVCache (make_prompt_cache)"
-
-
 class ChunkedKVCache(_Unsupported):
     """Not supported (mlx-lm's chunked attention cache, Llama 4)."""
 

@@ -10,6 +10,7 @@ import mlx.core as mx
 
 from .kv import KVCache, RotatingKVCache
 from .prompt_cache import PromptCache, batch_rows
+from .quantized import QuantizedKVCache
 from .state import StateCache
 
 PADDING_KEY = "mlx_lm_batched_padding"  # user-metadata key of the rows' padding
@@ -29,6 +30,10 @@ def _layer_state(c):
         k, v = c.ordered()
         n = 0 if k is None else k.shape[2]
         return [k, v, c.size, 0, c.max_size, n]
+    if type(c) is QuantizedKVCache:  # mlx-lm's (keys, values, offset, group_size, bits)
+        k, v = c.ordered()
+        state = [list(k) if k else None, list(v) if v else None, c.size, c.group_size, c.bits]
+        return state if c.max_size is None else state + [c.max_size]
     if type(c) is StateCache:  # mlx-lm's ArraysCache: (arrays, left_padding, lengths)
         return [list(c.arrays), None, None]
     raise ValueError(f"cannot save a {type(c).__name__} cache "
@@ -46,6 +51,13 @@ def _flat_state(c):
 
 
 _CLASS_NAMES = {StateCache: "ArraysCache"}  # mlx-lm's name for the same layout
+
+
+def _class_name(c):
+    # A quantized ring (sliding-window layer) has no mlx-lm class: its own name.
+    if type(c) is QuantizedKVCache and c.max_size is not None:
+        return "QuantizedRotatingKVCache"
+    return _CLASS_NAMES.get(type(c), type(c).__name__)
 
 
 def save_prompt_cache(file_name, cache, metadata=None):
@@ -72,7 +84,7 @@ def save_prompt_cache(file_name, cache, metadata=None):
     slots = [f"{i}:{c.size}" for i, c in enumerate(cache) if type(c) is StateCache]
     if slots:
         info[f"0.{STATE_SLOTS_KEY}"] = ",".join(slots)
-    info.update({f"1.{i}": _CLASS_NAMES.get(type(c), type(c).__name__) for i, c in enumerate(cache)})
+    info.update({f"1.{i}": _class_name(c) for i, c in enumerate(cache)})
     info["2.0"] = ""  # mlx-lm keeps the scalar list non-empty with this entry
     for n, (key, kind) in enumerate(scalars, start=1):
         info[f"2.{n}.0"], info[f"2.{n}.1"] = key, kind
@@ -122,6 +134,7 @@ def _parse(arrays, info):
     state_slots = dict(tuple(map(int, p.split(":")))
                        for p in user.pop(STATE_SLOTS_KEY, "").split(",") if p)
     cache = [_build_state(values, i, state_slots.get(i, 0)) if classes[i] == "ArraysCache"
+             else _build_quantized(classes[i], values, i) if classes[i].startswith("Quantized")
              else _build(classes[i], [values.get(f"{i}.{j}") for j in range(6)], i)
              for i in range(len(classes))]
     padding = user.pop(PADDING_KEY, None)
@@ -145,6 +158,23 @@ def _build_state(values, i, slots):
         raise ValueError(f"layer {i}: ArraysCache saved mid-batch by mlx-lm (left_padding "
                          "or lengths set) is not supported")
     c.size = slots
+    return c
+
+
+def _build_quantized(name, values, i):
+    """A ``QuantizedKVCache`` from entries ``i.0.k`` (keys), ``i.1.k`` (values), then
+    offset, group size, bits (and the window of a ring)."""
+    if name not in ("QuantizedKVCache", "QuantizedRotatingKVCache"):
+        raise ValueError(f"layer {i}: {name} caches are not supported")
+    offset, group_size, bits = (values[f"{i}.{j}"] for j in (2, 3, 4))
+    ring = values[f"{i}.5"] if name == "QuantizedRotatingKVCache" else None
+    c = QuantizedKVCache(group_size, bits, ring)
+    if f"{i}.0.0" in values:
+        keys = [values[f"{i}.0.{k}"] for k in range(3)]
+        vals = [values[f"{i}.1.{k}"] for k in range(3)]
+        if ring is None:  # mlx-lm saves its whole buffers: keep the slots it holds
+            keys, vals = ([x[..., :offset, :] for x in t] for t in (keys, vals))
+        c.load_ordered(keys, vals, offset)
     return c
 
 

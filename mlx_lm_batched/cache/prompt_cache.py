@@ -75,7 +75,7 @@ class PromptCache(list):
         self.padding = [padding[i] for i in keep]
         shared = min(self.padding) if self.padding else 0
         # Once a ring has wrapped its leading slots are gone already; keep the frame.
-        if shared > 0 and all(c.size <= getattr(c, "max_size", c.size) for c in self):
+        if shared > 0 and all(c.size <= (getattr(c, "max_size", None) or c.size) for c in self):
             for c in self:
                 c.drop_leading(shared)
             self.padding = [p - shared for p in self.padding]
@@ -117,9 +117,7 @@ class PromptCache(list):
 
 def batch_rows(c):
     """Rows a layer cache holds (0 when empty)."""
-    if isinstance(c, StateCache):
-        return c.batch_size
-    return 0 if getattr(c, "keys", None) is None else c.keys.shape[0]
+    return c.batch_size
 
 
 def as_prompt_cache(cache):

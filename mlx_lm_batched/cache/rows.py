@@ -13,6 +13,7 @@ import mlx.core as mx
 
 from .kv import KVCache, RotatingKVCache
 from .protocol import LayerCache
+from .quantized import QuantizedKVCache
 from .state import StateCache
 
 
@@ -57,6 +58,8 @@ def copy_cache(cache):
 def _empty_like(c):
     if isinstance(c, StateCache):
         return StateCache(len(c))
+    if isinstance(c, QuantizedKVCache):
+        return QuantizedKVCache(c.group_size, c.bits, c.max_size)
     if isinstance(c, RotatingKVCache):
         return RotatingKVCache(c.max_size)
     return KVCache()
@@ -75,6 +78,16 @@ def _row_of_rotating(c, row, pad):
     keys, values = (x[row : row + 1, :, x.shape[2] - keep :] for x in c.ordered())
     new = RotatingKVCache(M)
     new.load_ordered(mx.contiguous(keys), mx.contiguous(values), n)
+    return new
+
+
+def _row_of_quantized(c, row, pad):
+    n = c.size - pad
+    keys, values = c.ordered()
+    keep = min(n, keys[0].shape[2])  # the held slots that are this row's tokens
+    cut = lambda t: [mx.contiguous(x[row : row + 1, :, x.shape[2] - keep :]) for x in t]
+    new = _empty_like(c)
+    new.load_ordered(cut(keys), cut(values), n)
     return new
 
 
@@ -97,8 +110,10 @@ def extract_row(caches, row, pad):
     for c in caches:
         if isinstance(c, StateCache):
             out.append(_row_of_state(c, row, pad))
-        elif c.keys is None or c.size - pad <= 0:
+        elif c.empty() or c.size - pad <= 0:
             out.append(_empty_like(c))
+        elif isinstance(c, QuantizedKVCache):
+            out.append(_row_of_quantized(c, row, pad))
         elif isinstance(c, RotatingKVCache):
             out.append(_row_of_rotating(c, row, pad))
         elif isinstance(c, KVCache):

@@ -24,7 +24,6 @@ TEMPLATE_SUFFIXES = (".jinja", ".j2", ".txt")
 UNSUPPORTED = {
     "adapter_path": ("--adapter-path", "LoRA adapters"),
     "draft_model": ("--draft-model", "speculative decoding"),
-    "kv_bits": ("--kv-bits", "quantized KV caches"),
     "quantize_activations": ("--quantize-activations/-qa", "activation quantization"),
     "image": ("--image", "image inputs"),
 }
@@ -136,9 +135,12 @@ def build_parser():
     p.add_argument("--adapter-path", default=None, help=argparse.SUPPRESS)
     p.add_argument("--draft-model", default=None, help=argparse.SUPPRESS)
     p.add_argument("--num-draft-tokens", type=int, default=3, help=argparse.SUPPRESS)
-    p.add_argument("--kv-bits", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--kv-group-size", type=int, default=64, help=argparse.SUPPRESS)
-    p.add_argument("--quantized-kv-start", type=int, default=5000, help=argparse.SUPPRESS)
+    p.add_argument("--kv-bits", type=int, default=None, choices=(2, 3, 4, 5, 6, 8),
+                   help="store the KV cache quantized to this many bits (mlx-lm's flag)")
+    p.add_argument("--kv-group-size", type=int, default=64, choices=(32, 64, 128),
+                   help="group size of the KV cache quantization")
+    p.add_argument("--quantized-kv-start", type=int, default=5000,
+                   help="quantize a batch's KV cache once it holds this many slots")
     p.add_argument("--quantize-activations", "-qa", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--image", nargs="+", default=[], help=argparse.SUPPRESS)
     return p
@@ -161,6 +163,7 @@ def check_args(args):
         _at_least(args, "max-tokens", 1)
     for name in ("batch-size", "max-kv-size", "prefill-step-size", "min-tokens-to-keep"):
         _at_least(args, name, 1)
+    _at_least(args, "quantized-kv-start", 0)
     for name in ("top-k", "min-tokens-to-keep"):  # go to the device as int32
         value = getattr(args, name.replace("-", "_"))
         if value > INT32_MAX:

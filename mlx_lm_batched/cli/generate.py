@@ -200,7 +200,9 @@ def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step
                                        prefill_step_size=step_size, max_kv_size=args.max_kv_size,
                                        stats=stats, logprobs=False,
                                        prompt_caches=None if prefix is None else [prefix] * len(prompts),
-                                       response_format=args.response_format):
+                                       response_format=args.response_format, kv_bits=args.kv_bits,
+                                       kv_group_size=args.kv_group_size,
+                                       quantized_kv_start=args.quantized_kv_start):
             if tick is not None:
                 tick()
             if r.finish_reason != "stop":

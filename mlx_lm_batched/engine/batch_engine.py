@@ -15,6 +15,8 @@ import mlx.core as mx
 from ..cache.factory import make_prompt_cache
 from ..cache.kv import KVCache
 from ..cache.prompt_cache import as_prompt_cache
+from ..cache.quantized import (QuantizedKVCache, check_kv_quantization, quantize_prompt_cache,
+                               to_quantized)
 from ..cache.rows import cache_nbytes, extract_row
 from ..layers.step import StepAttention
 from ..models.context import context_length
@@ -32,11 +34,13 @@ class BatchEngine:
     record of each row's position: ``offset`` and ``left_padding`` read it.
     ``sampling``: a :class:`~.sampling.SharedSampling` (default: greedy) or
     :class:`~.sampling.RowSampling`. ``row_ids``: a label per row, kept in row order.
+    ``kv_quant``: a :class:`KVQuantization` (quantized KV caches) or None.
     """
 
     def __init__(self, model, prompt_cache=None, *, max_kv_size=None, prefill_step_size=2048,
-                 sampling=None, row_ids=None):
+                 sampling=None, row_ids=None, kv_quant=None):
         self.model = model
+        self.kv_quant = kv_quant
         self.sampling = sampling if sampling is not None else SharedSampling()
         if prompt_cache is None:
             prompt_cache = make_prompt_cache(model, max_kv_size)
@@ -82,7 +86,7 @@ class BatchEngine:
         context = context_length(self.model)
         if context is not None:
             ahead = min(ahead, context)
-        check_kv_fits(self.model, self.cache, rows, slots + ahead)
+        check_kv_fits(self.model, self.cache, rows, slots + ahead, self.kv_quant)
         self.cache.reserve(slots + ahead)
 
     def start_prefill(self, tokens, left_padding=None, input_embeddings=None, cuts=()):
@@ -115,7 +119,15 @@ class BatchEngine:
         if self._decode_groups:
             kwargs["attention"] = StepAttention(row_groups=self._decode_groups)
         logits = self.model(tokens[:, None], offset=self.offset, cache=self.cache, **kwargs)
+        self.quantize_caches()
         return self.sampling.sample(logits[:, -1, :])
+
+    def quantize_caches(self):
+        """After a model call: quantize the key/value caches that hold at least
+        ``kv_quant.start`` slots (mlx-lm's ``maybe_quantize_kv_cache`` rule)."""
+        q = self.kv_quant
+        if q is not None and quantize_prompt_cache(self.cache, q.bits, q.group_size, q.start):
+            self.rows_changed()
 
     def rows_changed(self):
         """Plan decode attention row groups from the rows' padding (call after the rows
@@ -168,9 +180,37 @@ class BatchEngine:
         side with fewer slots); sampling state and row labels follow. ``other`` must not
         be used afterwards (its arrays are shared).
         """
+        self._match_quantization(other.cache)
         self.cache.extend(other.cache)
         self.sampling.extend(other.sampling)
         if self.row_ids is not None or other.row_ids is not None:
             self.row_ids = (self.row_ids or []) + (other.row_ids or [])
         self.decode_reserve = max(self.decode_reserve, other.decode_reserve)
         self.rows_changed()
+
+    def _match_quantization(self, other):
+        """Layers that are quantized on one side only (one batch passed
+        ``kv_quant.start`` slots, the other not yet) are quantized on both before
+        they join (quantizing a slot depends on that slot alone)."""
+        for i, (a, b) in enumerate(zip(self.cache, other)):
+            qa, qb = isinstance(a, QuantizedKVCache), isinstance(b, QuantizedKVCache)
+            if qa and not qb:
+                other[i] = to_quantized(b, a.group_size, a.bits)
+            elif qb and not qa:
+                self.cache[i] = to_quantized(a, b.group_size, b.bits)
+
+
+class KVQuantization:
+    """Quantized KV caches (mlx-lm's ``kv_bits``, ``kv_group_size``,
+    ``quantized_kv_start``): key/value layer caches are quantized to ``bits`` in groups
+    of ``group_size`` after the first model call that leaves them holding at least
+    ``start`` slots; from then on every slot is stored quantized."""
+
+    def __init__(self, bits, group_size=64, start=0):
+        check_kv_quantization(bits, group_size)
+        self.bits, self.group_size, self.start = bits, group_size, int(start)
+
+    @classmethod
+    def of(cls, bits, group_size=64, start=0):
+        """A ``KVQuantization`` for ``bits``, or None when ``bits`` is None."""
+        return None if bits is None else cls(bits, group_size, start)

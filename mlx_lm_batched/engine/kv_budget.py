@@ -37,7 +37,9 @@ def _probe(model):
         if isinstance(c, StateCache):  # recurrent state: fixed per row
             layout.append((0, c.nbytes))
         elif getattr(c, "keys", None) is not None:  # keys/values: (1, heads, slots, dim)
-            layout.append(((c.keys.nbytes + c.values.nbytes) // c.keys.shape[2], 0))
+            # Also the item size: quantized caches keep scales and biases in it.
+            layout.append(((c.keys.nbytes + c.values.nbytes) // c.keys.shape[2], 0,
+                           c.keys.itemsize))
         else:
             layout.append(None)
     return tuple(layout)
@@ -46,23 +48,53 @@ def _probe(model):
 _LAYOUTS = {}  # id(model) -> (weak reference to the model, its probed layout)
 
 
-def cache_layout(model):
+def cache_layout(model, kv_quant=None):
     """``(bytes per slot, fixed bytes)`` one row takes in each of the model's caches
-    (None for an unknown kind), probed once per model (see ``_probe``)."""
-    ref, layout = _LAYOUTS.get(id(model), (None, None))
+    (None for an unknown kind), probed once per model (see ``_probe``).
+
+    ``kv_quant`` (a ``KVQuantization``): the key/value bytes once quantized, ``bits``
+    per value plus a scale and a bias (in the cache's dtype) per ``group_size`` values.
+    """
+    ref, probed = _LAYOUTS.get(id(model), (None, None))
     if ref is None or ref() is not model:
-        layout = _probe(model)
+        probed = {"probe": _probe(model)}
         # Drop the entry with the model (a later model may reuse its id).
         _LAYOUTS[id(model)] = (weakref.ref(model, lambda _, key=id(model): _LAYOUTS.pop(key, None)),
-                               layout)
-    return layout
+                               probed)
+    key = None if kv_quant is None else (kv_quant.bits, kv_quant.group_size)
+    if key not in probed:  # one tuple per setting: callers may compare by identity
+        probed[key] = tuple(_quantized(entry, kv_quant) for entry in probed["probe"])
+    return probed[key]
 
 
-def cache_bytes(model, cache, rows, slots):
+def _quantized(entry, kv_quant):
+    if entry is None or len(entry) == 2:
+        return entry
+    per_slot, fixed, itemsize = entry
+    if kv_quant is None:
+        return per_slot, fixed
+    values = per_slot // itemsize
+    return (values * kv_quant.bits // 8
+            + -(-values // kv_quant.group_size) * 2 * itemsize), fixed
+
+
+def quantized_need(slots, float_per_slot, quant_per_slot, start):
+    """Peak key/value bytes of a row growing to ``slots`` slots when its caches switch
+    to quantized at ``start`` slots: float until then, quantized after."""
+    if slots < start:
+        return slots * float_per_slot
+    return max(start * float_per_slot, slots * quant_per_slot)
+
+
+def cache_bytes(model, cache, rows, slots, kv_quant=None):
     """``(key/value bytes, recurrent-state bytes)`` of ``rows`` rows holding ``slots``
     slots each in ``cache`` (rotating layers hold at most their ring; a state cache
-    holds the same bytes whatever the length), or None when unknown."""
-    layout = cache_layout(model)
+    holds the same bytes whatever the length; quantized with ``kv_quant`` once past
+    its ``start``), or None when unknown."""
+    if kv_quant is not None and slots >= kv_quant.start:
+        layout = cache_layout(model, kv_quant)
+    else:
+        layout = cache_layout(model)
     caches = list(cache)
     if len(layout) != len(caches) or any(entry is None for entry in layout):
         return None
@@ -73,10 +105,10 @@ def cache_bytes(model, cache, rows, slots):
     return kv, state
 
 
-def kv_bytes(model, cache, rows, slots):
+def kv_bytes(model, cache, rows, slots, kv_quant=None):
     """Bytes of key/value cache and recurrent state for ``rows`` rows holding ``slots``
     slots each, or None when unknown."""
-    parts = cache_bytes(model, cache, rows, slots)
+    parts = cache_bytes(model, cache, rows, slots, kv_quant)
     return None if parts is None else sum(parts)
 
 
@@ -103,10 +135,10 @@ def available_memory():
         return None
 
 
-def check_kv_fits(model, cache, rows, slots):
+def check_kv_fits(model, cache, rows, slots, kv_quant=None):
     """Raise ``ValueError`` when ``rows`` rows of ``slots`` slots (key/value cache plus
     each row's recurrent state, for hybrid and state-space models) cannot fit in memory."""
-    parts = cache_bytes(model, cache, rows, slots)
+    parts = cache_bytes(model, cache, rows, slots, kv_quant)
     have = available_memory()
     if parts is None or have is None or sum(parts) <= have:
         return

@@ -95,8 +95,12 @@ class PrefillJob:
         # Position of column c in row b: cached real tokens + c - padding of row b.
         base = before - mx.array(pad, dtype=mx.int32)
         done = 0
-        if L > 1 and start == 0 and all(has_rows_view(c, L) for c in cache):
+        # Quantized caches switch after a model call (see ``KVQuantization``); a prompt
+        # of several calls goes in whole-batch chunks so each call's switch is mlx-lm's.
+        one_call = engine.kv_quant is None or L - 1 <= engine.prefill_step_size
+        if L > 1 and start == 0 and one_call and all(has_rows_view(c, L) for c in cache):
             yield from self._groups(base)
+            engine.quantize_caches()
             done = L - 1
         while L - done > 1:
             n = self._chunk(done, L - 1)
@@ -108,6 +112,7 @@ class PrefillJob:
                 shift = mx.array(pad, dtype=mx.int32)
                 views = [ShiftedView(c, shift) for c in cache]
             self._call(tokens, base + done, views, slice(done, done + n))
+            engine.quantize_caches()
             mx.eval([c.state for c in cache])
             self.padding_tokens += sum(min(n, max(0, p - done)) for p in pad)
             done += n
@@ -116,6 +121,7 @@ class PrefillJob:
             self.progress = (done, L)
             yield
         logits = self._call(tokens, base + done, cache, slice(done, None))
+        engine.quantize_caches()
         self.calls += 1
         cache.add_padding(pad)
         engine.rows_changed()

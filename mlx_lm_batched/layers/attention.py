@@ -6,6 +6,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import cpu_ops
+from .quantized_attention import quantized_attention
 
 
 def scaled_dot_product_attention(q, k, v, scale, mask, softcap=None, sinks=None):
@@ -13,7 +14,13 @@ def scaled_dot_product_attention(q, k, v, scale, mask, softcap=None, sinks=None)
 
     ``mask`` is boolean (True = attend). Soft-capped logits need the explicit path.
     ``sinks``: ``(H,)`` learned logits of an extra key with no value (GPT-OSS).
+    Keys and values that are ``(packed, scales, biases)`` triples (a quantized cache)
+    are attended quantized (``quantized_attention.py``).
     """
+    if isinstance(k, tuple):
+        if sinks is not None:
+            raise NotImplementedError("attention sinks over a quantized KV cache (kv_bits)")
+        return quantized_attention(q, k, v, scale, mask, softcap)
     if softcap is None and (sinks is not None or mx.default_device() != mx.cpu):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
     if sinks is not None:

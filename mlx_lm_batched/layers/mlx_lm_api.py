@@ -4,6 +4,8 @@ attention op (``attention.py``)."""
 
 import mlx.core as mx
 
+from .quantized_attention import quantization_of
+
 from . import masks as masks_lib
 from .attention import scaled_dot_product_attention as _attention
 
@@ -43,11 +45,22 @@ def create_attention_mask(h, cache=None, window_size=None, return_array=False):
 
 def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
     """mlx-lm's attention entry point on the shared op: ``(B, H, L, D)`` queries,
-    keys/values with as many or fewer heads; ``mask`` None, ``"causal"`` or boolean."""
-    L, K = queries.shape[2], keys.shape[2]
+    keys/values with as many or fewer heads (or quantized triples from a
+    ``QuantizedKVCache``); ``mask`` None, ``"causal"`` or boolean."""
+    L, K = queries.shape[2], (keys[0] if isinstance(keys, tuple) else keys).shape[2]
     if isinstance(mask, str):
         if mask != "causal":
             raise ValueError(f"mask must be None, 'causal' or an array, got {mask!r}")
         mask = masks_lib.attention_mask(mx.arange(K), K - L, L,
                                         mx.full((queries.shape[0],), K - L, mx.int32))
     return _attention(queries, keys, values, scale, mask, sinks=sinks)
+
+
+def quantized_scaled_dot_product_attention(queries, q_keys, q_values, scale, mask,
+                                           group_size=64, bits=8):
+    """mlx-lm's attention over quantized ``(packed, scales, biases)`` keys and values
+    (``group_size``/``bits`` must be the triples' own)."""
+    if quantization_of(queries, q_keys) != (group_size, bits):
+        raise ValueError(f"keys are not quantized with group_size={group_size}, bits={bits}")
+    return scaled_dot_product_attention(queries, tuple(q_keys), tuple(q_values), None, scale,
+                                        mask)

@@ -4,9 +4,10 @@ that architecture code written for mlx-lm imports from here."""
 from ..layers.mlx_lm_api import (
     create_attention_mask,
     create_causal_mask,
+    quantized_scaled_dot_product_attention,
     scaled_dot_product_attention,
 )
 from .args import BaseModelArgs
 
 __all__ = ["BaseModelArgs", "create_attention_mask", "create_causal_mask",
-           "scaled_dot_product_attention"]
+           "quantized_scaled_dot_product_attention", "scaled_dot_product_attention"]

@@ -7,11 +7,11 @@ from ..cache.compat import (
     BatchRotatingKVCache,
     CacheList,
     ChunkedKVCache,
-    QuantizedKVCache,
 )
 from ..cache.factory import make_prompt_cache
 from ..cache.files import load_prompt_cache, save_prompt_cache
 from ..cache.kv import KVCache, RotatingKVCache
+from ..cache.quantized import QuantizedKVCache
 from ..cache.prompt_cache import (
     PromptCache,
     as_prompt_cache,

@@ -28,7 +28,7 @@ import mlx.core as mx
 
 from ..cache import rows as row_caches
 from ..cache.factory import make_prompt_cache
-from ..engine.batch_engine import BatchEngine
+from ..engine.batch_engine import BatchEngine, KVQuantization
 from ..engine.prefill_plan import left_pad
 from ..engine.sampling import RowSampler, RowSampling, TokenContext
 from ..sampling.samplers import greedy_sampler
@@ -57,7 +57,8 @@ class BatchGenerator:
     def __init__(self, model, *, max_tokens=128, stop_tokens=None, sampler=None,
                  logits_processors=None, completion_batch_size=32, prefill_batch_size=8,
                  prefill_step_size=2048, max_kv_size=None, stream=None, return_logprobs=True,
-                 return_caches=True, token_hook=None):
+                 return_caches=True, token_hook=None, kv_bits=None, kv_group_size=64,
+                 quantized_kv_start=5000):
         for name, value in (("completion_batch_size", completion_batch_size),
                             ("prefill_batch_size", prefill_batch_size),
                             ("prefill_step_size", prefill_step_size)):
@@ -71,6 +72,7 @@ class BatchGenerator:
         self.prefill_batch_size = prefill_batch_size
         self.completion_batch_size = max(completion_batch_size, prefill_batch_size)
         self.max_kv_size = max_kv_size
+        self.kv_quant = KVQuantization.of(kv_bits, kv_group_size, quantized_kv_start)
         self.return_logprobs = return_logprobs
         self.return_caches = return_caches
         self.token_hook = token_hook
@@ -252,7 +254,7 @@ class BatchGenerator:
         sampling = RowSampling([r.sampling for r in rows], self.return_logprobs, self.token_hook)
         engine = BatchEngine(self.model, cache, max_kv_size=self.max_kv_size,
                              prefill_step_size=self.prefill_step_size, sampling=sampling,
-                             row_ids=[r.uid for r in rows])
+                             row_ids=[r.uid for r in rows], kv_quant=self.kv_quant)
         tokens, padding = left_pad([r.prompt for r in rows])
         engine.reserve(max(r.max_tokens for r in rows))
         cuts = rows[0].boundaries if len(rows) == 1 and rows[0].cut_at_segments else ()

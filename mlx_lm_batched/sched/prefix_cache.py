@@ -48,12 +48,17 @@ def cache_nbytes(prompt_cache):
     return sum(getattr(c, "nbytes", 0) for c in prompt_cache)
 
 
+def _contiguous(x):
+    # Quantized caches hold (packed, scales, biases) triples.
+    return tuple(map(mx.contiguous, x)) if isinstance(x, tuple) else mx.contiguous(x)
+
+
 def compact(prompt_cache):
     """Drop the unused capacity of each layer cache (in place); returns the cache."""
     for c in prompt_cache:
         keys, values = c.ordered()
         if keys is not None:
-            c.load_ordered(mx.contiguous(keys), mx.contiguous(values), c.size)
+            c.load_ordered(_contiguous(keys), _contiguous(values), c.size)
     mx.eval([c.state for c in prompt_cache])
     return prompt_cache
 

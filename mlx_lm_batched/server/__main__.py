@@ -60,6 +60,13 @@ def build_parser():
     p.add_argument("--max-kv-bytes", type=_positive(int),
                    help="KV cache bytes admitted requests may reserve (prompt + max_tokens); "
                    "beyond it 429 with Retry-After (default: no bound)")
+    p.add_argument("--kv-bits", type=int, choices=(2, 3, 4, 5, 6, 8),
+                   help="store the KV cache quantized to this many bits (--max-kv-bytes "
+                   "then counts the quantized bytes, so more rows fit)")
+    p.add_argument("--kv-group-size", type=int, default=64, choices=(32, 64, 128),
+                   help="group size of the KV cache quantization")
+    p.add_argument("--quantized-kv-start", type=int, default=0,
+                   help="quantize a batch's KV cache once it holds this many slots (default 0)")
     p.add_argument("--max-waiting", type=_positive(int), default=256,
                    help="requests waiting to start; beyond it 429 with Retry-After")
     p.add_argument("--max-body-bytes", type=_positive(int), default=4 << 20,
@@ -144,7 +151,8 @@ def _serve(argv):
         prefill_step_size=args.prefill_step_size, default_max_tokens=args.max_tokens,
         context_length=args.max_context, max_kv_bytes=args.max_kv_bytes,
         max_waiting=args.max_waiting, prompt_cache_size=args.prompt_cache_size,
-        prompt_cache_bytes=args.prompt_cache_bytes)
+        prompt_cache_bytes=args.prompt_cache_bytes, kv_bits=args.kv_bits,
+        kv_group_size=args.kv_group_size, quantized_kv_start=args.quantized_kv_start)
     if group is None:
         engine = Engine(model, tokenizer, config)
         engine.warm_up()

@@ -19,7 +19,8 @@ from typing import Any, List, Optional
 
 import mlx.core as mx
 
-from ..engine.kv_budget import cache_layout
+from ..engine.batch_engine import KVQuantization
+from ..engine.kv_budget import cache_layout, quantized_need
 from ..models.context import context_length
 from ..sched.generator import BatchGenerator
 from ..sched.prefix_cache import LRUPromptCache
@@ -45,6 +46,9 @@ class EngineConfig:
     max_waiting: int = 256  # requests admitted but not started; more -> 429
     prompt_cache_size: int = 10  # prefix-cache entries (0: off)
     prompt_cache_bytes: int = 1 << 30
+    kv_bits: Optional[int] = None  # quantized KV caches (None: float)
+    kv_group_size: int = 64
+    quantized_kv_start: int = 0  # slots after which a batch's caches are quantized
 
 
 @dataclass
@@ -105,6 +109,7 @@ class Engine:
         self.prefix = LRUPromptCache(self.config.prompt_cache_size, self.config.prompt_cache_bytes)
         self.samplers = SamplerFactory()
         self.kv_bytes_per_token = 0  # key/value bytes per token of a row (warm_up)
+        self.quantized_kv_bytes_per_token = 0  # the same once quantized (--kv-bits)
         self.state_bytes_per_row = 0  # recurrent-state bytes per row (warm_up)
         self._commands = queue.Queue()
         self._ids = itertools.count(1)
@@ -128,7 +133,9 @@ class Engine:
         return dict(stop_tokens=[[int(t)] for t in self.tokenizer.eos_token_ids],
                     completion_batch_size=self.config.max_batch,
                     prefill_batch_size=self.config.prefill_batch,
-                    prefill_step_size=self.config.prefill_step_size)
+                    prefill_step_size=self.config.prefill_step_size,
+                    kv_bits=self.config.kv_bits, kv_group_size=self.config.kv_group_size,
+                    quantized_kv_start=self.config.quantized_kv_start)
 
     def _new_generator(self):
         return BatchGenerator(self.model, **self.generator_options())
@@ -148,6 +155,10 @@ class Engine:
         layout = [entry for entry in cache_layout(self.model) if entry is not None]
         self.kv_bytes_per_token = sum(per_slot for per_slot, _ in layout)
         self.state_bytes_per_row = sum(fixed for _, fixed in layout)
+        c = self.config
+        quant = KVQuantization.of(c.kv_bits, c.kv_group_size, c.quantized_kv_start)
+        quantized = [entry for entry in cache_layout(self.model, quant) if entry is not None]
+        self.quantized_kv_bytes_per_token = sum(per_slot for per_slot, _ in quantized)
         self.gen.close()
         self.gen = self._new_generator()
 
@@ -290,7 +301,11 @@ class Engine:
         """Reserve the job's cache bytes (key/value slots for prompt + max_tokens, and
         recurrent state, per row) or raise 400/429."""
         n = job.spec.params.n
-        need = n * sum((len(p) + m) * self.kv_bytes_per_token + self.state_bytes_per_row
+        start = self.config.quantized_kv_start if self.config.kv_bits is not None else None
+        kv = (lambda slots: slots * self.kv_bytes_per_token) if start is None else (
+            lambda slots: quantized_need(slots, self.kv_bytes_per_token,
+                                         self.quantized_kv_bytes_per_token, start))
+        need = n * sum(kv(len(p) + m) + self.state_bytes_per_row
                        for p, m in zip(prompts, max_tokens))
         limit = self.config.max_kv_bytes
         if limit is not None and need > limit:
