@@ -14,6 +14,7 @@
 """
 
 from dataclasses import dataclass
+from functools import partial
 from typing import List, Optional
 
 import mlx.core as mx
@@ -29,7 +30,7 @@ from ..layers.kv_sharing import (
 )
 from ..layers.mlp import MLP, activation
 from ..layers.moe import SwitchGLU, combine_experts, softmax_topk, stack_experts
-from ..layers.norms import RMSNorm
+from ..layers.norms import RMSNorm, unit_rms_norm
 from ..layers.rope import make_rope
 from ..layers.stack import CausalLM, DecoderStack
 from . import gemma
@@ -225,7 +226,7 @@ class Model(CausalLM):
         self.args = args
         self.model_type = args.model_type
         norm = lambda dims=args.hidden_size: RMSNorm(dims, args.rms_norm_eps)  # noqa: E731
-        v_norm = lambda v: mx.fast.rms_norm(v, None, args.rms_norm_eps)  # noqa: E731
+        v_norm = partial(unit_rms_norm, eps=args.rms_norm_eps)
         dims = args.layer_dims()
         sources = kv_sources(args.layer_types, args.num_kv_shared_layers)
         ropes = {key: args.rope(*key) for key in zip(args.layer_types, (d for d, _ in dims))}
