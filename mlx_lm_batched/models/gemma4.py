@@ -8,9 +8,15 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import gemma4_text
-from .multimodal import TextConfigArgs, check_text_model_type, language_model_weights
+from .multimodal import (
+    TextConfigArgs,
+    accepts_text_config,
+    check_text_model_type,
+    language_model_weights,
+)
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(TextConfigArgs, gemma4_text.ModelArgs):
     image_token_id: Optional[int] = 258880
