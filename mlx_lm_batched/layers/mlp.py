@@ -29,6 +29,11 @@ ACTIVATIONS = {
 }
 
 
+def swiglu(gate, x):
+    """``silu(gate) * x`` (mlx-lm's ``activations.swiglu``)."""
+    return cpu_ops.silu(gate) * x
+
+
 class Activation:
     """An activation held by its Hugging Face name.
 
