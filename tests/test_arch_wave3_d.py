@@ -164,3 +164,17 @@ def test_tensor_parallel_refuses_phi3small_by_name():
     with pytest.raises(ValueError, match="cannot shard layer 'model.layers.0.self_attn'.*"
                                          "block-sparse pattern is per head"):
         shard_model(model, _RankZeroOfTwo())
+
+
+def test_config_errors_name_the_problem():
+    """Phi-3-small-128k's LongRoPE is refused (not silently ignored, as mlx-lm does)."""
+    from mlx_lm_batched.models.phi3small import ModelArgs
+
+    config = dict(BASE, model_type="phi3small", dense_attention_every_n_layers=2)
+    su = {"type": "su", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
+    with pytest.raises(NotImplementedError, match="rope_scaling type 'su' is not supported"):
+        ModelArgs.from_dict(dict(config, rope_scaling=su))
+    with pytest.raises(ValueError, match="dense_attention_every_n_layers must be >= 1"):
+        ModelArgs.from_dict(dict(config, dense_attention_every_n_layers=0))
+    with pytest.raises(ValueError, match="block-sparse block_size must be >= 1"):
+        BlockSparse(0, 2, 3, 4)

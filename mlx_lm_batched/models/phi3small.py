@@ -10,6 +10,7 @@ exact here under padding, chunked prefill and decode (blocks counted from each r
 first real token, causal inside a block)."""
 
 from dataclasses import dataclass
+from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -41,7 +42,8 @@ class ModelArgs(StackArgs):
     mup_width_multiplier: float = 8.0
     rope_embedding_base: float = 1000000.0
     rope_position_scale: float = 1.0
-    rope_theta: float = None  # transformers 5's rope_parameters, when a config has them
+    rope_theta: Optional[float] = None  # transformers 5's rope_parameters, when given
+    rope_scaling: Optional[dict] = None
     blocksparse_block_size: int = 64
     blocksparse_num_local_blocks: int = 16
     blocksparse_vert_stride: int = 8
@@ -51,6 +53,13 @@ class ModelArgs(StackArgs):
     def __post_init__(self):
         if self.rope_theta is not None:
             self.rope_embedding_base = self.rope_theta
+        scaling = self.rope_scaling or {}
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        if rope_type not in (None, "default"):
+            # Phi-3-small-128k's LongRoPE ("su") has its own short/long mscales; mlx-lm
+            # 0.32 ignores rope_scaling here. Refuse rather than rotate wrongly.
+            raise NotImplementedError(f"phi3small: rope_scaling type '{rope_type}' is not "
+                                      "supported (only the default RoPE)")
         if self.dense_attention_every_n_layers < 1:
             raise ValueError("phi3small: dense_attention_every_n_layers must be >= 1, got "
                              f"{self.dense_attention_every_n_layers}")
