@@ -77,7 +77,9 @@ class CausalLM(nn.Module):
     Subclasses build ``self.model`` (a ``DecoderStack``), optionally ``self.lm_head``,
     and set ``self.layer_windows`` (sliding window per layer, None for global) and,
     for chunked attention (Llama 4), ``self.layer_chunks`` (chunk per layer, None
-    for unchunked layers).
+    for unchunked layers) and, for block-sparse attention (Phi-3-small),
+    ``self.layer_block_sparse`` (a ``masks.BlockSparse`` per layer, None for dense
+    layers).
     """
 
     final_logit_softcap = None
@@ -94,7 +96,7 @@ class CausalLM(nn.Module):
         """
         offset = resolve_offset(inputs, offset, cache)
         masks = resolve_masks(mask, cache, self.layer_windows, inputs.shape[1], offset,
-                              self.get("layer_chunks"))
+                              self.get("layer_chunks"), self.get("layer_block_sparse"))
         h = self.model(inputs, masks, offset, cache, input_embeddings, attention)
         if hasattr(self, "lm_head"):
             out = self.lm_head(h)

@@ -41,11 +41,12 @@ def resolve_offset(inputs, offset, cache):
     return offset.astype(mx.int32)
 
 
-def resolve_masks(mask, cache, windows, query_len, offset, chunks=None):
+def resolve_masks(mask, cache, windows, query_len, offset, chunks=None, block_sparse=None):
     """Per-layer masks: the caller's (one array, or a list per layer) or built here
-    (``chunks``: per-layer attention chunk sizes, see ``masks.masks_for_layers``)."""
+    (``chunks``: per-layer attention chunk sizes, ``block_sparse``: per-layer
+    block-sparse patterns, see ``masks.masks_for_layers``)."""
     if isinstance(mask, (list, tuple)):
         return list(mask)
     if isinstance(mask, mx.array):
         return [mask] * len(windows)
-    return masks_lib.masks_for_layers(cache, windows, query_len, offset, chunks)
+    return masks_lib.masks_for_layers(cache, windows, query_len, offset, chunks, block_sparse)

@@ -106,6 +106,7 @@ MODEL_TYPES = {
     "phi": "phi",
     "phi-msft": "phixtral",
     "phi3": "phi3",
+    "phi3small": "phi3small",
     "phimoe": "phimoe",
     "phixtral": "phixtral",
     "plamo2": "plamo2",

@@ -222,7 +222,8 @@ class PipelineLM:
         s = self.stage
         h = mx.zeros((1, 1, s.hidden), s.in_dtype)
         offset = mx.zeros((1,), mx.int32)
-        masks = resolve_masks(None, cache, self.layer_windows, 1, offset, self.get("layer_chunks"))
+        masks = resolve_masks(None, cache, self.layer_windows, 1, offset, self.get("layer_chunks"),
+                              self.get("layer_block_sparse"))
         for layer, m, c in zip(self.model.layers, masks, cache):
             h = layer(h, m, offset, c)
 

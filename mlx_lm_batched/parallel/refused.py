@@ -7,6 +7,7 @@ layer and why; ``shard.shard_model`` looks classes up here as in ``recurrent``."
 from ..layers.bitlinear import BitLinear
 from ..models.bitnet import SubNormAttention, SubNormMLP
 from ..models.iquestloopcoder import LoopStack
+from ..models.phi3small import GroupedQKVAttention
 from ..models.talkie import HeadGainAttention
 
 
@@ -27,7 +28,14 @@ def _refuse_loop(module, group, path):
                      "rank")
 
 
+def _refuse_block_sparse(module, group, path):
+    raise ValueError(f"cannot shard layer '{path}' ({type(module).__name__}): Phi-3-small's "
+                     "query_key_value interleaves each key/value group's heads and its "
+                     "block-sparse pattern is per head; phi3small runs on one rank")
+
+
 SHARDERS = {
+    GroupedQKVAttention: _refuse_block_sparse,
     LoopStack: _refuse_loop,
     HeadGainAttention: _refuse_head_gain,
     SubNormAttention: _refuse_bitnet,
