@@ -12,6 +12,7 @@ if __name__ == "__main__":
 from .api.batch import batch_generate, stream_batch_generate
 from .api.generate import generate, generate_step, stream_generate
 from .api.responses import BatchResponse, BatchStreamResponse, GenerationResponse
+from .api.speculative import speculative_generate_step
 from .sched.stats import BatchStats
 from .cli.generate import main
 from .sampling.stop_sequences import StopSequences, make_stop_sequences
@@ -19,4 +20,5 @@ from .sched.generator import BatchGenerator
 
 __all__ = ["BatchGenerator", "BatchResponse", "BatchStats", "BatchStreamResponse",
            "GenerationResponse", "StopSequences", "batch_generate", "generate", "generate_step",
-           "main", "make_stop_sequences", "stream_batch_generate", "stream_generate"]
+           "main", "make_stop_sequences", "speculative_generate_step", "stream_batch_generate",
+           "stream_generate"]

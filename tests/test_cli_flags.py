@@ -48,7 +48,7 @@ def test_sampling_flags_and_verbose_true(float_dirs):
 
 
 @pytest.mark.parametrize("flag", [
-    ["--draft-model", "x"], ["--adapter-path", "x"], ["--kv-bits", "4"], ["--image", "a.png"],
+    ["--adapter-path", "x"], ["--kv-bits", "4"], ["--image", "a.png"],
     ["--prompt-cache-file", "c.safetensors"], ["-qa"],
 ])
 def test_missing_features_are_one_line(flag):

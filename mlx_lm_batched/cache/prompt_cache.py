@@ -110,15 +110,15 @@ class PromptCache(list):
         """Drop row ``b``'s last ``drop[b]`` tokens (rejected speculative drafts): the
         batch keeps one slot frame, each shorter row moves right and its padding grows
         (see ``cache/rewind.py``). Raises ``ValueError`` for caches that cannot."""
-        rows = self.row_padding(len(drop))
-        if any(d < 0 or d > self.slots - p for d, p in zip(drop, rows)):
-            raise ValueError(f"cannot drop {list(drop)} tokens from rows holding "
-                             f"{[self.slots - p for p in rows]}")
         stuck = sorted({type(c).__name__ for c in self if not can_rewind_rows(c)})
         if stuck:
             raise ValueError(f"speculative decoding needs caches that rewind each row; "
                              f"{', '.join(stuck)} cannot (recurrent state, or a sliding "
                              f"window already full)")
+        rows = self.row_padding(len(drop))
+        if any(d < 0 or d > self.slots - p for d, p in zip(drop, rows)):
+            raise ValueError(f"cannot drop {list(drop)} tokens from rows holding "
+                             f"{[self.slots - p for p in rows]}")
         shift = [0] * len(drop)
         for c in self:
             shift = rewind_rows(c, drop)

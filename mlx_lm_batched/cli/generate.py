@@ -123,6 +123,12 @@ def run(args, state):
         model_path = smollm2_gguf_path()
     state.stage = f"loading the model '{model_path}'"
     model, tokenizer, weights = load_model(model_path, args)
+    draft = None
+    if args.draft_model:
+        if args.group is not None:
+            raise CliError("--draft-model cannot be combined with --distributed yet")
+        state.stage = f"loading the draft model '{args.draft_model}'"
+        draft = load_model(args.draft_model, args)[0]
     state.stage = "setting the stop tokens"
     set_stop_tokens(tokenizer, args)
     sampler = make_sampler(**sampling, xtc_special_tokens=tokenizer.encode("\n", add_special_tokens=False)
@@ -147,7 +153,7 @@ def run(args, state):
     state.stage = "generating"
     if args.group is None:
         stats = generate_all(args, model, tokenizer, prompts, limits, sampler, outputs,
-                             prefill_step(args, model, rows))
+                             prefill_step(args, model, rows), draft=draft)
     else:  # a lost or stalled rank ends the run with an error instead of a hang
         from ..parallel.group import STEP_TIMEOUT, guard_collectives
 
@@ -167,9 +173,11 @@ def run(args, state):
     return EXIT_SOME_FAILED if errors else EXIT_OK
 
 
-def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step_size, tick=None):
+def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step_size, tick=None,
+                 draft=None):
     """Generate every prompt; each is handed to ``outputs`` the moment it finishes.
-    ``tick`` (optional) is called after every generated token."""
+    ``tick`` (optional) is called after every generated token; ``draft``: the loaded
+    ``--draft-model``."""
     from ..api.batch import stream_batch_generate
     from ..sched.stats import BatchStats
 
@@ -190,7 +198,9 @@ def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step
         for r in stream_batch_generate(model, tokenizer, prompts, limits, sampler=sampler,
                                        completion_batch_size=args.batch_size,
                                        prefill_step_size=step_size, max_kv_size=args.max_kv_size,
-                                       stats=stats, logprobs=False):
+                                       stats=stats, logprobs=False, draft_model=draft,
+                                       num_draft_tokens=args.num_draft_tokens,
+                                       prompt_lookup=args.prompt_lookup):
             if tick is not None:
                 tick()
             if r.finish_reason != "stop":

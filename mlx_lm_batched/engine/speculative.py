@@ -313,7 +313,8 @@ class SpeculativeEngine:
                                         key=s.next_key())
             kept[rows] = n.astype(mx.int32)
             nxt[rows] = t.astype(mx.int32)
-        logprobs = log_softmax(logits)
+        want = getattr(target.sampling, "want_logprobs", True)
+        logprobs = log_softmax(logits) if want else None
         mx.eval(kept, nxt, drafts)
         n_kept = kept.tolist()
         drop = [K - n for n in n_kept]
@@ -321,15 +322,17 @@ class SpeculativeEngine:
         target.rows_changed()
         self.drafter.rewind(drop)
         rows_drafts = drafts.tolist()
-        out = [[(rows_drafts[b][j], logprobs[b, j]) for j in range(n_kept[b])] for b in range(B)]
+        out = [[(rows_drafts[b][j], None if logprobs is None else logprobs[b, j])
+                for j in range(n_kept[b])] for b in range(B)]
         self.drafter.record([[int(v)] + rows_drafts[b][: n_kept[b]]
                              for b, v in enumerate(y.tolist())])
         self.steps += 1
         self.drafted += K * B
         self.accepted += sum(n_kept)
+        if logprobs is None:
+            return nxt, None, out
         idx = mx.array(n_kept, dtype=mx.int32)[:, None, None]
-        next_logprobs = mx.take_along_axis(logprobs, idx, axis=1)[:, 0]
-        return nxt, next_logprobs, out
+        return nxt, mx.take_along_axis(logprobs, idx, axis=1)[:, 0], out
 
     def rows_changed(self):
         self.target.rows_changed()

@@ -195,13 +195,22 @@ class BatchGenerator:
         """Row ``row``'s cache now and the tokens it holds."""
         if batch is not None and (batch is self._decode or batch.job.done or (
                 row.cut_at_segments and batch.job.calls)):
-            return batch.engine.extract_row(i), list(row.tokens)
+            return self._extract(batch, i, row), list(row.tokens)
         # Queued, or in a prefill that has not fed it (a shared prefill writes rows group
         # by group): the cache it came with holds exactly the tokens it came with.
         held = row.tokens[: len(row.tokens) - row.done]
         if row.cache is not None:
             return row.cache, held
         return make_prompt_cache(self.model, self.max_kv_size), held
+
+    @staticmethod
+    def _extract(batch, i, row):
+        """Row ``i``'s cache, holding exactly ``row.tokens``: a speculative step has fed
+        the drafts it kept before reporting them (and past where a row ends)."""
+        cache = batch.engine.extract_row(i)
+        if isinstance(batch.engine, SpeculativeEngine):
+            row_caches.trim_to(cache, len(row.tokens))
+        return cache
 
     def extract_cache(self, uids):
         """``{uid: (prompt cache, tokens in it)}`` for the rows still present."""
@@ -363,9 +372,7 @@ class BatchGenerator:
             return Response(uid, t, lp, None, None, None)
         cache = None
         if self.return_caches:
-            cache = batch.engine.extract_row(i)
-            # A speculative step may have fed tokens past where the row ended.
-            row_caches.trim_to(cache, len(r.tokens))
+            cache = self._extract(batch, i, r)
         batch.dead.add(uid)
         del self._rows[uid]
         return Response(uid, t, lp, finish, cache, list(r.tokens))
