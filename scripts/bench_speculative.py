@@ -17,6 +17,7 @@ tokens equal plain decoding's (they must: greedy).
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,28 @@ from bench import build_prompts, resolve_model_dir  # noqa: E402
 from bench_report import machine  # noqa: E402
 from mlx_lm_batched import load  # noqa: E402
 from mlx_lm_batched.generate import BatchGenerator  # noqa: E402
+
+
+def truncated_copy(src, dst, layers):
+    """A copy of the checkpoint directory ``src`` in ``dst`` keeping its first ``layers``
+    decoder layers: a cheap draft model with the same tokenizer."""
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.suffix in (".json", ".jinja") and f.name != "model.safetensors.index.json":
+            shutil.copy(f, dst / f.name)
+    config = json.loads((src / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    (dst / "config.json").write_text(json.dumps(config))
+    weights = {}
+    for f in sorted(src.glob("*.safetensors")):
+        for k, v in mx.load(str(f)).items():
+            parts = k.split(".")
+            if "layers" in parts and int(parts[parts.index("layers") + 1]) >= layers:
+                continue
+            weights[k] = v
+    mx.save_safetensors(str(dst / "model.safetensors"), weights)
+    return dst
 
 
 def run(model, prompts, max_tokens, **speculative):
@@ -70,8 +93,9 @@ def main():
     if args.draft_model:
         draft, draft_name = load(resolve_model_dir(args.draft_model))[0], args.draft_model
     else:
-        draft = load(path)[0]
-        draft.model.layers = draft.model.layers[: args.draft_layers]
+        cut = truncated_copy(path, Path("/tmp") / f"bench-draft-{args.draft_layers}-layers",
+                             args.draft_layers)
+        draft = load(str(cut))[0]
         draft_name = f"first {args.draft_layers} of {len(model.layers)} layers"
     k = args.num_draft_tokens
     methods = {"plain": {}, "draft": {"draft_model": draft, "num_draft_tokens": k},

@@ -7,6 +7,8 @@ target's distribution (rejection sampling, checked on fixed distributions).
 """
 
 import concurrent.futures as futures
+import sys
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -24,6 +26,9 @@ from mlx_lm_batched.sample_utils import make_sampler
 from mlx_lm_batched.sampling.rejection import rejection_accept
 from server_harness import ServerProcess
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from bench_speculative import truncated_copy  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def smol(float_models):
@@ -31,12 +36,10 @@ def smol(float_models):
 
 
 @pytest.fixture(scope="module")
-def draft(float_dirs):
+def draft(float_dirs, tmp_path_factory):
     """SmolLM2 cut to its first 12 of 30 layers: a cheap draft with the same tokenizer
     that often disagrees with the full model (so rows keep different numbers of drafts)."""
-    draft = load(str(float_dirs["smollm2"]))[0]
-    draft.model.layers = draft.model.layers[:12]
-    return draft
+    return load(str(truncated_copy(float_dirs["smollm2"], tmp_path_factory.mktemp("draft"), 12)))[0]
 
 
 def _kv(batch, slots):

@@ -33,6 +33,8 @@ def rewind_rows(cache, drop):
                          f"window already full)")
     low = min(drop)
     shift = [d - low for d in drop]
+    if cache.empty():  # a layer the model never wrote holds nothing to drop
+        return shift
     if low:
         # The ring's own trim refuses once full; unwrapped, its slots are in order.
         KVCache.trim(cache, low)

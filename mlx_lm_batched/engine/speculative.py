@@ -69,6 +69,8 @@ def sampling_groups(sampling, rows):
 def _fit_vocab(logits, vocab):
     """Draft logits over the target's vocabulary (missing ids at -inf, extra ones cut)."""
     V = logits.shape[-1]
+    if vocab is None:  # the model does not say: the draft's own vocabulary
+        return logits
     if V > vocab:
         return logits[..., :vocab]
     if V < vocab:
