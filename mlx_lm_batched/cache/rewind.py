@@ -42,10 +42,19 @@ def rewind_rows(cache, drop):
         return shift
     keys, values = cache.ordered()
     size = keys.shape[2]
-    # Row b's slot s takes its old slot s - shift[b]; slots before shift[b] are new
-    # padding (they copy slot 0, masked like every pad slot).
-    idx = mx.arange(size)[None, :] - mx.array(shift, dtype=mx.int32)[:, None]
-    idx = mx.maximum(idx, 0)[:, None, :, None]
-    cache.load_ordered(mx.take_along_axis(keys, idx, axis=2),
-                       mx.take_along_axis(values, idx, axis=2), cache.size)
+    cache.load_ordered(_shift_right(keys, shift, size), _shift_right(values, shift, size),
+                       cache.size)
     return shift
+
+
+def _shift_right(x, shift, size):
+    """Row ``b`` of ``x`` (``(B, H, size, D)``) moved ``shift[b]`` slots right; the slots
+    it leaves are new padding (they copy the first slots, masked like every pad slot).
+    One contiguous copy per distinct shift (at most ``K + 1``): a gather per element is
+    an order of magnitude slower on the CPU."""
+    out = x
+    for s in sorted(set(shift) - {0}):
+        moved = mx.concatenate([x[..., :s, :], x[..., : size - s, :]], axis=2)
+        rows = mx.array([d == s for d in shift])[:, None, None, None]
+        out = mx.where(rows, moved, out)
+    return out
