@@ -36,10 +36,15 @@ def smol(float_models):
 
 
 @pytest.fixture(scope="module")
-def draft(float_dirs, tmp_path_factory):
+def draft_dir(float_dirs, tmp_path_factory):
     """SmolLM2 cut to its first 12 of 30 layers: a cheap draft with the same tokenizer
     that often disagrees with the full model (so rows keep different numbers of drafts)."""
-    return load(str(truncated_copy(float_dirs["smollm2"], tmp_path_factory.mktemp("draft"), 12)))[0]
+    return truncated_copy(float_dirs["smollm2"], tmp_path_factory.mktemp("draft"), 12)
+
+
+@pytest.fixture(scope="module")
+def draft(draft_dir):
+    return load(str(draft_dir))[0]
 
 
 def _kv(batch, slots):
@@ -173,11 +178,11 @@ def test_refusals(smol, draft):
         run(prompt_lookup=True, sampler=make_sampler(temp=1.0, xtc_probability=0.5), max_tokens=3)
 
 
-def test_cli_draft_model_equals_plain(float_dirs):
+def test_cli_draft_model_equals_plain(float_dirs, draft_dir):
     base = ["--model", float_dirs["smollm2"], "--prompt", "Name three colours.", "--prompt",
             "Count to five.", "--max-tokens", 8, "--no-progress", "--verbose", "False"]
     plain = cli.run_cli(*base)
-    drafted = cli.run_cli(*base, "--draft-model", float_dirs["smollm2"], "--num-draft-tokens", 2)
+    drafted = cli.run_cli(*base, "--draft-model", draft_dir, "--num-draft-tokens", 2)
     assert plain.returncode == 0 and drafted.returncode == 0, drafted.stderr
     assert drafted.stdout == plain.stdout and plain.stdout.strip()
     both = cli.run_cli(*base, "--draft-model", "x", "--prompt-lookup")
