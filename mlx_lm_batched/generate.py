@@ -13,6 +13,7 @@ from .api.batch import batch_generate, stream_batch_generate
 from .api.generate import generate, generate_step, stream_generate
 from .cache.quantized import maybe_quantize_kv_cache
 from .api.responses import BatchResponse, BatchStreamResponse, GenerationResponse
+from .api.speculative import speculative_generate_step
 from .sched.stats import BatchStats
 from .cli.generate import main
 from .sampling.stop_sequences import StopSequences, make_stop_sequences
@@ -22,4 +23,4 @@ from .tool_parsers.state_machine import TextStateMachine
 __all__ = ["BatchGenerator", "BatchResponse", "BatchStats", "BatchStreamResponse",
            "GenerationResponse", "StopSequences", "TextStateMachine", "batch_generate", "generate",
            "generate_step", "main", "make_stop_sequences", "maybe_quantize_kv_cache",
-           "stream_batch_generate", "stream_generate"]
+           "speculative_generate_step", "stream_batch_generate", "stream_generate"]

@@ -48,8 +48,7 @@ def test_sampling_flags_and_verbose_true(float_dirs):
 
 
 @pytest.mark.parametrize("flag", [
-    ["--draft-model", "x"], ["--adapter-path", "x"], ["--image", "a.png"],
-    ["-qa"],
+    ["--adapter-path", "x"], ["--image", "a.png"], ["-qa"],
 ])
 def test_missing_features_are_one_line(flag):
     proc = base.run_cli("--prompt", "hi", *flag)

@@ -59,6 +59,15 @@ def test_quantized_kv_example_runs_as_written(tmp_path):
     assert len(texts) == 2 and all(t.strip() for t in texts)
 
 
+def test_speculative_example_runs_as_written(tmp_path):
+    blocks = [b for b in python_blocks() if "prompt_lookup=True" in b]
+    assert len(blocks) == 1, "README lost its speculative decoding example"
+    out = run_block(blocks[0], tmp_path).splitlines()
+    # One line per streamed token: its text and whether a draft proposed it.
+    assert out and all(line.endswith((" True", " False")) for line in out)
+    assert any(line.endswith(" True") for line in out)  # a draft equal to the model is kept
+
+
 def test_every_python_block_is_tested():
     readme_blocks = re.findall(r"```python\n(.*?)```", README, re.S)
-    assert len(python_blocks()) == 3 and len(readme_blocks) == 4
+    assert len(python_blocks()) == 4 and len(readme_blocks) == 5

@@ -33,6 +33,8 @@ from .responses import BatchResponse, BatchStreamResponse
 BATCH_KWARGS = ("sampler", "logits_processors", "completion_batch_size", "prefill_step_size",
                 "max_kv_size", "prefill_batch_size", "stream", "stop", "seeds",
                 "response_format", "kv_bits", "kv_group_size", "quantized_kv_start")
+# Speculative decoding keywords (BatchGenerator's; mlx-lm's names plus prompt_lookup).
+SPECULATIVE_KWARGS = ("draft_model", "num_draft_tokens", "prompt_lookup")
 
 
 def stream_batch_generate(
@@ -56,6 +58,9 @@ def stream_batch_generate(
     kv_bits=None,
     kv_group_size=64,
     quantized_kv_start=5000,
+    draft_model=None,
+    num_draft_tokens=2,
+    prompt_lookup=False,
 ):
     """Yield a :class:`BatchStreamResponse` per row per generated token.
 
@@ -94,19 +99,29 @@ def stream_batch_generate(
 
     ``kv_bits``/``kv_group_size``/``quantized_kv_start``: quantized KV caches with
     ``generate_step``'s meaning, for every row of the batch.
+
+    Speculative decoding: ``draft_model`` (a smaller model with the same tokenizer) or
+    ``prompt_lookup=True`` (n-gram drafts from each row's own tokens) proposes
+    ``num_draft_tokens`` tokens per row and step; each row keeps its own number of
+    them. Greedy rows get exactly the tokens of plain decoding, sampled rows follow
+    the model's distribution (rejection sampling).
     """
+    speculative = {"draft_model": draft_model, "num_draft_tokens": num_draft_tokens,
+                   "prompt_lookup": prompt_lookup}
     for response, _ in _stream(model, tokenizer, prompts, max_tokens, sampler, logits_processors,
                                completion_batch_size, prefill_step_size, max_kv_size, stats,
                                logprobs, prefill_batch_size, stream, prompt_caches, stop, seeds,
                                response_format=response_format,
-                               kv=(kv_bits, kv_group_size, quantized_kv_start)):
+                               kv=(kv_bits, kv_group_size, quantized_kv_start),
+                               speculative=speculative):
         yield response
 
 
 def _stream(model, tokenizer, prompts, max_tokens, sampler, logits_processors,
             completion_batch_size, prefill_step_size, max_kv_size, stats, logprobs,
             prefill_batch_size, stream, prompt_caches, stop, seeds, want_caches=False,
-            response_format=None, kv=(None, 64, 5000)):
+            response_format=None, kv=(None, 64, 5000),
+            speculative=None):
     """:func:`stream_batch_generate` yielding ``(response, cache or None)`` pairs."""
     completion_batch_size = V.check_int("completion_batch_size", completion_batch_size, 1)
     prefill_step_size = V.check_int("prefill_step_size", prefill_step_size, 1)
@@ -151,7 +166,8 @@ def _stream(model, tokenizer, prompts, max_tokens, sampler, logits_processors,
         prefill_batch_size=prefill_batch_size or completion_batch_size,
         prefill_step_size=prefill_step_size, max_kv_size=max_kv_size, stream=stream,
         return_logprobs=logprobs, return_caches=want_caches, kv_bits=kv_bits,
-        kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start)
+        kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
+        **(speculative or {}))
     # Shortest first: the generator admits rows in this order, so rows of similar length
     # share a prefill (as static length-sorted batches would) and short ones finish first.
     order = sorted(range(n), key=lambda i: len(encoded[i]))
@@ -162,9 +178,12 @@ def _stream(model, tokenizer, prompts, max_tokens, sampler, logits_processors,
                       seeds=pick(seeds))
     index = dict(zip(uids, order))
     texts = {i: RowText(tokenizer, stops[i]) for i in range(n)}
+    ended = set()  # a speculative step may report tokens of a row after its stop string
     with gen.stats() as window:
         while responses := gen.next_generated():
             for r in responses:
+                if r.uid in ended:
+                    continue
                 i = index[r.uid]
                 text, finish = texts[i].add(r.token, r.finish_reason)
                 cache = r.prompt_cache
@@ -172,6 +191,8 @@ def _stream(model, tokenizer, prompts, max_tokens, sampler, logits_processors,
                     removed = gen.remove([r.uid], return_prompt_caches=want_caches)
                     cache = removed[r.uid][0] if want_caches else None
                 lp = None if r.logprobs is None else r.logprobs[r.token].item()
+                if finish is not None:
+                    ended.add(r.uid)
                 yield BatchStreamResponse(i, r.token, text, lp, finish), cache
     gen.close()
     if stats is not None:
@@ -197,8 +218,9 @@ def batch_generate(
     (``sampler``, ``logits_processors``, ``completion_batch_size``,
     ``prefill_step_size``, ``max_kv_size``, ``prefill_batch_size``, ``stream``, ``stop``,
     ``seeds``, ``response_format``, ``kv_bits``, ``kv_group_size``,
-    ``quantized_kv_start``) go to :func:`stream_batch_generate`, which checks them and
-    every prompt before any work; others raise ``TypeError`` naming them.
+    ``quantized_kv_start``, and speculative decoding's ``draft_model``,
+    ``num_draft_tokens``, ``prompt_lookup``) go to :func:`stream_batch_generate`, which
+    checks them and every prompt before any work; others raise ``TypeError`` naming them.
 
     ``prompt_caches``: one prompt cache (or None) per prompt to continue from, e.g.
     the ``caches`` of an earlier call (they are not modified). With
@@ -207,7 +229,7 @@ def batch_generate(
     second turn, ``save_prompt_cache`` or ``generate_step``. A row ended by a stop
     string has the stop cut from its text; its token ids keep every generated token.
     """
-    V.unknown_kwargs("batch_generate", kwargs, BATCH_KWARGS)
+    V.unknown_kwargs("batch_generate", kwargs, BATCH_KWARGS + SPECULATIVE_KWARGS)
     prompts = V.prompt_list(prompts)
     tokenizer = wrap_tokenizer(tokenizer)
     n = len(prompts)
@@ -229,7 +251,8 @@ def batch_generate(
                             want_caches=return_prompt_caches,
                             response_format=options["response_format"],
                             kv=(options["kv_bits"], kwargs.get("kv_group_size", 64),
-                                kwargs.get("quantized_kv_start", 5000))):
+                                kwargs.get("quantized_kv_start", 5000)),
+                            speculative={k: kwargs[k] for k in SPECULATIVE_KWARGS if k in kwargs}):
         if r.finish_reason != "stop" or r.token not in eos:  # EOS is not output
             ids[r.index].append(r.token)
             logprobs[r.index].append(r.logprob)

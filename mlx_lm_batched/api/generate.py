@@ -13,6 +13,7 @@ from ..sched.stats import peak_memory_gb
 from ..tokenization.tokenizer import encode_prompt, wrap_tokenizer
 from . import validation as V
 from .responses import GenerationResponse
+from .speculative import speculative_generate_step
 
 
 def generate_step(
@@ -115,11 +116,15 @@ def stream_generate(model, tokenizer, prompt, max_tokens=256, draft_model=None, 
     (``finish_reason="stop"``) or after ``max_tokens`` (``"length"``). Other
     keyword arguments go to :func:`generate_step`, which checks them
     (``ValueError`` / ``TypeError``); ``max_tokens`` is an int >= 1 or -1 and is
-    cut to the model's context with a ``ContextLengthWarning``.
+    cut to the model's context with a ``ContextLengthWarning``. With ``draft_model``
+    (and ``num_draft_tokens``) or ``prompt_lookup=True`` it decodes speculatively
+    (:func:`~.speculative.speculative_generate_step`); ``from_draft`` marks the
+    tokens a draft proposed and the model accepted.
     """
-    if draft_model is not None:
-        raise NotImplementedError("speculative decoding (draft_model) is not supported yet: "
-                                  "call without draft_model")
+    speculative = draft_model is not None or kwargs.get("prompt_lookup")
+    if not speculative:
+        kwargs.pop("num_draft_tokens", None)  # mlx-lm's: ignored without a draft model
+        kwargs.pop("prompt_lookup", None)
     max_tokens = V.check_max_tokens(max_tokens, allow_unlimited=True)
     tokenizer = wrap_tokenizer(tokenizer)
     if isinstance(prompt, str):
@@ -138,7 +143,14 @@ def stream_generate(model, tokenizer, prompt, max_tokens=256, draft_model=None, 
     detokenizer = tokenizer.make_detokenizer()
     tic = time.perf_counter()
     token, prompt_tps, n = None, 0.0, 0
-    for n, (token, logprobs) in enumerate(generate_step(prompt, model, max_tokens=max_tokens, **kwargs)):
+    if speculative:
+        steps = speculative_generate_step(prompt, model, draft_model, max_tokens=max_tokens,
+                                          **kwargs)
+    else:
+        steps = ((t, lp, False) for t, lp in
+                 generate_step(prompt, model, max_tokens=max_tokens, **kwargs))
+    from_draft = False
+    for n, (token, logprobs, from_draft) in enumerate(steps):
         if n == 0:
             prompt_tps = prompt.size / (time.perf_counter() - tic)
             tic = time.perf_counter()
@@ -148,13 +160,13 @@ def stream_generate(model, tokenizer, prompt, max_tokens=256, draft_model=None, 
         if n + 1 == max_tokens:
             break
         yield GenerationResponse(
-            detokenizer.last_segment, token, logprobs, False, prompt.size, prompt_tps,
+            detokenizer.last_segment, token, logprobs, from_draft, prompt.size, prompt_tps,
             n + 1, (n + 1) / (time.perf_counter() - tic), peak_memory_gb(),
         )
     detokenizer.finalize()
     finish = "stop" if token in tokenizer.eos_token_ids else "length"
     yield GenerationResponse(
-        detokenizer.last_segment, token, logprobs, False, prompt.size, prompt_tps,
+        detokenizer.last_segment, token, logprobs, from_draft, prompt.size, prompt_tps,
         n + 1, (n + 1) / max(time.perf_counter() - tic, 1e-9), peak_memory_gb(), finish,
     )
 

@@ -11,6 +11,7 @@ Saved and loaded by ``files.py``.
 
 import mlx.core as mx
 
+from .rewind import can_rewind_rows, rewind_rows
 from .state import StateCache
 
 
@@ -104,6 +105,24 @@ class PromptCache(list):
         if self.padding is not None:
             self.padding = [min(p, self.slots) for p in self.padding]
         return trimmed
+
+    def rewind_rows(self, drop):
+        """Drop row ``b``'s last ``drop[b]`` tokens (rejected speculative drafts): the
+        batch keeps one slot frame, each shorter row moves right and its padding grows
+        (see ``cache/rewind.py``). Raises ``ValueError`` for caches that cannot."""
+        stuck = sorted({type(c).__name__ for c in self if not can_rewind_rows(c)})
+        if stuck:
+            raise ValueError(f"speculative decoding needs caches that rewind each row; "
+                             f"{', '.join(stuck)} cannot (recurrent state, or a sliding "
+                             f"window already full)")
+        rows = self.row_padding(len(drop))
+        if any(d < 0 or d > self.slots - p for d, p in zip(drop, rows)):
+            raise ValueError(f"cannot drop {list(drop)} tokens from rows holding "
+                             f"{[self.slots - p for p in rows]}")
+        shift = [0] * len(drop)
+        for c in self:
+            shift = rewind_rows(c, drop)
+        self.padding = [p + s for p, s in zip(rows, shift)]
 
     def _rows(self):
         if self.padding is not None:

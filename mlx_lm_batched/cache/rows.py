@@ -34,6 +34,14 @@ def cache_length(cache):
     return 0 if c.empty() else int(c.size)
 
 
+def trim_to(cache, tokens):
+    """Drop a one-row cache's slots past its first ``tokens`` (a trimmable cache)."""
+    extra = cache_length(cache) - tokens
+    if extra > 0:
+        for c in cache:
+            c.trim(extra)
+
+
 def cache_nbytes(cache):
     """Bytes of the arrays of a list of layer caches."""
     return sum(getattr(c, "nbytes", 0) for c in cache or ())

@@ -23,7 +23,6 @@ TEMPLATE_SUFFIXES = (".jinja", ".j2", ".txt")
 # mlx-lm flags whose features mlx_lm_batched does not have yet: dest -> (flag, feature).
 UNSUPPORTED = {
     "adapter_path": ("--adapter-path", "LoRA adapters"),
-    "draft_model": ("--draft-model", "speculative decoding"),
     "quantize_activations": ("--quantize-activations/-qa", "activation quantization"),
     "image": ("--image", "image inputs"),
 }
@@ -131,16 +130,22 @@ def build_parser():
                    help="a prefix cached by cache_prompt (ours or mlx-lm's) that every prompt "
                    "continues; --model defaults to the file's model")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    # mlx-lm flags whose features are missing: parsed, then rejected by check_args.
-    p.add_argument("--adapter-path", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--draft-model", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--num-draft-tokens", type=int, default=3, help=argparse.SUPPRESS)
+    p.add_argument("--draft-model", default=None,
+                   help="speculative decoding: a smaller model with the same tokenizer drafts "
+                   "tokens that the model checks in one call, per row of the batch")
+    p.add_argument("--num-draft-tokens", type=int, default=3,
+                   help="tokens drafted per row and step (--draft-model, --prompt-lookup)")
+    p.add_argument("--prompt-lookup", action="store_true",
+                   help="speculative decoding without a draft model: draft the tokens that "
+                   "followed the last n-gram (n <= 3) earlier in the row's prompt or output")
     p.add_argument("--kv-bits", type=int, default=None, choices=(2, 3, 4, 5, 6, 8),
                    help="store the KV cache quantized to this many bits (mlx-lm's flag)")
     p.add_argument("--kv-group-size", type=int, default=64, choices=(32, 64, 128),
                    help="group size of the KV cache quantization")
     p.add_argument("--quantized-kv-start", type=int, default=5000,
                    help="quantize a batch's KV cache once it holds this many slots")
+    # mlx-lm flags whose features are missing: parsed, then rejected by check_args.
+    p.add_argument("--adapter-path", default=None, help=argparse.SUPPRESS)
     p.add_argument("--quantize-activations", "-qa", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--image", nargs="+", default=[], help=argparse.SUPPRESS)
     return p
@@ -157,6 +162,9 @@ def check_args(args):
     for dest, (flag, feature) in UNSUPPORTED.items():
         if getattr(args, dest):
             raise CliError(f"{flag} is not supported by mlx_lm_batched yet ({feature})")
+    if args.draft_model and args.prompt_lookup:
+        raise CliError("--draft-model and --prompt-lookup are two ways to draft: pass one")
+    _at_least(args, "num-draft-tokens", 1)
     if not args.prompt and not args.prompts:
         raise CliError("no prompts: pass --prompts FILE ... or --prompt TEXT")
     if args.max_tokens != -1:

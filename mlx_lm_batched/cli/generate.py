@@ -129,6 +129,12 @@ def run(args, state):
         model_path = smollm2_gguf_path()
     state.stage = f"loading the model '{model_path}'"
     model, tokenizer, weights = load_model(model_path, args)
+    draft = None
+    if args.draft_model:
+        if args.group is not None:
+            raise CliError("--draft-model cannot be combined with --distributed yet")
+        state.stage = f"loading the draft model '{args.draft_model}'"
+        draft = load_model(args.draft_model, args)[0]
     state.stage = "setting the stop tokens"
     set_stop_tokens(tokenizer, args)
     sampler = make_sampler(**sampling, xtc_special_tokens=tokenizer.encode("\n", add_special_tokens=False)
@@ -153,7 +159,7 @@ def run(args, state):
     state.stage = "generating"
     if args.group is None:
         stats = generate_all(args, model, tokenizer, prompts, limits, sampler, outputs,
-                             prefill_step(args, model, rows), prefix=prefix)
+                             prefill_step(args, model, rows), prefix=prefix, draft=draft)
     else:  # a lost or stalled rank ends the run with an error instead of a hang
         from ..parallel.group import STEP_TIMEOUT, guard_collectives
 
@@ -174,10 +180,11 @@ def run(args, state):
 
 
 def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step_size, tick=None,
-                 prefix=None):
+                 prefix=None, draft=None):
     """Generate every prompt; each is handed to ``outputs`` the moment it finishes.
     ``tick`` (optional) is called after every generated token. ``prefix``: a prompt
-    cache every prompt continues (the scheduler copies it per row)."""
+    cache every prompt continues (the scheduler copies it per row); ``draft``: the
+    loaded ``--draft-model``."""
     from ..api.batch import stream_batch_generate
     from ..sched.stats import BatchStats
 
@@ -202,7 +209,10 @@ def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step
                                        prompt_caches=None if prefix is None else [prefix] * len(prompts),
                                        response_format=args.response_format, kv_bits=args.kv_bits,
                                        kv_group_size=args.kv_group_size,
-                                       quantized_kv_start=args.quantized_kv_start):
+                                       quantized_kv_start=args.quantized_kv_start,
+                                       draft_model=draft,
+                                       num_draft_tokens=args.num_draft_tokens,
+                                       prompt_lookup=args.prompt_lookup):
             if tick is not None:
                 tick()
             if r.finish_reason != "stop":

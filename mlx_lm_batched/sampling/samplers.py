@@ -290,6 +290,30 @@ class BatchSampler:
         self._key, a, b = mx.random.split(self._key, 3)
         return a, b
 
+    def next_key(self):
+        """A fresh key from this sampler's own stream (None when it draws from the
+        global random state): speculative decoding draws its acceptance tests with it."""
+        return self._next_key()[0]
+
+    def distribution(self, logprobs: mx.array) -> mx.array:
+        """``(B, V)`` probabilities a call draws each row's token from (the filters
+        and temperature applied; greedy rows one-hot at their argmax). Raises
+        ``ValueError`` with XTC, whose random exclusions are no fixed distribution."""
+        if self.settings["xtc_probability"] > 0:
+            raise ValueError("xtc_probability > 0 cannot be combined with speculative "
+                             "decoding: XTC draws are not a fixed distribution")
+        lp, _ = _as_2d(logprobs)
+        x = lp
+        for step in self._steps:
+            x = step(x, None)
+        temp = self.settings["temp"]
+        if not isinstance(temp, mx.array):
+            return mx.softmax(x * (1.0 / temp), axis=-1)
+        t = temp.astype(mx.float32)
+        probs = mx.softmax(x * (1.0 / mx.where(t > 0, t, 1.0)), axis=-1)
+        one_hot = mx.arange(lp.shape[-1])[None, :] == mx.argmax(lp, axis=-1)[:, None]
+        return mx.where(t > 0, probs, one_hot.astype(probs.dtype))
+
     def __call__(self, logprobs: mx.array) -> mx.array:
         lp, squeeze = _as_2d(logprobs)
         for name in _PER_ROW:

@@ -31,6 +31,7 @@ from ..cache.factory import make_prompt_cache
 from ..engine.batch_engine import BatchEngine, KVQuantization
 from ..engine.prefill_plan import left_pad
 from ..engine.sampling import RowSampler, RowSampling, TokenContext
+from ..engine.speculative import SpeculativeEngine, check_num_draft_tokens, make_drafter
 from ..sampling.samplers import greedy_sampler
 from ..sampling.stop_sequences import StopSequences
 from .rows import Batch, PromptResponse, Response, Row
@@ -49,6 +50,10 @@ class BatchGenerator:
     None (greedy rows then skip the log-softmax), ``return_caches=False`` leaves a finished
     row's ``prompt_cache`` None (no copy of its cache), and ``token_hook(tokens)`` sees
     every sampled ``(B,)`` array (a tensor-parallel server shares rank 0's tokens).
+
+    Speculative decoding: ``draft_model`` (same tokenizer) or ``prompt_lookup=True``
+    drafts ``num_draft_tokens`` tokens per row and step (``engine/speculative.py``);
+    rows keep different numbers of them, and a step may report several tokens per row.
     """
 
     Response = Response
@@ -58,7 +63,8 @@ class BatchGenerator:
                  logits_processors=None, completion_batch_size=32, prefill_batch_size=8,
                  prefill_step_size=2048, max_kv_size=None, stream=None, return_logprobs=True,
                  return_caches=True, token_hook=None, kv_bits=None, kv_group_size=64,
-                 quantized_kv_start=5000):
+                 quantized_kv_start=5000, draft_model=None, num_draft_tokens=2,
+                 prompt_lookup=False):
         for name, value in (("completion_batch_size", completion_batch_size),
                             ("prefill_batch_size", prefill_batch_size),
                             ("prefill_step_size", prefill_step_size)):
@@ -76,6 +82,15 @@ class BatchGenerator:
         self.return_logprobs = return_logprobs
         self.return_caches = return_caches
         self.token_hook = token_hook
+        self.speculative = None
+        if draft_model is not None or prompt_lookup:
+            if self.kv_quant is not None:
+                raise NotImplementedError("speculative decoding with a quantized KV cache "
+                                          "(kv_bits) is not supported: quantized caches cannot "
+                                          "rewind rows yet; pass one of them")
+            make_drafter(draft_model, prompt_lookup)  # checks the combination
+            self.speculative = (draft_model, check_num_draft_tokens(num_draft_tokens),
+                                bool(prompt_lookup))
         self._stream = stream
         self._default_stops = StopSequences(stop_tokens)
         self._uid_count = 0
@@ -186,13 +201,22 @@ class BatchGenerator:
         """Row ``row``'s cache now and the tokens it holds."""
         if batch is not None and (batch is self._decode or batch.job.done or (
                 row.cut_at_segments and batch.job.calls)):
-            return batch.engine.extract_row(i), list(row.tokens)
+            return self._extract(batch, i, row), list(row.tokens)
         # Queued, or in a prefill that has not fed it (a shared prefill writes rows group
         # by group): the cache it came with holds exactly the tokens it came with.
         held = row.tokens[: len(row.tokens) - row.done]
         if row.cache is not None:
             return row.cache, held
         return make_prompt_cache(self.model, self.max_kv_size), held
+
+    @staticmethod
+    def _extract(batch, i, row):
+        """Row ``i``'s cache, holding exactly ``row.tokens``: a speculative step has fed
+        the drafts it kept before reporting them (and past where a row ends)."""
+        cache = batch.engine.extract_row(i)
+        if isinstance(batch.engine, SpeculativeEngine):
+            row_caches.trim_to(cache, len(row.tokens))
+        return cache
 
     def extract_cache(self, uids):
         """``{uid: (prompt cache, tokens in it)}`` for the rows still present."""
@@ -255,6 +279,11 @@ class BatchGenerator:
         engine = BatchEngine(self.model, cache, max_kv_size=self.max_kv_size,
                              prefill_step_size=self.prefill_step_size, sampling=sampling,
                              row_ids=[r.uid for r in rows], kv_quant=self.kv_quant)
+        if self.speculative is not None:
+            draft_model, k, lookup = self.speculative
+            engine = SpeculativeEngine(engine, make_drafter(
+                draft_model, lookup, max_kv_size=self.max_kv_size,
+                prefill_step_size=self.prefill_step_size), k)
         tokens, padding = left_pad([r.prompt for r in rows])
         engine.reserve(max(r.max_tokens for r in rows))
         cuts = rows[0].boundaries if len(rows) == 1 and rows[0].cut_at_segments else ()
@@ -297,10 +326,11 @@ class BatchGenerator:
         if decode.dead:
             decode.pending = self._drop_dead(decode, decode.pending)
         decode.engine.extend(batch.engine)
-        y, logprobs = decode.pending
+        y, logprobs = decode.pending[:2]
         decode.pending = (mx.concatenate([y, first_step[0].astype(y.dtype)]),
                           None if logprobs is None else mx.concatenate(
-                              [logprobs, first_step[1].astype(logprobs.dtype)]))
+                              [logprobs, first_step[1].astype(logprobs.dtype)]),
+                          *[a + b for a, b in zip(decode.pending[2:], first_step[2:])])
 
     @staticmethod
     def _drop_dead(batch, pending):
@@ -309,38 +339,49 @@ class BatchGenerator:
         batch.engine.filter(keep)
         batch.dead.clear()
         idx = mx.array(keep, dtype=mx.int32)
-        return tuple(None if x is None else x[idx] for x in pending)
+        # A speculative step's third part lists each row's kept drafts.
+        return tuple(None if x is None else [x[i] for i in keep] if isinstance(x, list)
+                     else x[idx] for x in pending)
 
     def _decode_step(self):
         """Feed the queued tokens, queue the next step, and report the fed tokens."""
         batch = self._decode
-        y, logprobs = batch.pending
-        if self.return_caches or any(self._rows[u].generated + 1 < self._rows[u].max_tokens
-                                     for u in batch.uids if u not in batch.dead):
+        y, logprobs, *drafted = batch.pending
+        kept = drafted[0] if drafted else [()] * len(batch.uids)
+        if self.return_caches or any(
+                self._rows[u].generated + len(kept[i]) + 1 < self._rows[u].max_tokens
+                for i, u in enumerate(batch.uids) if u not in batch.dead):
             batch.pending = batch.engine.step(y)
             mx.async_eval(*[x for x in batch.pending if x is not None])
         else:  # every row ends with these tokens and no cache is returned: no next step
             batch.pending = None
         responses = []
         for i, (uid, t) in enumerate(zip(batch.uids, y.tolist())):
-            if uid in batch.dead:
-                continue
-            r = self._rows[uid]
-            r.tokens.append(t)
-            r.generated += 1
-            finish = "length" if r.generated >= r.max_tokens else None
-            if r.matcher.advance(t):
-                finish = "stop"
             lp = None if logprobs is None else logprobs[i]
-            if finish is None:
-                responses.append(Response(uid, t, lp, None, None, None))
-                continue
-            cache = batch.engine.extract_row(i) if self.return_caches else None
-            responses.append(Response(uid, t, lp, finish, cache, list(r.tokens)))
-            batch.dead.add(uid)
-            del self._rows[uid]
+            # Kept drafts come before the row's next token (speculative decoding).
+            for t, lp in [*kept[i], (t, lp)]:
+                if uid in batch.dead:
+                    break
+                responses.append(self._report(batch, i, uid, t, lp))
         self._compact()
         return responses
+
+    def _report(self, batch, i, uid, t, lp):
+        """Record row ``i``'s token ``t``; its response (with its cache when it ends)."""
+        r = self._rows[uid]
+        r.tokens.append(t)
+        r.generated += 1
+        finish = "length" if r.generated >= r.max_tokens else None
+        if r.matcher.advance(t):
+            finish = "stop"
+        if finish is None:
+            return Response(uid, t, lp, None, None, None)
+        cache = None
+        if self.return_caches:
+            cache = self._extract(batch, i, r)
+        batch.dead.add(uid)
+        del self._rows[uid]
+        return Response(uid, t, lp, finish, cache, list(r.tokens))
 
     def _compact(self):
         """Drop the decode batch's dead rows once the steps they would still cost reach

@@ -84,6 +84,14 @@ def build_parser():
                    "the ranks (tensor parallel; rank 0 serves HTTP), 'off' runs every rank alone")
     p.add_argument("--tool-call-parser", default=None, choices=sorted(FAMILIES),
                    help="tool-call format to parse (default: the one the chat template uses)")
+    p.add_argument("--draft-model", default=None,
+                   help="speculative decoding: a smaller model with the same tokenizer drafts "
+                   "tokens for every row of the batch; the model checks them in one call")
+    p.add_argument("--num-draft-tokens", type=_positive(int), default=3,
+                   help="tokens drafted per row and step (--draft-model, --prompt-lookup)")
+    p.add_argument("--prompt-lookup", action="store_true",
+                   help="speculative decoding without a draft model: draft the tokens that "
+                   "followed the row's last n-gram earlier in its prompt or output")
     return p
 
 
@@ -141,7 +149,15 @@ def _serve(argv):
 
         path = smollm2_gguf_path()
     name = args.served_model_name or args.model or "SmolLM2-135M-Instruct"
+    if args.draft_model and args.prompt_lookup:
+        parser.error("--draft-model and --prompt-lookup are two ways to draft: pass one")
+    if (args.draft_model or args.prompt_lookup) and args.kv_bits is not None:
+        parser.error("--draft-model/--prompt-lookup cannot be combined with --kv-bits yet "
+                     "(quantized caches cannot rewind rows)")
+    if (args.draft_model or args.prompt_lookup) and group is not None:
+        parser.error("--draft-model/--prompt-lookup cannot be combined with --distributed yet")
     model, tokenizer = _load(path, group)
+    draft_model = load(args.draft_model)[0] if args.draft_model else None
     if group is not None and group.rank() != 0:
         from .replay import run_follower
 
@@ -152,9 +168,10 @@ def _serve(argv):
         context_length=args.max_context, max_kv_bytes=args.max_kv_bytes,
         max_waiting=args.max_waiting, prompt_cache_size=args.prompt_cache_size,
         prompt_cache_bytes=args.prompt_cache_bytes, kv_bits=args.kv_bits,
-        kv_group_size=args.kv_group_size, quantized_kv_start=args.quantized_kv_start)
+        kv_group_size=args.kv_group_size, quantized_kv_start=args.quantized_kv_start,
+        num_draft_tokens=args.num_draft_tokens, prompt_lookup=args.prompt_lookup)
     if group is None:
-        engine = Engine(model, tokenizer, config)
+        engine = Engine(model, tokenizer, config, draft_model=draft_model)
         engine.warm_up()
     else:
         from .distributed_engine import DistributedEngine

@@ -49,6 +49,8 @@ class EngineConfig:
     kv_bits: Optional[int] = None  # quantized KV caches (None: float)
     kv_group_size: int = 64
     quantized_kv_start: int = 0  # slots after which a batch's caches are quantized
+    num_draft_tokens: int = 3  # speculative decoding (with a draft model or prompt_lookup)
+    prompt_lookup: bool = False  # draft from n-grams of each row's own tokens
 
 
 @dataclass
@@ -100,8 +102,9 @@ class Job:
 class Engine:
     """Owns generation; :meth:`submit` and :meth:`cancel` are safe from any thread."""
 
-    def __init__(self, model, tokenizer, config=None, metrics=None):
+    def __init__(self, model, tokenizer, config=None, metrics=None, draft_model=None):
         self.model, self.tokenizer = model, tokenizer
+        self.draft_model = draft_model  # speculative decoding's draft (same tokenizer)
         self.config = config or EngineConfig()
         self.metrics = metrics or Metrics()
         self.context_length = self.config.context_length or context_length(model)
@@ -137,8 +140,16 @@ class Engine:
                     kv_bits=self.config.kv_bits, kv_group_size=self.config.kv_group_size,
                     quantized_kv_start=self.config.quantized_kv_start)
 
+    @property
+    def speculative(self):
+        return self.draft_model is not None or self.config.prompt_lookup
+
     def _new_generator(self):
-        return BatchGenerator(self.model, **self.generator_options())
+        options = self.generator_options()
+        if self.speculative:
+            options.update(draft_model=self.draft_model, prompt_lookup=self.config.prompt_lookup,
+                           num_draft_tokens=self.config.num_draft_tokens)
+        return BatchGenerator(self.model, **options)
 
     # Lifecycle
     def warm_up(self):
@@ -152,7 +163,8 @@ class Engine:
                 break
         # The model's cache layout, not the arrays' shapes: a state array's axes are
         # not slots (it does not grow with the sequence). Unknown kinds count nothing.
-        layout = [entry for entry in cache_layout(self.model) if entry is not None]
+        models = [self.model] + ([self.draft_model] if self.draft_model is not None else [])
+        layout = [entry for m in models for entry in cache_layout(m) if entry is not None]
         self.kv_bytes_per_token = sum(per_slot for per_slot, _ in layout)
         self.state_bytes_per_row = sum(fixed for _, fixed in layout)
         c = self.config
@@ -285,6 +297,10 @@ class Engine:
                 prefixes.append(prompt[: len(prompt) - len(rest)])
                 samplers.append(self.samplers.row_sampler(params, j))
                 procs.append(row_processors(params, self.tokenizer))
+                if procs[-1] and self.speculative:
+                    raise APIError(400, "logit_bias and the penalties cannot be combined with "
+                                   "this server's speculative decoding yet.", "logit_bias",
+                                   "invalid_request")
                 states.append(RowState(job, i * params.n + j, self.tokenizer, params.stop))
         uids = self.gen.insert(rests, max_tokens=[max_tokens[k // params.n] for k in range(len(rests))],
                                caches=caches, all_tokens=prefixes, samplers=samplers,
