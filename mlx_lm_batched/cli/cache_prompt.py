@@ -26,9 +26,12 @@ def build_parser():
     p.add_argument("--max-kv-size", type=int, default=None)
     p.add_argument("--prompt-cache-file", required=True, help="the file to save the cache in")
     p.add_argument("--prompt", required=True, help="text to cache ('-' reads stdin)")
-    p.add_argument("--kv-bits", type=int, default=None, help="quantized KV (not supported yet)")
-    p.add_argument("--kv-group-size", type=int, default=64)
-    p.add_argument("--quantized-kv-start", type=int, default=5000)
+    p.add_argument("--kv-bits", type=int, default=None,
+                   help="save the cache quantized to this many bits (mlx-lm's flag)")
+    p.add_argument("--kv-group-size", type=int, default=64,
+                   help="group size of the KV cache quantization")
+    p.add_argument("--quantized-kv-start", type=int, default=5000,
+                   help="quantize once the cache holds this many tokens")
     p.add_argument("--prefill-step-size", type=int, default=2048)
     return p
 
@@ -49,7 +52,12 @@ def run(args):
     if args.adapter_path:
         raise CliError("--adapter-path is not supported by mlx_lm_batched yet (LoRA adapters)")
     if args.kv_bits is not None:
-        raise CliError("--kv-bits is not supported by mlx_lm_batched yet (quantized KV caches)")
+        from ..cache.quantized import check_kv_quantization
+
+        try:
+            check_kv_quantization(args.kv_bits, args.kv_group_size)
+        except ValueError as e:
+            raise CliError(one_line(e)) from None
     for name in ("max_kv_size", "prefill_step_size"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -86,8 +94,14 @@ def run(args):
 
     for _ in generate_step(mx.array(ids), model, max_tokens=0, prompt_cache=cache,
                            prefill_step_size=args.prefill_step_size,
-                           prompt_progress_callback=progress):
+                           prompt_progress_callback=progress, kv_bits=args.kv_bits,
+                           kv_group_size=args.kv_group_size,
+                           quantized_kv_start=args.quantized_kv_start):
         pass
+    if args.kv_bits is not None:  # as mlx-lm: quantized once past quantized_kv_start
+        from ..cache.quantized import maybe_quantize_kv_cache
+
+        maybe_quantize_kv_cache(cache, args.quantized_kv_start, args.kv_group_size, args.kv_bits)
     print()
     print(f"Peak memory: {mx.get_peak_memory() / 1e9:.3f} GB")
     print("Saving...")
