@@ -29,6 +29,7 @@ MODEL_TYPES = {
     "exaone_moe": "exaone_moe",
     "falcon_h1": "falcon_h1",
     "falcon_mamba": "mamba",
+    "gear": "gear",
     "gemma": "gemma",
     "gemma2": "gemma2",
     "gemma3": "gemma3",

@@ -20,7 +20,7 @@ import math
 
 import mlx.core as mx
 
-from ..layers.conv_attention import ConvKVAttention
+from ..layers.conv_attention import ConvKVAttention, ConvKVGatedMixer
 from ..layers.gated_delta import GatedDeltaNet, KimiDeltaAttention
 from ..layers.lightning import LightningAttention
 from ..layers.norms import RMSNorm
@@ -318,8 +318,21 @@ def shard_conv_kv_attention(m, group, path):
     m.conv_k, m.conv_v = m.conv_k[:, :, ka:kb], m.conv_v[:, :, ka:kb]
 
 
+def shard_conv_kv_gated_mixer(m, group, path):
+    """Gear's local mixer: the shared attention's head split, and each rank keeps its
+    key/value heads' convolution channels (the gate and product are per feature)."""
+    _, (ka, kb) = head_ranges(m.n_heads, m.n_kv_heads, group.size(), group.rank())
+    channels = slice(ka * m.head_dim, kb * m.head_dim)
+    shard_shared_block(m, group, path)
+    for conv in (m.key_conv, m.value_conv):
+        conv.weight = conv.weight[channels]
+        if "bias" in conv:
+            conv.bias = conv.bias[channels]
+
+
 SHARDERS = {
     ConvKVAttention: shard_conv_kv_attention,
+    ConvKVGatedMixer: shard_conv_kv_gated_mixer,
     MambaMixer: shard_mamba,
     Mamba2Mixer: shard_mamba2,
     GatedDeltaNet: shard_gated_delta,
