@@ -24,13 +24,39 @@ GEAR = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_l
 GEAR_CAPPED = dict(GEAR, attention_bias=True, conv_L_cache=4, attn_logit_softcapping=5.0,
                    final_logit_softcapping=3.0, tie_word_embeddings=False)
 
+# MiniMax M3 (language model of the VL checkpoint): layers 0 and 2 block-sparse
+# (blocks of 2 keys, 2 kept per query, the query's own block always), layer 1 full;
+# layers 0 and 2 MoE (4 experts, 2 per token, shared expert), layer 1 dense; 2 indexer
+# heads, one per key/value group; RoPE on 8 of 16 features.
+MINIMAX_M3_TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=32,
+                       dense_intermediate_size=96, shared_intermediate_size=32,
+                       num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=16, rotary_dim=8, partial_rotary_factor=0.5,
+                       num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-6,
+                       max_position_embeddings=256, rope_theta=10000.0,
+                       mlp_layer_types=["sparse", "dense", "sparse"],
+                       layer_types=["minimax_m3_sparse", "full_attention", "minimax_m3_sparse"],
+                       index_n_heads=2, index_head_dim=16, index_block_size=2,
+                       index_topk_blocks=2, index_local_blocks=1)
+MINIMAX_M3 = dict(text_config=MINIMAX_M3_TEXT, tie_word_embeddings=False)
+# The same in transformers' layout (its model is the reference; a vision tower the
+# loader drops): transformers' names (fused ``gate_up_proj``, ``self_attn.indexer``).
+MINIMAX_M3_HF = dict(text_config=dict(MINIMAX_M3_TEXT, rope_parameters={
+                         "rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.5}),
+                     vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, image_size=28, patch_size=14),
+                     projector_hidden_size=32, tie_word_embeddings=False)
+
 FAMILIES = {
     "gear": (GEAR, MLX_LM),
+    "minimax_m3_vl": (MINIMAX_M3, MLX_LM),
+    "minimax_m3_vl_hf": (MINIMAX_M3_HF, {"model_type": "minimax_m3_vl"}),
     "gear_capped": (GEAR_CAPPED, dict(MLX_LM, model_type="gear")),
 }
 
-# The variant checks the extra math only: one layout (CI time).
-ONE_LAYOUT = {"gear_capped"}
+# The variants check the extra math and transformers' names only: one layout (CI time).
+ONE_LAYOUT = {"gear_capped", "minimax_m3_vl_hf"}
 CASES = [(name, layout) for name in sorted(FAMILIES)
          for layout in ("transformers4", "transformers5")
          if name not in ONE_LAYOUT or layout == "transformers4"]
@@ -92,3 +118,28 @@ def test_gear_reads_per_layer_type_rope_parameters():
     c = gear.Model(gear.ModelArgs.from_dict(swapped))
     c.update(a.parameters())
     assert not np.allclose(np.array(a(tokens)), np.array(c(tokens)))
+
+
+def test_minimax_m3_shards_indexer_heads_with_their_groups():
+    """Rank 0 of 2 keeps query heads 0-1, key/value head 0 and indexer head 0 (the
+    group those query heads share); the indexer's one key head stays whole."""
+    from mlx_lm_batched.models import minimax_m3_vl
+    from mlx_lm_batched.parallel.shard import shard_model
+    from test_distributed import _TwoRanks
+
+    args = minimax_m3_vl.ModelArgs.from_dict(dict(MINIMAX_M3, model_type="minimax_m3_vl"))
+    model = minimax_m3_vl.Model(args)
+    before = model.layers[0].self_attn.indexer.q_proj.weight
+    shard_model(model, _TwoRanks())
+    attn = model.layers[0].self_attn
+    assert (attn.n_heads, attn.n_kv_heads, attn.indexer.heads) == (2, 1, 1)
+    assert mx.array_equal(attn.indexer.q_proj.weight, before[:16])
+    assert attn.indexer.k_proj.weight.shape == (16, 64)
+
+
+def test_minimax_m3_refuses_a_rotating_cache():
+    from mlx_lm_batched.models import minimax_m3_vl
+
+    args = minimax_m3_vl.ModelArgs.from_dict(dict(MINIMAX_M3, model_type="minimax_m3_vl"))
+    with pytest.raises(ValueError, match="max_kv_size"):
+        minimax_m3_vl.Model(args).make_cache(max_kv_size=64)

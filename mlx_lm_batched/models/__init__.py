@@ -87,6 +87,7 @@ MODEL_TYPES = {
     "minicpm3": "minicpm3",
     "minimax": "minimax",
     "minimax_m2": "minimax_m2",
+    "minimax_m3_vl": "minimax_m3_vl",
     "ministral3": "ministral3",
     "mistral": "llama",
     "mistral3": "mistral3",

@@ -8,7 +8,8 @@ first and calls :func:`language_model_weights` in ``sanitize``."""
 # Top-level modules of multimodal checkpoints that are not the language model.
 NON_TEXT_MODULES = ("vision_tower", "vision_model", "visual", "multi_modal_projector",
                     "audio_tower", "embed_vision", "embed_audio", "vision_embed",
-                    "image_newline", "patch_merger", "mm_projector", "vision_embedder")
+                    "image_newline", "patch_merger", "mm_projector", "vision_embedder",
+                    "patch_merge_mlp")
 
 
 def text_config(config):
