@@ -56,15 +56,17 @@ class SandwichBlock(nn.Module):
 
     ``norm_names``: the checkpoint's names for the (pre-attention, post-attention,
     pre-MLP, post-MLP) norms; a None name means no norm there (OLMo 2 and EXAONE 4
-    have post-norms only; GLM 4 names them differently).
+    have post-norms only; GLM 4 names them differently). ``mixer_name``: the
+    checkpoint's name of the attention (Gear's convolution layers: ``local_mixer``).
     """
 
     NORM_NAMES = ("input_layernorm", "post_attention_layernorm",
                   "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
-    def __init__(self, attn, mlp, norm, norm_names=NORM_NAMES):
+    def __init__(self, attn, mlp, norm, norm_names=NORM_NAMES, mixer_name="self_attn"):
         super().__init__()
-        self.self_attn = attn
+        self.mixer_name = mixer_name
+        setattr(self, mixer_name, attn)
         self.mlp = mlp
         self.norm_names = tuple(norm_names)
         for name in self.norm_names:
@@ -76,5 +78,6 @@ class SandwichBlock(nn.Module):
         return x if name is None else getattr(self, name)(x)
 
     def __call__(self, x, mask, offset, cache=None, attention=None):
-        h = x + self._norm(1, self.self_attn(self._norm(0, x), mask, offset, cache, attention))
+        mixer = getattr(self, self.mixer_name)
+        h = x + self._norm(1, mixer(self._norm(0, x), mask, offset, cache, attention))
         return h + self._norm(3, self.mlp(self._norm(2, h)))

@@ -1,13 +1,15 @@
 """Attention whose keys and values first pass through a short causal convolution over
 time, one weight per key/value head and tap (Baichuan-M1): ``k'[t] = w0 * k[t-1] +
-w1 * k[t]`` before RoPE. The convolution's state (each row's last raw key and value)
-lives in a ``StateCache`` next to the layer's key/value cache, and padding columns are
-zeroed and skipped exactly as in the state-space layers (``ssm.causal_conv``)."""
+w1 * k[t]`` before RoPE; and Gear's local mixer, which replaces the attention by a
+sigmoid gate of the query on the convolved key (``ConvKVGatedMixer``). The
+convolution's state (each row's last raw keys and values) lives in a ``StateCache``,
+and padding columns are zeroed and skipped exactly as in the state-space layers
+(``ssm.causal_conv``)."""
 
 import mlx.core as mx
 
 from .attention import Attention
-from .ssm import base_cache, causal_conv, column_validity
+from .ssm import CausalConv1d, base_cache, causal_conv, column_validity
 
 
 class ConvKVAttention(Attention):
@@ -42,3 +44,41 @@ class ConvKVAttention(Attention):
             state[0], state[1] = k_state, v_state
             state.advance(x.shape[1])
         return self.attend_projections(q, k, v, mask, offset, cache, attention)
+
+
+class ConvKVGatedMixer(Attention):
+    """Gear's ``local_mixer``: ``o_proj(sigmoid(q * conv(k)) * conv(v))`` with each key
+    and value head shared by its query heads, no softmax and no RoPE.
+
+    Keys and values pass through depthwise causal convolutions (``key_conv``,
+    ``value_conv``, Hugging Face's ``(C, 1, K)`` weights, one channel per key/value
+    feature) after the per-head QK-norm. Its ``StateCache`` holds each row's last
+    ``K - 1`` normed keys and values; padding columns are skipped as in ``causal_conv``.
+    A subclass of :class:`Attention` for its projections, norms and head split (tensor
+    parallelism: ``parallel.recurrent``)."""
+
+    def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, kernel, bias, qk_norm):
+        super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, None, bias=bias,
+                         qk_norm=qk_norm)
+        self.key_conv = CausalConv1d(n_kv_heads * head_dim, kernel, bias=bias)
+        self.value_conv = CausalConv1d(n_kv_heads * head_dim, kernel, bias=bias)
+
+    def __call__(self, x, mask, offset, cache=None, attention=None):
+        """``cache``: the layer's ``StateCache`` (None: no history); ``mask`` unused
+        (the mixer only looks back ``K - 1`` real tokens of its own row)."""
+        B, L, _ = x.shape
+        valid = column_validity(cache, offset, L)
+        state = base_cache(cache)
+        q, k, v = self.project(x)
+        q = self.q_norm(q.reshape(B, L, self.n_heads, -1)).reshape(B, L, -1)
+        k = self.k_norm(k.reshape(B, L, self.n_kv_heads, -1)).reshape(B, L, -1)
+        k, k_state = self.key_conv(k, None if state is None else state[0], valid)
+        v, v_state = self.value_conv(v, None if state is None else state[1], valid)
+        if state is not None:
+            state[0], state[1] = k_state, v_state
+            state.advance(L)
+        groups = self.n_heads // self.n_kv_heads
+        shape = (B, L, self.n_kv_heads, groups, self.head_dim)
+        k, v = (mx.broadcast_to(t.reshape(B, L, self.n_kv_heads, 1, -1), shape).reshape(B, L, -1)
+                for t in (k, v))
+        return self.o_proj(mx.sigmoid(q * k) * v)

@@ -10,7 +10,8 @@ import functools
 # Top-level modules of multimodal checkpoints that are not the language model.
 NON_TEXT_MODULES = ("vision_tower", "vision_model", "visual", "multi_modal_projector",
                     "audio_tower", "embed_vision", "embed_audio", "vision_embed",
-                    "image_newline", "patch_merger", "mm_projector", "vision_embedder")
+                    "image_newline", "patch_merger", "mm_projector", "vision_embedder",
+                    "patch_merge_mlp")
 
 
 def text_config(config):

@@ -20,7 +20,8 @@ import math
 
 import mlx.core as mx
 
-from ..layers.conv_attention import ConvKVAttention
+from ..layers.block_sparse_attention import BlockSparseAttention
+from ..layers.conv_attention import ConvKVAttention, ConvKVGatedMixer
 from ..layers.gated_delta import GatedDeltaNet, KimiDeltaAttention
 from ..layers.lightning import LightningAttention
 from ..layers.norms import RMSNorm
@@ -318,8 +319,34 @@ def shard_conv_kv_attention(m, group, path):
     m.conv_k, m.conv_v = m.conv_k[:, :, ka:kb], m.conv_v[:, :, ka:kb]
 
 
+def shard_conv_kv_gated_mixer(m, group, path):
+    """Gear's local mixer: the shared attention's head split, and each rank keeps its
+    key/value heads' convolution channels (the gate and product are per feature)."""
+    _, (ka, kb) = head_ranges(m.n_heads, m.n_kv_heads, group.size(), group.rank())
+    shard_shared_block(m, group, path)
+    for conv in (m.key_conv, m.value_conv):
+        _slice_conv(conv, [(ka * m.head_dim, kb * m.head_dim)])
+
+
+def shard_block_sparse_attention(m, group, path):
+    """MiniMax M3's block-sparse attention: the shared attention's head split; each
+    rank keeps the indexer query heads of its query heads' groups (the one indexer key
+    head stays whole). Refused when a rank's query heads split an indexer group."""
+    ix = m.indexer
+    (qa, qb), _ = head_ranges(m.n_heads, m.n_kv_heads, group.size(), group.rank())
+    per = m.n_heads // ix.heads
+    if qa % per or qb % per:
+        raise ValueError(f"cannot shard '{path}': this rank's query heads {qa}..{qb} split "
+                         f"an indexer head's group of {per}")
+    shard_shared_block(m, group, path)
+    _slice_out(ix.q_proj, [(qa // per * ix.head_dim, qb // per * ix.head_dim)])
+    ix.heads = (qb - qa) // per
+
+
 SHARDERS = {
     ConvKVAttention: shard_conv_kv_attention,
+    ConvKVGatedMixer: shard_conv_kv_gated_mixer,
+    BlockSparseAttention: shard_block_sparse_attention,
     MambaMixer: shard_mamba,
     Mamba2Mixer: shard_mamba2,
     GatedDeltaNet: shard_gated_delta,
