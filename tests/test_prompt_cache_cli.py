@@ -56,3 +56,21 @@ def test_prompt_cache_file_errors_are_one_line(tmp_path):
     assert proc.returncode == 2
     assert [l for l in proc.stderr.splitlines() if l.startswith("error:")] == [
         f"error: --prompt-cache-file: prompt cache file not found: {tmp_path}/missing.safetensors"]
+
+
+def test_quantized_prompt_cache_file_matches_mlx_lm(tmp_path):
+    """``cache_prompt --kv-bits 4`` writes mlx-lm's quantized layout; both generators
+    continue the file to the same greedy text."""
+    from mlx_lm.models.cache import QuantizedKVCache, load_prompt_cache
+
+    smol = str(model_dir("smollm2", dtype="float32"))
+    path = tmp_path / "q4.safetensors"
+    run("mlx_lm_batched.cache_prompt", "--model", smol, "--prompt", DOCUMENT,
+        "--prompt-cache-file", path, "--kv-bits", 4, "--quantized-kv-start", 0)
+    layers = load_prompt_cache(str(path))
+    assert all(isinstance(c, QuantizedKVCache) and c.bits == 4 for c in layers)
+    assert layers[0].offset > 20
+    out = run("mlx_lm_batched.generate", "--prompt-cache-file", path, "-m", 14, "--jsonl", "-",
+              "--no-progress", "--prompt", QUESTIONS[0])
+    text = next(json.loads(l) for l in out.splitlines() if l.startswith("{"))["text"]
+    assert text == mlx_lm_text(path, QUESTIONS[0])
