@@ -94,6 +94,7 @@ MODEL_TYPES = {
     "nanbeige": "nanbeige",
     "nanochat": "nanochat",
     "muse_glimmer": "muse_glimmer",
+    "muse_spark": "muse_spark",
     "nemotron": "nemotron",
     "nemotron-nas": "nemotron_nas",
     "nemotron_h": "nemotron_h",

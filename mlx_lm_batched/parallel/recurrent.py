@@ -3,8 +3,8 @@ and Kimi delta attention, lightning attention, LFM2's short convolution, RG-LRU 
 and Qwen3-Next's output-gated attention.
 
 ``SHARDERS`` maps each of those layer classes (and two hybrid families' own MLP and MoE
-blocks) to its function here; ``shard.shard_model`` looks every module's class up in it
-before the shared blocks. The layers know nothing of this module (parallelism imports the
+blocks, and Muse Spark's compressed MoE) to its function here; ``shard.shard_model``
+looks every module's class up in it before the shared blocks. The layers know nothing of this module (parallelism imports the
 layers, never the reverse). The scheme is the attention one: a layer's heads
 (or channels) are split over the ranks, its input projections keep this rank's output
 rows (whole heads or groups; the convolution channels follow their heads), its output
@@ -29,6 +29,7 @@ from ..models.bailing_moe_linear import LinearAttention as BailingLinearAttentio
 from ..models.falcon_h1 import MLP as FalconH1MLP
 from ..models.mamba import MambaMixer
 from ..models.mamba2 import Mamba2Mixer
+from ..models.muse_spark import CompressedMoE
 from ..models.nemotron_h import NemotronMoE
 from ..models.plamo2 import PlamoAttention
 from ..models.prism_hadamard_qwen35 import Model as HadamardPackModel
@@ -310,6 +311,13 @@ def shard_nemotron_moe(m, group, path):
     shard_shared_block(m.shared_experts, group, f"{path}.shared_experts")
 
 
+def shard_compressed_moe(m, group, path):
+    """Muse Spark's MoE: the experts split their hidden units (each expert's output is
+    summed over the ranks before its own norm); the router and the compressing
+    projections around the experts stay whole."""
+    shard_shared_block(m.experts, group, f"{path}.experts")
+
+
 def shard_conv_kv_attention(m, group, path):
     """Baichuan-M1's attention: the shared attention's head split, and each rank keeps
     its key/value heads' convolution taps."""
@@ -333,4 +341,5 @@ SHARDERS = {
     HadamardPackModel: refuse_hadamard_pack,
     FalconH1MLP: shard_falcon_h1_mlp,
     NemotronMoE: shard_nemotron_moe,
+    CompressedMoE: shard_compressed_moe,
 }
