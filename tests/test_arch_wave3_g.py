@@ -1,5 +1,6 @@
-"""Wave 3, part G: Muse Spark against transformers on a tiny random checkpoint, in both
-config layouts (its language model; the vision and audio towers are ignored)."""
+"""Wave 3, part G: Muse Spark against transformers and Kimi K3 against mlx-lm 0.32 (which
+transformers lacks) on tiny random checkpoints, in both config layouts (Muse Spark's
+language model; its vision and audio towers are ignored)."""
 
 import pytest
 import torch
@@ -38,7 +39,24 @@ def random_gates(model):
                 b.copy_(torch.randn(b.shape, generator=gen) * 0.1)
 
 
+# Kimi K3: KDA (layers 1, 2, 4; lower-bounded decay, full-rank output gates) and latent
+# attention (layer 3; per-feature output gates); attention residuals over blocks of 2
+# layers; SiTU with both betas; layer 1 dense, then a latent MoE (64 -> 24, normed) over
+# 6 experts in 2 groups with a shared expert.
+KIMI_K3 = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+               num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+               linear_attn_config={"num_heads": 4, "head_dim": 16, "short_conv_kernel_size": 4,
+                                   "kda_layers": [1, 2, 4], "full_attn_layers": [3],
+                                   "gate_lower_bound": -5.0, "use_full_rank_gate": True},
+               kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+               v_head_dim=12, mla_use_output_gate=True, num_experts=6,
+               num_experts_per_token=2, moe_intermediate_size=32, num_shared_experts=1,
+               first_k_dense_replace=1, routed_expert_hidden_size=24, latent_moe_use_norm=True,
+               num_expert_group=2, topk_group=1, routed_scaling_factor=1.5,
+               activation_situ_beta=2.0, activation_situ_linear_beta=3.0, attn_res_block_size=2)
+
 FAMILIES = {
+    "kimi_k3": (KIMI_K3, {"oracle": "mlx_lm"}),
     "muse_spark": (dict(text_config=MUSE_SPARK_TEXT, vision_config=MUSE_SPARK_VISION,
                         audio_config=MUSE_SPARK_AUDIO),
                    dict(WINDOWED, hf_hook=random_gates)),
@@ -81,3 +99,56 @@ def test_muse_spark_refuses_unknown_feed_forward_kinds():
     with pytest.raises(ValueError, match="unknown mlp_layer_types"):
         muse_spark.ModelArgs.from_dict(dict(MUSE_SPARK_TEXT, model_type="muse_spark",
                                             mlp_layer_types=["sparse", "moe", "dense", "dense"]))
+
+
+def test_kimi_k3_variants_match_mlx_lm():
+    """The other switches on one prompt: low-rank KDA gates with the softplus decay, no
+    attention residuals, a plain MoE on the full width, per-feature MLA gates off."""
+    import mlx.core as mx
+    import numpy as np
+
+    import mlx_lm_oracle
+    from arch_harness import make_prompts
+    from mlx_lm_batched.models import kimi_k3
+    from mlx.utils import tree_flatten
+
+    config = dict(KIMI_K3, linear_attn_config={"num_heads": 4, "head_dim": 16,
+                                               "short_conv_kernel_size": 4,
+                                               "kda_layers": [1, 3]},
+                  attn_res_block_size=None, routed_expert_hidden_size=None,
+                  latent_moe_use_norm=False, mla_use_output_gate=False, num_hidden_layers=3,
+                  activation_situ_linear_beta=None)
+    ref = mlx_lm_oracle.build_mlx_lm_model("kimi_k3", config)
+    ours = kimi_k3.Model(kimi_k3.ModelArgs.from_dict(dict(config, model_type="kimi_k3")))
+    weights = ours.sanitize(dict(tree_flatten(ref.parameters())))
+    ours.load_weights(list(weights.items()))
+    prompt = make_prompts((9,))[0]
+    np.testing.assert_allclose(np.array(ours(mx.array([prompt]))[0]),
+                               mlx_lm_oracle.mlx_lm_logits(ref, prompt), atol=1e-4, rtol=1e-4)
+
+
+def test_kimi_k3_shards_heads_gates_and_experts():
+    """Two ranks: KDA by heads (its full-rank output gate too), latent attention by
+    heads (each head's v_head_dim gates), the SiTU experts and shared MLP by hidden
+    units; the latent projections, their norm and the router stay whole."""
+    from mlx_lm_batched.models import kimi_k3
+    from mlx_lm_batched.parallel.shard import shard_model
+    from test_distributed import _TwoRanks
+
+    model = kimi_k3.Model(kimi_k3.ModelArgs.from_dict(dict(KIMI_K3, model_type="kimi_k3")))
+    shard_model(model, _TwoRanks())
+    kda, mla = model.layers[0].self_attn, model.layers[2].self_attn
+    assert kda.g_proj.weight.shape == (2 * 16, 64) and kda.q_proj.weight.shape == (32, 64)
+    assert mla.n_heads == 2 and mla.g_proj.weight.shape == (2 * 12, 64)
+    moe = model.layers[1].mlp
+    assert moe.switch_mlp.gate_proj.weight.shape == (6, 16, 24)
+    assert moe.shared_experts.down_proj.weight.shape == (64, 16)
+    assert moe.routed_expert_down_proj.weight.shape == (24, 64)
+    assert model.layers[0].mlp.gate_proj.weight.shape == (48, 64)  # the dense layer
+
+
+def test_kimi_k3_refuses_other_activations_by_name():
+    from mlx_lm_batched.models import kimi_k3
+
+    with pytest.raises(ValueError, match="hidden_act 'silu' is not supported"):
+        kimi_k3.ModelArgs.from_dict(dict(KIMI_K3, model_type="kimi_k3", hidden_act="silu"))

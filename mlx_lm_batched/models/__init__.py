@@ -63,6 +63,7 @@ MODEL_TYPES = {
     "joyai_llm_flash": "deepseek_v3",
     "kimi_k2": "deepseek_v3",
     "kimi_k25": "kimi_k25",
+    "kimi_k3": "kimi_k3",
     "kimi_linear": "kimi_linear",
     "kimi_vl": "kimi_vl",
     "Klear": "Klear",
