@@ -60,7 +60,6 @@ class Attention(nn.Module):
         v_norm=None,
         values_from_keys=False,
         qkv_name="qkv_proj",
-        o_norm=None,
     ):
         """``qk_norm_full``: norm the whole q/k projection, not each head (OLMo 2).
         ``qk_norm_after_rope``: norm the rotated q/k (Hunyuan). ``qk_norm_names``:
@@ -73,9 +72,7 @@ class Attention(nn.Module):
         ``v_norm``: a function on the per-head values ``(B, L, heads, head_dim)`` (Gemma
         3n's and 4's RMS norm without weight). ``values_from_keys``: no ``v_proj``; the
         values are the key projection before its norm and RoPE (Gemma 4's
-        ``attention_k_eq_v``). ``o_norm``: a function on the per-head outputs
-        ``(B, L, heads, head_dim)`` before the output gate and ``o_proj`` (Muse Spark's
-        RMS norm without weight). Attention over another layer's keys and values (KV
+        ``attention_k_eq_v``). Attention over another layer's keys and values (KV
         sharing) is :class:`~.kv_sharing.SharedKVAttention`."""
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
@@ -103,7 +100,6 @@ class Attention(nn.Module):
         self.clip_qkv = clip_qkv
         self.position_scale = position_scale
         self.v_norm = v_norm
-        self.o_norm = o_norm
         self.values_from_keys = values_from_keys
         if sinks:  # per-head attention-sink logits (GPT-OSS)
             self.sinks = mx.zeros((n_heads,))
@@ -148,13 +144,15 @@ class Attention(nn.Module):
             out = grouped_attention(q, k, v, self.scale, mask, self.softcap, sinks, groups)
         else:
             out = scaled_dot_product_attention(q, k, v, self.scale, mask, self.softcap, sinks)
-        out = out.transpose(0, 2, 1, 3)
-        if self.o_norm is not None:
-            out = self.o_norm(out)
-        out = out.reshape(B, L, -1)
+        out = self.head_outputs(out.transpose(0, 2, 1, 3)).reshape(B, L, -1)
         if output_gate is not None:
             out = out * output_gate
         return self.output(out)
+
+    def head_outputs(self, out):
+        """The heads' outputs ``(B, L, heads, head_dim)`` before the output gate and
+        ``o_proj``: unchanged here (Muse Spark's attention norms each head's)."""
+        return out
 
     def output(self, h):
         """The output projection of the heads' concatenated outputs ``h`` (BitNet

@@ -75,6 +75,18 @@ class ModelArgs(TextConfigArgs, DecoderArgs):
             raise ValueError(f"muse_spark: unknown mlp_layer_types {bad} (known: dense, sparse)")
 
 
+class HeadNormedGatedAttention(OutputGatedAttention):
+    """The sigmoid-gated attention with each head's output RMS-normed (no weight)
+    before the gate."""
+
+    def __init__(self, *args, head_norm_eps, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.head_norm_eps = head_norm_eps
+
+    def head_outputs(self, out):
+        return mx.fast.rms_norm(out, None, self.head_norm_eps)
+
+
 class InputScaledRMSNorm(nn.Module):
     """``rms_norm(x * (1 + w))``: the gain scales the input, not the output (so it
     only matters through its shape across features)."""
@@ -179,10 +191,10 @@ class Model(CausalLM):
         layers = [
             GatedResidualBlock(
                 args,
-                OutputGatedAttention(args.hidden_size, args.num_attention_heads,
-                                     args.num_key_value_heads, args.head_dim,
-                                     rope if theta else None, scale=scale, qk_norm=head_norm,
-                                     o_norm=head_norm(args.head_dim)),
+                HeadNormedGatedAttention(args.hidden_size, args.num_attention_heads,
+                                         args.num_key_value_heads, args.head_dim,
+                                         rope if theta else None, scale=scale,
+                                         qk_norm=head_norm, head_norm_eps=args.rms_norm_eps),
                 feed_forward(kind),
             )
             for theta, kind in zip(args.layer_rope_theta, args.mlp_layer_types)
