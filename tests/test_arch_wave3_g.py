@@ -152,3 +152,49 @@ def test_kimi_k3_refuses_other_activations_by_name():
 
     with pytest.raises(ValueError, match="hidden_act 'silu' is not supported"):
         kimi_k3.ModelArgs.from_dict(dict(KIMI_K3, model_type="kimi_k3", hidden_act="silu"))
+
+
+def test_kimi_k3_loads_moonshot_names():
+    """The same weights under Moonshot's checkpoint names (separate q/k/v projections
+    and ``(C, 1, K)`` convolutions, ``kv_b_proj``, ``block_sparse_moe`` with per-expert
+    ``w1``/``w2``/``w3``, ``*_res.proj_weight``) give mlx-lm's logits."""
+    import mlx.core as mx
+    import numpy as np
+
+    import mlx_lm_oracle
+    from arch_harness import make_prompts
+    from mlx_lm_batched.models import kimi_k3
+    from mlx.utils import tree_flatten
+
+    ref = mlx_lm_oracle.build_mlx_lm_model("kimi_k3", KIMI_K3)
+    params = {k.removeprefix("language_model."): v for k, v in tree_flatten(ref.parameters())}
+    hub = {}
+    for k, v in params.items():
+        if k.endswith(("qkv_proj.weight", "qkv_conv.conv.weight")):
+            conv = "conv" in k
+            for name, part in zip("qkv", mx.split(v, 3, axis=0)):
+                hub[k.replace("qkv_proj", f"{name}_proj") if not conv else
+                    k.replace("qkv_conv.conv", f"{name}_conv1d")] = (
+                    part.swapaxes(1, 2) if conv else part)
+        elif k.endswith("embed_q.weight") and "unembed" not in k:
+            wv = params[k.replace("embed_q", "unembed_out")]
+            hub[k.replace("embed_q", "kv_b_proj")] = mx.concatenate(
+                [v.swapaxes(-1, -2), wv], axis=1).reshape(-1, v.shape[1])
+        elif "unembed_out" in k:
+            continue
+        elif ".switch_mlp." in k:
+            prefix, proj = k.split(".mlp.switch_mlp.")
+            w = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[proj.split(".")[0]]
+            for e in range(v.shape[0]):
+                hub[f"{prefix}.block_sparse_moe.experts.{e}.{w}.weight"] = v[e]
+        elif "_res_" in k:
+            src, param = k.rsplit("_", 1)[0], k.rsplit("_", 1)[1]  # "..._res", "proj.weight"
+            hub[f"{src}.{param.split('.')[0]}_weight"] = v.reshape(-1)
+        else:
+            hub[k.replace(".mlp.", ".block_sparse_moe.") if ".mlp." in k and "layers.0." not in k
+                else k] = v
+    ours = kimi_k3.Model(kimi_k3.ModelArgs.from_dict(dict(KIMI_K3, model_type="kimi_k3")))
+    ours.load_weights(list(ours.sanitize(hub).items()))
+    prompt = make_prompts((9,))[0]
+    np.testing.assert_allclose(np.array(ours(mx.array([prompt]))[0]),
+                               mlx_lm_oracle.mlx_lm_logits(ref, prompt), atol=1e-4, rtol=1e-4)

@@ -245,6 +245,8 @@ class Model(kimi_linear.Model):
             for src in ("self_attention_res", "mlp_res", "output_attn_res"):
                 k = k.replace(f"{src}.proj_weight", f"{src}_proj.weight")
                 k = k.replace(f"{src}.norm_weight", f"{src}_norm.weight")
+            if k.endswith("_res_proj.weight"):
+                v = v.reshape(1, -1)  # one logit: a (1, hidden) projection
             renamed[k] = v
         weights = renamed
         args = self.args
