@@ -207,6 +207,9 @@ class AttnResStack(DecoderStack):
 
 
 class Model(kimi_linear.Model):
+    """Kimi Linear's caches (a ``StateCache`` per KDA layer) and checkpoint mapping, with
+    K3's own layers and stack (built here, not by Kimi Linear's constructor)."""
+
     def __init__(self, args: ModelArgs):
         nn.Module.__init__(self)
         lac = args.linear_attn_config or {}
