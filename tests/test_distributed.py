@@ -27,6 +27,7 @@ from test_arch_minicpm3_minimax import MINIMAX
 from test_arch_mlxlm_oracle import BAICHUAN_M1, normalised_head
 from test_arch_recurrent import (FALCON_H1, GRANITE_HYBRID, JAMBA, KIMI_LINEAR, LFM2, MAMBA,
                                  NEMOTRON_H, QWEN3_5, QWEN3_NEXT, RECURRENT_GEMMA)
+from test_arch_wave3_g import KIMI_K3
 
 WORKER = Path(__file__).parent / "dist_worker.py"
 TIMEOUT = 240
@@ -165,9 +166,12 @@ RECURRENT = {
     # every layer, one per rank, with its taps.
     "baichuan_m1": ("baichuan_m1", dict(BAICHUAN_M1, num_swa_attention_heads=4,
                                         num_swa_key_value_heads=2), [[2, 1, 16]] * 6),
+    # KDA (full-rank gates) by heads, latent attention with per-feature gates, attention
+    # residuals and a latent MoE (mlx-lm's module as the builder): 4 heads split 2 / 2.
+    "kimi_k3": ("kimi_k3", KIMI_K3, [[2, 3, 96], [2, 2, 16, 16]] * 3),
 }
 # Families transformers has no model for: mlx-lm's module builds and saves the checkpoint.
-MLX_LM_BUILT = {"baichuan_m1": normalised_head}
+MLX_LM_BUILT = {"baichuan_m1": normalised_head, "kimi_k3": lambda model: None}
 
 
 def test_tensor_parallel_recurrent_and_hybrid_models(tmp_path):

@@ -151,10 +151,15 @@ class Attention(nn.Module):
             out = grouped_attention(q, k, v, self.scale, mask, self.softcap, sinks, groups)
         else:
             out = scaled_dot_product_attention(q, k, v, self.scale, mask, self.softcap, sinks)
-        out = out.transpose(0, 2, 1, 3).reshape(B, L, -1)
+        out = self.head_outputs(out.transpose(0, 2, 1, 3)).reshape(B, L, -1)
         if output_gate is not None:
             out = out * output_gate
         return self.output(out)
+
+    def head_outputs(self, out):
+        """The heads' outputs ``(B, L, heads, head_dim)`` before the output gate and
+        ``o_proj``: unchanged here (Muse Spark's attention norms each head's)."""
+        return out
 
     def output(self, h):
         """The output projection of the heads' concatenated outputs ``h`` (BitNet

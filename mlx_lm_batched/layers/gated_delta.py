@@ -121,11 +121,18 @@ class GatedDeltaNet(nn.Module):
 class KimiDeltaAttention(nn.Module):
     """Kimi Linear's KDA layer: q/k/v projections, conv, a gated delta rule with a
     per-channel forget gate (low-rank ``f_a_proj``/``f_b_proj``), an RMS norm gated by
-    ``sigmoid`` of a low-rank output gate. ``StateCache``: ``[conv inputs, state]``."""
+    ``sigmoid`` of a low-rank output gate. ``StateCache``: ``[conv inputs, state]``.
 
-    def __init__(self, hidden_size, heads, head_dim, kernel, eps):
+    ``lower_bound``: the log decay is ``lower_bound * sigmoid(exp(A_log) * (f + dt_bias))``
+    (bounded in ``(lower_bound, 0)``; Kimi K3) instead of ``-exp(A_log) * softplus(f +
+    dt_bias)``. ``full_rank_gate``: the output gate is one ``g_proj`` (Kimi K3's
+    ``use_full_rank_gate``), not the low-rank ``g_a_proj``/``g_b_proj``."""
+
+    def __init__(self, hidden_size, heads, head_dim, kernel, eps, lower_bound=None,
+                 full_rank_gate=False):
         super().__init__()
         self.sizes = (heads, head_dim)
+        self.lower_bound = lower_bound
         dim = heads * head_dim
         self.q_proj = nn.Linear(hidden_size, dim, bias=False)
         self.k_proj = nn.Linear(hidden_size, dim, bias=False)
@@ -137,8 +144,11 @@ class KimiDeltaAttention(nn.Module):
         self.forget_gate.dt_bias = mx.zeros((dim,))
         self.forget_gate.A_log = mx.zeros((1, 1, heads, 1))
         self.b_proj = nn.Linear(hidden_size, heads, bias=False)
-        self.g_a_proj = nn.Linear(hidden_size, head_dim, bias=False)
-        self.g_b_proj = nn.Linear(head_dim, dim, bias=False)
+        if full_rank_gate:
+            self.g_proj = nn.Linear(hidden_size, dim, bias=False)
+        else:
+            self.g_a_proj = nn.Linear(hidden_size, head_dim, bias=False)
+            self.g_b_proj = nn.Linear(head_dim, dim, bias=False)
         self.o_norm = GatedRMSNorm(head_dim, eps=eps, norm_before_gate=True, gate_act="sigmoid")
         self.o_proj = nn.Linear(dim, hidden_size, bias=False)
 
@@ -154,12 +164,17 @@ class KimiDeltaAttention(nn.Module):
         q, k, v = (t.reshape(B, L, H, Dk) for t in mx.split(nn.silu(qkv), 3, axis=-1))
         fg = self.forget_gate
         g = fg.f_b_proj(fg.f_a_proj(x)).astype(mx.float32) + fg.dt_bias.astype(mx.float32)
-        g = -mx.exp(fg.A_log.astype(mx.float32)) * nn.softplus(g.reshape(B, L, H, Dk))
+        rate = mx.exp(fg.A_log.astype(mx.float32))
+        if self.lower_bound is None:
+            g = -rate * nn.softplus(g.reshape(B, L, H, Dk))
+        else:
+            g = self.lower_bound * mx.sigmoid(rate * g.reshape(B, L, H, Dk))
         beta = mx.sigmoid(self.b_proj(x).astype(mx.float32))
         out, delta_state = gated_delta_rule(l2_normalize(q.astype(mx.float32)),
                                             l2_normalize(k.astype(mx.float32)), v, g, beta,
                                             delta_state, valid)
-        gate = self.g_b_proj(self.g_a_proj(x)).reshape(B, L, H, Dk)
+        gate = self.g_proj(x) if "g_proj" in self else self.g_b_proj(self.g_a_proj(x))
+        gate = gate.reshape(B, L, H, Dk)
         out = self.o_norm(out, gate).astype(x.dtype)
         if state is not None:
             state[0], state[1] = conv_state, delta_state

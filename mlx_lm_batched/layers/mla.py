@@ -59,7 +59,8 @@ class MultiHeadLatentAttention(nn.Module):
         position_scale=None,
     ):
         """``output_gate``: scale each head's output by ``sigmoid(g_proj(x))``, one
-        gate per head (Bailing V3). ``position_scale``: ``f(positions (B, L)) -> (B, L)``
+        gate per head (Bailing V3; ``True`` or ``"head"``) or one per output feature
+        (Kimi K3; ``"feature"``). ``position_scale``: ``f(positions (B, L)) -> (B, L)``
         factors on the queries (Mistral 4's Llama-4 long-context temperature)."""
         super().__init__()
         self.n_heads = n_heads
@@ -81,8 +82,13 @@ class MultiHeadLatentAttention(nn.Module):
         self.o_proj = nn.Linear(n_heads * v_head_dim, hidden_size, bias=bias)
         self.rope = rope
         self.scale = scale if scale is not None else qk_head_dim**-0.5
+        if output_gate not in (False, None, True, "head", "feature"):
+            raise ValueError(f"unknown MLA output_gate {output_gate!r} (known: 'head', "
+                             "'feature')")
+        # Gate values per head: 1, or each of its v_head_dim output features.
+        self.gate_width = v_head_dim if output_gate == "feature" else 1
         if output_gate:
-            self.g_proj = nn.Linear(hidden_size, n_heads, bias=False)
+            self.g_proj = nn.Linear(hidden_size, n_heads * self.gate_width, bias=False)
         self.position_scale = position_scale
 
     def project(self, x, offset):
@@ -126,7 +132,7 @@ class MultiHeadLatentAttention(nn.Module):
         out = out.transpose(0, 2, 1, 3)
         if "g_proj" in self:
             gate = mx.sigmoid(self.g_proj(x).astype(mx.float32)).astype(out.dtype)
-            out = out * gate[..., None]
+            out = out * gate.reshape(B, L, self.n_heads, self.gate_width)
         return self.o_proj(out.reshape(B, L, -1))
 
     def __call__(self, x, mask, offset, cache=None, attention=None):

@@ -3,17 +3,18 @@ and Kimi delta attention, lightning attention, LFM2's short convolution, RG-LRU 
 and Qwen3-Next's output-gated attention.
 
 ``SHARDERS`` maps each of those layer classes (and two hybrid families' own MLP and MoE
-blocks) to its function here; ``shard.shard_model`` looks every module's class up in it
-before the shared blocks. The layers know nothing of this module (parallelism imports the
-layers, never the reverse). The scheme is the attention one: a layer's heads
-(or channels) are split over the ranks, its input projections keep this rank's output
-rows (whole heads or groups; the convolution channels follow their heads), its output
-projection keeps the matching input columns and sums over the group (one all-reduce).
-The recurrence itself runs on this rank's heads only, so each rank's ``StateCache``
-holds exactly its heads' state. Norms spanning several heads are split in whole norm
-groups, or all-reduce their sum of squares (Mamba-2's gated norm with fewer groups than
-ranks, MiniMax's norm over every head). Head counts that do not divide split unevenly in
-whole heads; a layer that cannot split exactly raises ``ValueError`` naming it.
+blocks, Muse Spark's and Kimi K3's MoE) to its function here; ``shard.shard_model`` looks
+every module's class up in it before the shared blocks. The layers know nothing of this
+module (parallelism imports the layers, never the reverse). The scheme is the attention
+one: a layer's heads (or channels) are split over the ranks, its input projections keep
+this rank's output rows (whole heads or groups; the convolution channels follow their
+heads), its output projection keeps the matching input columns and sums over the group
+(one all-reduce). The recurrence itself runs on this rank's heads only, so each rank's
+``StateCache`` holds exactly its heads' state. Norms spanning several heads are split in
+whole norm groups, or all-reduce their sum of squares (Mamba-2's gated norm with fewer
+groups than ranks, MiniMax's norm over every head). Head counts that do not divide split
+unevenly in whole heads; a layer that cannot split exactly raises ``ValueError`` naming
+it.
 """
 
 import math
@@ -28,8 +29,10 @@ from ..layers.norms import RMSNorm
 from ..layers.ssm import GatedRMSNorm, ShortConv
 from ..models.bailing_moe_linear import LinearAttention as BailingLinearAttention
 from ..models.falcon_h1 import MLP as FalconH1MLP
+from ..models.kimi_k3 import LatentMoE
 from ..models.mamba import MambaMixer
 from ..models.mamba2 import Mamba2Mixer
+from ..models.muse_spark import CompressedMoE
 from ..models.nemotron_h import NemotronMoE
 from ..models.plamo2 import PlamoAttention
 from ..models.prism_hadamard_qwen35 import Model as HadamardPackModel
@@ -183,7 +186,8 @@ def shard_kimi_delta(m, group, path):
     H, Dk = m.sizes
     a, b = _heads(H, group, path)
     dim, cols = H * Dk, (a * Dk, b * Dk)
-    for proj in (m.q_proj, m.k_proj, m.v_proj, m.forget_gate.f_b_proj, m.g_b_proj):
+    gate = m.g_proj if "g_proj" in m else m.g_b_proj  # full-rank or low-rank output gate
+    for proj in (m.q_proj, m.k_proj, m.v_proj, m.forget_gate.f_b_proj, gate):
         _slice_out(proj, [cols])
     _slice_out(m.b_proj, [(a, b)])
     _slice_conv(m.conv1d, [cols, (dim + cols[0], dim + cols[1]),
@@ -311,6 +315,22 @@ def shard_nemotron_moe(m, group, path):
     shard_shared_block(m.shared_experts, group, f"{path}.shared_experts")
 
 
+def shard_compressed_moe(m, group, path):
+    """Muse Spark's MoE: the experts split their hidden units (each expert's output is
+    summed over the ranks before its own norm); the router and the compressing
+    projections around the experts stay whole."""
+    shard_shared_block(m.experts, group, f"{path}.experts")
+
+
+def shard_latent_moe(m, group, path):
+    """Kimi K3's MoE: the experts and the shared MLP split their hidden units (the
+    experts' outputs are summed over the ranks before the latent norm); the router and
+    the latent projections stay whole."""
+    shard_shared_block(m.switch_mlp, group, f"{path}.switch_mlp")
+    if "shared_experts" in m:
+        shard_shared_block(m.shared_experts, group, f"{path}.shared_experts")
+
+
 def shard_conv_kv_attention(m, group, path):
     """Baichuan-M1's attention: the shared attention's head split, and each rank keeps
     its key/value heads' convolution taps."""
@@ -360,4 +380,6 @@ SHARDERS = {
     HadamardPackModel: refuse_hadamard_pack,
     FalconH1MLP: shard_falcon_h1_mlp,
     NemotronMoE: shard_nemotron_moe,
+    CompressedMoE: shard_compressed_moe,
+    LatentMoE: shard_latent_moe,
 }

@@ -27,7 +27,9 @@ LINEARS = (nn.Linear, nn.QuantizedLinear, SwitchLinear, QuantizedSwitchLinear)
 # Linear layers outside the known blocks that every rank keeps whole: the LM head and
 # MoE routers (small, and every rank needs their full output).
 REPLICATED = {"lm_head", "gate", "router", "layer", "shared_expert_gate",
-              "coefficient"}  # Klear's routed/shared mixing weights
+              "coefficient",  # Klear's routed/shared mixing weights
+              # Kimi K3's attention-residual logits (one per token)
+              "self_attention_res_proj", "mlp_res_proj", "output_attn_res_proj"}
 
 
 def split_range(n, parts, i, unit=1):
@@ -167,8 +169,9 @@ def _shard_mla(attn, group, path):
     kv = attn.qk_nope_head_dim + attn.v_head_dim
     _slice_out(attn.q_proj if attn.q_lora_rank is None else attn.q_b_proj, [(a * qk, b * qk)])
     _slice_out(attn.kv_b_proj, [(a * kv, b * kv)])
-    if "g_proj" in attn:  # one output gate per head
-        _slice_out(attn.g_proj, [(a, b)])
+    if "g_proj" in attn:  # output gates per head: one, or one per value feature
+        w = attn.gate_width
+        _slice_out(attn.g_proj, [(a * w, b * w)])
     _slice_in(attn.o_proj, a * attn.v_head_dim, b * attn.v_head_dim, group, f"{path}.o_proj")
     attn.n_heads = b - a
 
