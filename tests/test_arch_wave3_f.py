@@ -38,3 +38,124 @@ FAMILIES = {
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_family_matches_mlx_lm_and_batches_exactly(name, layout):
     run_family(name, FAMILIES[name], layout)
+
+
+def _deepseek_names(params):
+    """mlx-lm's parameter names back to DeepSeek's checkpoint names (the inverse of
+    the renames both loaders apply), per-expert tensors and ``wo_a`` as one matrix."""
+    renames = [(".self_attn.", ".attn."), (".mlp.", ".ffn."),
+               (".input_layernorm.", ".attn_norm."), (".post_attention_layernorm.", ".ffn_norm."),
+               (".attn_hc.", ".hc_attn_"), (".ffn_hc.", ".hc_ffn_"), (".sinks", ".attn_sink"),
+               (".q_a_proj.", ".wq_a."), (".q_b_proj.", ".wq_b."), (".kv_proj.", ".wkv."),
+               (".gate_proj.", ".wgate."), (".o_a_proj.", ".wo_a."), (".o_b_proj.", ".wo_b."),
+               (".q_a_norm.", ".q_norm."), (".compressor.kv_norm.", ".compressor.norm."),
+               (".indexer.k_proj.", ".indexer.wk."),
+               (".gate.e_score_correction_bias", ".gate.bias"),
+               (".shared_experts.gate_proj.", ".shared_experts.w1."),
+               (".shared_experts.down_proj.", ".shared_experts.w2."),
+               (".shared_experts.up_proj.", ".shared_experts.w3.")]
+    out = {}
+    for name, w in params.items():
+        if name == "lm_head.weight":
+            out["head.weight"] = w
+            continue
+        if name == "model.embed_tokens.weight":
+            out["embed.weight"] = w
+            continue
+        key = name.removeprefix("model.")
+        if ".switch_mlp." in key:
+            layer = key.split(".")[1]
+            proj = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[key.split(".")[-2]]
+            for e in range(w.shape[0]):
+                out[f"layers.{layer}.ffn.experts.{e}.{proj}.weight"] = w[e]
+            continue
+        for new, old in reversed(renames):
+            key = key.replace(new, old)
+        if key.endswith(".wo_a.weight"):
+            w = w.reshape(-1, w.shape[-1])
+        out[key] = w
+    return out
+
+
+def test_deepseek_checkpoint_names_load_to_mlx_lm_logits(tmp_path):
+    """A checkpoint in DeepSeek's own names (``layers.0.attn.wq_a.weight``, one tensor
+    per expert, ``wo_a`` as one matrix, MTP and vision weights) renames to the same
+    weights as mlx-lm's sanitize and gives mlx-lm's logits."""
+    import json
+
+    from mlx.utils import tree_flatten
+    from mlx_lm_oracle import mlx_lm_logits
+
+    from mlx_lm_batched.utils import load_model
+
+    ref = build_mlx_lm_model("deepseek_v41", DEEPSEEK_V41)
+    params = dict(tree_flatten(ref.parameters()))
+    weights = _deepseek_names(params)
+    assert "layers.1.attn.compressor.wgate.weight" in weights and "embed.weight" in weights
+    weights["mtp.0.head.weight"] = mx.zeros((4, 4))
+    weights["layers.0.ffn.gate.bias_vl"] = mx.zeros((4,))
+    theirs = ref.sanitize(dict(weights))
+    ours = Model(ModelArgs.from_dict(dict(DEEPSEEK_V41))).sanitize(dict(weights))
+    assert sorted(ours) == sorted(theirs) == sorted(params)
+    assert all(mx.array_equal(ours[k], params[k]) for k in params)
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), weights)
+    (tmp_path / "config.json").write_text(json.dumps(dict(DEEPSEEK_V41, model_type="deepseek_v41")))
+    model, _ = load_model(tmp_path)
+    for p in make_prompts((9,)):
+        np.testing.assert_allclose(np.array(model(mx.array([p]))[0]), mlx_lm_logits(ref, p),
+                                   atol=1e-4, rtol=1e-4)
+
+
+def test_multimodal_config_reads_its_text_model_and_packed_weights_are_refused():
+    """A ``text_config`` wrapper (both RoPE layouts inside) gives the text model's args;
+    engram layers and FP8/FP4 packed weights are refused with one clear line."""
+    text = dict(DEEPSEEK_V41, rope_parameters={"rope_type": "default", "rope_theta": 5000.0})
+    text.pop("rope_theta")
+    args = ModelArgs.from_dict({"model_type": "deepseek_v41", "text_config": text,
+                                "vision_config": {"hidden_size": 8}})
+    assert (args.hidden_size, args.rope_theta, args.hc_mult) == (64, 5000.0, 2)
+    with pytest.raises(NotImplementedError, match="engram memory"):
+        ModelArgs.from_dict(dict(DEEPSEEK_V41, engram_layer_ids=[1]))
+    model = Model(ModelArgs.from_dict(dict(DEEPSEEK_V41)))
+    with pytest.raises(NotImplementedError, match=r"packed weights \(\.scale\)"):
+        model.sanitize({"embed.weight": mx.zeros((2, 2)), "layers.0.attn.wq_a.scale": mx.ones(2)})
+
+
+def test_tensor_parallel_is_refused_by_name():
+    from mlx_lm_batched.parallel.shard import shard_model
+
+    class RankZeroOfTwo:
+        def size(self):
+            return 2
+
+        def rank(self):
+            return 0
+
+    model = Model(ModelArgs.from_dict(dict(DEEPSEEK_V41)))
+    with pytest.raises(ValueError, match=r"cannot shard layer 'model\.layers\.0' "
+                                         r"\(DecoderLayer\): DeepSeek V4\.1"):
+        shard_model(model, RankZeroOfTwo())
+
+
+def test_second_turn_on_cached_rows_equals_each_row_alone():
+    """A second prefill on a batch's caches (rows of different lengths, so each row's
+    new tokens start at another column) continues every row as if it ran alone."""
+    from mlx.utils import tree_flatten
+
+    model = Model(ModelArgs.from_dict(dict(DEEPSEEK_V41)))
+    ref = build_mlx_lm_model("deepseek_v41", DEEPSEEK_V41)
+    model.load_weights(tree_flatten(ref.parameters()))
+    first, second = make_prompts((5, 9, 2), seed=3), make_prompts((6, 1, 3), seed=4)
+    _, batch = _two_turns(model, first, second)
+    for i in range(len(first)):
+        _, alone = _two_turns(model, first[i:i + 1], second[i:i + 1])
+        np.testing.assert_allclose(np.array(batch[i]), np.array(alone[0]), atol=1e-4, rtol=1e-4)
+
+
+def _two_turns(model, first, second):
+    from mlx_lm_batched.engine.batch_engine import BatchEngine
+    from mlx_lm_batched.engine.prefill_plan import left_pad
+
+    engine = BatchEngine(model)
+    engine.prefill(*left_pad(first))
+    return engine.prefill(*left_pad(second))

@@ -7,12 +7,14 @@ import pytest
 
 from mlx_lm_batched.cache.kv import KVCache, RotatingKVCache
 from mlx_lm_batched.cache.protocol import KVLayerCache, LayerCache
+from mlx_lm_batched.cache.ragged import RaggedStateCache
 from mlx_lm_batched.cache.state import StateCache
 
 CACHES = {
     "KVCache": (KVCache, KVLayerCache),
     "RotatingKVCache": (lambda: RotatingKVCache(8), KVLayerCache),
     "StateCache": (StateCache, LayerCache),
+    "RaggedStateCache": (RaggedStateCache, LayerCache),
 }
 
 

@@ -305,11 +305,6 @@ class Model(nn.Module):
             return weights
         return _from_deepseek_names(weights, self.args)
 
-    @property
-    def cast_predicate(self):
-        keep = ("attn_hc.", "ffn_hc.", "sinks", "e_score_correction_bias", "compressor.")
-        return lambda k: not any(s in k for s in keep)
-
 
 # DeepSeek's checkpoint names -> this module's (HF-style) names, applied in order.
 _RENAMES = (
