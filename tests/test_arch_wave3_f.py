@@ -159,3 +159,27 @@ def _two_turns(model, first, second):
     engine = BatchEngine(model)
     engine.prefill(*left_pad(first))
     return engine.prefill(*left_pad(second))
+
+
+def test_extracted_row_cache_continues_like_the_row_alone():
+    """A row's cache taken out of a padded batch (``BatchEngine.extract_row``) keeps the
+    ragged per-row state (window, open group, compressed keys) and its class, so the
+    next token's logits equal the prompt run alone."""
+    from mlx.utils import tree_flatten
+
+    from mlx_lm_batched.cache.ragged import RaggedStateCache
+    from mlx_lm_batched.engine.batch_engine import BatchEngine
+    from mlx_lm_batched.engine.prefill_plan import left_pad
+
+    model = Model(ModelArgs.from_dict(dict(DEEPSEEK_V41)))
+    model.load_weights(tree_flatten(build_mlx_lm_model("deepseek_v41", DEEPSEEK_V41).parameters()))
+    prompts = make_prompts((11, 4), seed=5)
+    engine = BatchEngine(model)
+    engine.prefill(*left_pad(prompts))
+    for row, p in enumerate(prompts):
+        cache = engine.extract_row(row)
+        assert all(type(c) is RaggedStateCache for c in cache)
+        nxt = mx.array([[7]])
+        ours = model(nxt, offset=mx.array([len(p)]), cache=cache)[0, -1]
+        full = model(mx.array([p + [7]]))[0, -1]
+        np.testing.assert_allclose(np.array(ours), np.array(full), atol=1e-4, rtol=1e-4)
