@@ -183,3 +183,22 @@ def test_extracted_row_cache_continues_like_the_row_alone():
         ours = model(nxt, offset=mx.array([len(p)]), cache=cache)[0, -1]
         full = model(mx.array([p + [7]]))[0, -1]
         np.testing.assert_allclose(np.array(ours), np.array(full), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("layout", ["transformers4", "transformers5"])
+def test_yarn_scaling_of_compressed_layers_matches_mlx_lm(layout):
+    """With YaRN ``rope_scaling`` the compressed layers rotate with YaRN's frequencies
+    (attention factor 1), the window-only layer stays unscaled, as in mlx-lm."""
+    from mlx.utils import tree_flatten
+    from mlx_lm_oracle import mlx_lm_logits, to_rope_parameters
+
+    config = dict(DEEPSEEK_V41, rope_scaling={"type": "yarn", "factor": 4.0, "beta_fast": 32,
+                                              "beta_slow": 1,
+                                              "original_max_position_embeddings": 16})
+    ref = build_mlx_lm_model("deepseek_v41", config)
+    saved = to_rope_parameters(config) if layout == "transformers5" else config
+    model = Model(ModelArgs.from_dict(dict(saved)))
+    model.load_weights(tree_flatten(ref.parameters()))
+    for p in make_prompts((12,), seed=6):
+        np.testing.assert_allclose(np.array(model(mx.array([p]))[0]), mlx_lm_logits(ref, p),
+                                   atol=1e-4, rtol=1e-4)
