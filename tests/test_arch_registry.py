@@ -44,9 +44,9 @@ def _installed_mlx_lm_model_types():
 _HYPHENATED = {"lfm2_vl", "lille_130m", "nemotron_nas"}
 
 
-# mlx-lm 0.32.2 model_types with no module here yet (issue 19 stays open while this is not
-# empty); the test below fails when one of them gains a module, so the list stays true.
-NOT_YET = {"deepseek_v41", "deepseek_v41_text", "kimi_k3", "muse_spark"}
+# mlx-lm model_types with no module here yet (empty: every type of mlx-lm 0.32.2 has one);
+# the test below fails when a listed one gains a module, so the list stays true.
+NOT_YET = set()
 
 
 def test_every_model_type_of_the_installed_mlx_lm_resolves_here():

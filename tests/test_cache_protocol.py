@@ -8,6 +8,7 @@ import pytest
 from mlx_lm_batched.cache.kv import KVCache, RotatingKVCache
 from mlx_lm_batched.cache.protocol import KVLayerCache, LayerCache
 from mlx_lm_batched.cache.quantized import QuantizedKVCache
+from mlx_lm_batched.cache.ragged import RaggedStateCache
 from mlx_lm_batched.cache.state import StateCache
 
 CACHES = {
@@ -16,6 +17,7 @@ CACHES = {
     "StateCache": (StateCache, LayerCache),
     "QuantizedKVCache": (QuantizedKVCache, KVLayerCache),
     "QuantizedKVCache(ring)": (lambda: QuantizedKVCache(64, 4, max_size=8), KVLayerCache),
+    "RaggedStateCache": (RaggedStateCache, LayerCache),
 }
 
 

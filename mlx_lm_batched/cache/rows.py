@@ -65,7 +65,7 @@ def copy_cache(cache):
 
 def _empty_like(c):
     if isinstance(c, StateCache):
-        return StateCache(len(c))
+        return type(c)(len(c))  # keeps a subclass (RaggedStateCache)
     if isinstance(c, QuantizedKVCache):
         return QuantizedKVCache(c.group_size, c.bits, c.max_size)
     if isinstance(c, RotatingKVCache):
@@ -101,7 +101,7 @@ def _row_of_quantized(c, row, pad):
 
 def _row_of_state(c, row, pad):
     # Padding never entered the state: the row's arrays are its state alone.
-    new = StateCache(len(c))
+    new = type(c)(len(c))
     if not c.empty() and c.size - pad > 0:
         new.arrays = [mx.contiguous(a[row : row + 1]) for a in c.arrays]
         new.size = c.size - pad

@@ -21,6 +21,8 @@ MODEL_TYPES = {
     "deepseek_v2": "deepseek_v2",
     "deepseek_v3": "deepseek_v3",
     "deepseek_v32": "deepseek_v32",
+    "deepseek_v41": "deepseek_v41",
+    "deepseek_v41_text": "deepseek_v41",
     "dots1": "dots1",
     "ernie4_5": "ernie4_5",
     "ernie4_5_moe": "ernie4_5_moe",

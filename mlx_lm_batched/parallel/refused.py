@@ -6,6 +6,7 @@ layer and why; ``shard.shard_model`` looks classes up here as in ``recurrent``."
 
 from ..layers.bitlinear import BitLinear
 from ..models.bitnet import SubNormAttention, SubNormMLP
+from ..models.deepseek_v41 import DecoderLayer as DeepseekV41Layer
 from ..models.iquestloopcoder import LoopStack
 from ..models.phi3small import GroupedQKVAttention
 from ..models.talkie import HeadGainAttention
@@ -34,7 +35,14 @@ def _refuse_block_sparse(module, group, path):
                      "block-sparse pattern is per head; phi3small runs on one rank")
 
 
+def _refuse_deepseek_v41(module, group, path):
+    raise ValueError(f"cannot shard layer '{path}' ({type(module).__name__}): DeepSeek V4.1's "
+                     "grouped output projection, attention sinks and hyper-connections have "
+                     "no sharder yet; deepseek_v41 runs on one rank")
+
+
 SHARDERS = {
+    DeepseekV41Layer: _refuse_deepseek_v41,
     GroupedQKVAttention: _refuse_block_sparse,
     LoopStack: _refuse_loop,
     HeadGainAttention: _refuse_head_gain,
