@@ -173,11 +173,13 @@ def test_tools_reach_the_template(client, model_id, oracle):
     out = client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=1,
                                          temperature=0, tools=tools, tool_choice="none")
     assert out.usage.prompt_tokens == len(chat_ids(oracle[1], QUESTION))
-    # forced calls need constrained decoding: refused in one line, naming the field
+    # A forced call of a tool the request does not define: one line, naming the field (the
+    # forced forms themselves: tests/test_server_structured.py).
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=1,
-                                       tools=tools, tool_choice="required")
-    assert e.value.body["param"] == "tool_choice" and "constrained decoding" in e.value.body["message"]
+                                       tools=tools, tool_choice={"type": "function",
+                                                                 "function": {"name": "nope"}})
+    assert e.value.body["param"] == "tool_choice" and "'nope'" in e.value.body["message"]
 
 
 def test_tool_call_parsing():

@@ -2,7 +2,6 @@
 and dense projections, partial rotary, an ungated MLP and a biased output head."""
 
 from dataclasses import dataclass
-from typing import Optional
 
 from ..layers.attention import Attention
 from ..layers.blocks import ParallelBlock
@@ -14,7 +13,6 @@ from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
 
 @dataclass
 class ModelArgs(DecoderArgs):
-    intermediate_size: Optional[int] = None  # 4 x hidden_size (DecoderArgs)
     hidden_act: str = "gelu_new"
     layer_norm_eps: float = 1e-5
     max_position_embeddings: int = 2048

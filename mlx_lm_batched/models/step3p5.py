@@ -38,9 +38,12 @@ class ModelArgs(BaseModelArgs):
     num_hidden_layers: int
     vocab_size: int
     num_attention_heads: int
-    num_attention_groups: int
     head_dim: int
     intermediate_size: int
+    # Key/value heads: mlx-lm's and the hub's name, and transformers 5's (which saves only
+    # ``num_key_value_heads``).
+    num_attention_groups: Optional[int] = None
+    num_key_value_heads: Optional[int] = None
     rms_norm_eps: float = 1e-5
     rope_theta: object = 10000.0  # one theta, or one per layer
     rope_scaling: Optional[dict] = None
@@ -64,6 +67,11 @@ class ModelArgs(BaseModelArgs):
 
     def __post_init__(self):
         n = self.num_hidden_layers
+        if self.num_attention_groups is None:
+            if self.num_key_value_heads is None:
+                raise ValueError("step3p5 config needs num_attention_groups (or "
+                                 "num_key_value_heads)")
+            self.num_attention_groups = self.num_key_value_heads
         if self.layer_types is None:
             self.layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention"
                                 for i in range(n)]
