@@ -13,6 +13,7 @@ import uuid
 
 from starlette.responses import JSONResponse, StreamingResponse
 
+from .collect import collect_text
 from .engine import Delta, Failed, Finished
 from .errors import APIError
 from .job_prep import JobSpec
@@ -109,19 +110,7 @@ async def serve_messages(engine, config, data, model_name, grammar_ready):
     if params.stream:
         return StreamingResponse(_events(engine, job, events, head, first, spec),
                                  media_type="text/event-stream")
-    text, reason, out = "", None, 0
-    try:
-        while reason is None:
-            ev = await events.get()
-            if isinstance(ev, Failed):
-                raise ev.error
-            if isinstance(ev, Delta):
-                text += ev.text
-            elif isinstance(ev, Finished):
-                reason, out = ev.finish_reason, ev.completion_tokens
-    except BaseException:
-        engine.cancel(job)
-        raise
+    text, reason, out = await collect_text(engine, job, events)
     blocks, called = _blocks(text, spec.tools)
     return JSONResponse({**head, "content": blocks,
                          "stop_reason": "tool_use" if called else _STOP.get(reason, reason),

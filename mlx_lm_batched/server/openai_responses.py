@@ -13,6 +13,7 @@ import uuid
 
 from starlette.responses import JSONResponse, StreamingResponse
 
+from .collect import collect_text
 from .engine import Delta, Failed, Finished
 from .errors import APIError
 from .job_prep import JobSpec
@@ -132,19 +133,7 @@ async def serve_responses(engine, config, data, model_name, grammar_ready):
     if params.stream:
         return StreamingResponse(_events(engine, job, events, head, first, spec),
                                  media_type="text/event-stream")
-    text, reason, out = "", None, 0
-    try:
-        while reason is None:
-            ev = await events.get()
-            if isinstance(ev, Failed):
-                raise ev.error
-            if isinstance(ev, Delta):
-                text += ev.text
-            elif isinstance(ev, Finished):
-                reason, out = ev.finish_reason, ev.completion_tokens
-    except BaseException:
-        engine.cancel(job)
-        raise
+    text, reason, out = await collect_text(engine, job, events)
     return JSONResponse(_response(head, _output(text, spec.tools), reason, first.prompt_tokens, out))
 
 
