@@ -21,6 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .attention import Attention
+from .sparse_attention import cache_with_index_keys
 
 
 class BlockIndexer(nn.Module):
@@ -101,20 +102,8 @@ class BlockSparseAttention(Attention):
         v = v.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         index_keys = self.indexer.keys(x, offset)
         if cache is not None:
-            k, v, index_keys = self._cached(cache, k, v, index_keys)
+            k, v, index_keys = cache_with_index_keys(cache, k, v, index_keys)
         keep = self.indexer.select(x, index_keys, mask, offset)
         if keep is not mask:
             keep = mx.repeat(keep, self.n_heads // self.indexer.heads, axis=1)
         return self._attend(q, k, v, keep, attention)
-
-    def _cached(self, cache, keys, values, index_keys):
-        """Write keys, values and indexer keys (one extra head) to ``cache``; return
-        everything it holds for this step."""
-        H, dk, di = self.n_kv_heads, keys.shape[-1], index_keys.shape[-1]
-        width = max(dk, di)
-        pad = lambda t: t if t.shape[-1] == width else mx.pad(
-            t, [(0, 0)] * 3 + [(0, width - t.shape[-1])])
-        packed_k = mx.concatenate([pad(keys), pad(index_keys.astype(keys.dtype))], axis=1)
-        packed_v = mx.concatenate([values, mx.zeros_like(values[:, :1])], axis=1)
-        packed_k, packed_v = cache.update_and_fetch(packed_k, packed_v)
-        return packed_k[:, :H, :, :dk], packed_v[:, :H], packed_k[:, H:, :, :di]

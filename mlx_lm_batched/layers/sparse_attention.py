@@ -26,6 +26,20 @@ from .attention import scaled_dot_product_attention
 from .mla import MultiHeadLatentAttention
 
 
+def cache_with_index_keys(cache, keys, values, index_keys):
+    """Write ``keys``/``values`` ``(B, H, L, D)`` and the indexer's keys (stored as one
+    extra head, padded to one width) to ``cache``; return the keys, values and indexer
+    keys it holds for this step."""
+    H, dk, di = keys.shape[1], keys.shape[-1], index_keys.shape[-1]
+    width = max(dk, di)
+    pad = lambda t: t if t.shape[-1] == width else mx.pad(
+        t, [(0, 0)] * 3 + [(0, width - t.shape[-1])])
+    packed_k = mx.concatenate([pad(keys), pad(index_keys.astype(keys.dtype))], axis=1)
+    packed_v = mx.concatenate([values, mx.zeros_like(values[:, :1])], axis=1)
+    packed_k, packed_v = cache.update_and_fetch(packed_k, packed_v)
+    return packed_k[:, :H, :, :dk], packed_v[:, :H], packed_k[:, H:, :, :di]
+
+
 class SparseIndexer(nn.Module):
     def __init__(self, hidden_size, q_lora_rank, n_heads, head_dim, rope_dims, rope, topk):
         super().__init__()
@@ -84,19 +98,7 @@ class SparseLatentAttention(MultiHeadLatentAttention):
         queries, keys, values, q_resid = self.project(x, offset)
         index_keys = self.indexer.keys(x, offset)
         if cache is not None:
-            keys, values, index_keys = self._cached(cache, keys, values, index_keys)
+            keys, values, index_keys = cache_with_index_keys(cache, keys, values, index_keys)
         mask = self.indexer.select(x, q_resid, index_keys, mask, offset)
         out = scaled_dot_product_attention(queries, keys, values, self.scale, mask)
         return self.output(out, x)
-
-    def _cached(self, cache, keys, values, index_keys):
-        """Write keys, values and indexer keys (one extra head) to ``cache``; return
-        everything it holds for this step."""
-        H, dk, di = self.n_heads, keys.shape[-1], index_keys.shape[-1]
-        width = max(dk, di)
-        pad = lambda t: t if t.shape[-1] == width else mx.pad(
-            t, [(0, 0)] * 3 + [(0, width - t.shape[-1])])
-        packed_k = mx.concatenate([pad(keys), pad(index_keys.astype(keys.dtype))], axis=1)
-        packed_v = mx.concatenate([values, mx.zeros_like(values[:, :1])], axis=1)
-        packed_k, packed_v = cache.update_and_fetch(packed_k, packed_v)
-        return packed_k[:, :H, :, :dk], packed_v[:, :H], packed_k[:, H:, :, :di]
