@@ -11,7 +11,11 @@ baseline is the last commit with the static loop.
         [--max-tokens 16] [--batch-sizes 4,16,32] [--repeats 2] [--json out.json]
 
 Prints end-to-end tokens/s of both sides per batch size (best of ``--repeats``), their
-ratio and whether both produced the same tokens (greedy, no EOS).
+ratio and whether both produced the same tokens (greedy, no EOS); also the ratio of the
+process CPU seconds each side spent. On a loaded machine the CPU-time ratio is the one to
+read: wall time then measures the other tenants. Run it with ``OPENBLAS_NUM_THREADS=1``
+(or ``MKL_NUM_THREADS=1``) there: a BLAS thread pool oversubscribed by other processes
+spin-waits, which burns CPU time on both sides and slows a run by 10x or more.
 """
 
 import argparse
@@ -28,9 +32,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-import mlx.core as mx  # noqa: E402
+# The package before mlx.core: importing it loads the fast CPU BLAS, which MLX only
+# picks up when it is loaded first (else both sides run on the bundled reference BLAS).
+import mlx_lm_batched  # noqa: E402, I001
 
-import mlx_lm_batched  # noqa: E402
+import mlx.core as mx  # noqa: E402
 from bench import build_prompts, no_eos  # noqa: E402
 
 
@@ -47,11 +53,11 @@ def extract_baseline(commit, directory):
 def run(package, model, tokenizer, prompts, max_tokens, batch_size):
     """Tokens per prompt and wall seconds of one ``stream_batch_generate`` call."""
     out = [[] for _ in prompts]
-    tic = time.perf_counter()
+    tic, cpu = time.perf_counter(), time.process_time()
     for r in package.stream_batch_generate(model, tokenizer, prompts, max_tokens,
                                            completion_batch_size=batch_size, logprobs=False):
         out[r.index].append(r.token)
-    return out, time.perf_counter() - tic
+    return out, time.perf_counter() - tic, time.process_time() - cpu
 
 
 def main():
@@ -73,7 +79,7 @@ def main():
         for name, pkg in sides.items():  # warm up both
             run(pkg, loaded[name][0], no_eos(loaded[name][1]), prompts[:4], 2, 2)
         load0 = os.getloadavg()
-        best, tokens = {}, {}
+        best, best_cpu, tokens = {}, {}, {}
         for rep in range(args.repeats):
             for bs in sizes:
                 order = list(sides) if rep % 2 == 0 else list(sides)[::-1]
@@ -81,22 +87,27 @@ def main():
                     mx.synchronize()
                     mx.clear_cache()
                     model, tok = loaded[name]
-                    out, wall = run(sides[name], model, no_eos(tok), prompts, args.max_tokens, bs)
+                    out, wall, cpu = run(sides[name], model, no_eos(tok), prompts,
+                                         args.max_tokens, bs)
                     tokens[name, bs] = out
                     best[name, bs] = min(best.get((name, bs), float("inf")), wall)
-                    print(f"rep {rep} {name:9s} bs={bs:<3d} {wall:7.1f} s", flush=True)
+                    best_cpu[name, bs] = min(best_cpu.get((name, bs), float("inf")), cpu)
+                    print(f"rep {rep} {name:9s} bs={bs:<3d} {wall:7.1f} s wall "
+                          f"{cpu:7.1f} s CPU", flush=True)
     n = args.prompts * args.max_tokens
     lengths = [len(x) for x in prompts]
     print(f"\n{args.prompts} prompts ({min(lengths)}-{max(lengths)} tokens), {args.max_tokens} "
           f"new tokens, best of {args.repeats}; BLAS {mlx_lm_batched._blas.describe()}; "
           f"load {load0[0]:.1f} -> {os.getloadavg()[0]:.1f}")
-    print("batch  baseline tok/s  this tree tok/s  this/baseline  same tokens")
+    print("batch  baseline tok/s  this tree tok/s  this/baseline  CPU this/baseline  same tokens")
     rows = []
     for bs in sizes:
         a, b = best["baseline", bs], best["this tree", bs]
+        ca, cb = best_cpu["baseline", bs], best_cpu["this tree", bs]
         same = tokens["baseline", bs] == tokens["this tree", bs]
-        print(f"{bs:<6d} {n / a:14.1f} {n / b:16.1f} {a / b:14.2f}  {same}")
+        print(f"{bs:<6d} {n / a:14.1f} {n / b:16.1f} {a / b:14.2f} {ca / cb:18.2f}  {same}")
         rows.append({"batch_size": bs, "baseline_s": a, "this_tree_s": b, "ratio": a / b,
+                     "baseline_cpu_s": ca, "this_tree_cpu_s": cb, "cpu_ratio": ca / cb,
                      "same_tokens": same})
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
