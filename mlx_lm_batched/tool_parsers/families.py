@@ -46,11 +46,13 @@ _DETECTION = [
     (lambda t: "<tool_call>\\n<function=" in t or "<tool_call>\n<function=" in t, "qwen3_coder"),
     (lambda t: "<|tool_calls_section_begin|>" in t, "kimi_k2"),
     (lambda t: "[TOOL_CALLS]" in t, "mistral"),
-    (lambda t: "<tool_call>" in t, "json_tools"),
+    (lambda t: "<tool_call>" in t and "tool_call.name" in t, "json_tools"),
 ]
 
-# Reasoning markers, looked for in the template (then the vocabulary).
-THINK_MARKERS = [("<think>", "</think>"), ("<longcat_think>", "</longcat_think>")]
+# Reasoning markers, looked for in the template (then the vocabulary). Gemma 4 has no
+# reasoning tokens of its own: its thought channel is "<|channel>thought" ... "<channel|>".
+THINK_MARKERS = [("<think>", "</think>"), ("<longcat_think>", "</longcat_think>"),
+                 ("<|channel>thought", "<channel|>")]
 
 
 def get_family(name):
