@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from mlx_lm import tokenizer_utils as mlx_lm_tokenizer_utils
+from mlx_lm.tool_parsers import longcat as mlx_lm_longcat
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from mlx_lm_batched.tool_parsers import (
@@ -187,6 +188,19 @@ def test_mistral_calls_run_to_the_end_and_split_on_each_marker():
     assert as_pairs(calls) == [("a", {"x": 1}), ("b", {"y": "z"})]
     legacy = '[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}]'
     assert as_pairs(ChatOutputParser(family).parse(legacy)["tool_calls"]) == [("a", {"x": 1})]
+
+
+def test_longcat_reads_json_and_key_value_calls_as_mlx_lm_does():
+    family = get_family("longcat")
+    text = ("Sure.<longcat_tool_call>get_weather\n<longcat_arg_key>city</longcat_arg_key>\n"
+            "<longcat_arg_value>Paris</longcat_arg_value>\n<longcat_arg_key>days</longcat_arg_key>"
+            "<longcat_arg_value>3</longcat_arg_value>\n</longcat_tool_call>")
+    for pieces in ([text], list(text)):
+        content, _, calls = run_stream(ChatOutputParser(family), pieces)
+        assert (content, as_pairs(calls)) == ("Sure.", [("get_weather", {"city": "Paris", "days": 3})])
+    body = text.split("<longcat_tool_call>")[1].split("</longcat_tool_call>")[0]
+    assert mlx_lm_longcat.parse_tool_call(body) == {"name": "get_weather",
+                                                    "arguments": {"city": "Paris", "days": 3}}
 
 
 def test_selection_by_name_and_errors():

@@ -6,7 +6,7 @@ from typing import Callable
 
 from .call_syntax_families import parse_function_gemma, parse_gemma4, parse_pythonic
 from .json_families import parse_json_tools, parse_kimi_k2, parse_mistral
-from .markup_families import parse_glm47, parse_minimax_m2, parse_qwen3_coder
+from .markup_families import parse_glm47, parse_longcat, parse_minimax_m2, parse_qwen3_coder
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ FAMILIES = {f.name: f for f in [
     ToolFamily("gemma4", "<|tool_call>", "<tool_call|>", parse_gemma4),
     ToolFamily("function_gemma", "<start_function_call>", "<end_function_call>",
                parse_function_gemma),
-    ToolFamily("longcat", "<longcat_tool_call>", "</longcat_tool_call>", parse_json_tools),
+    ToolFamily("longcat", "<longcat_tool_call>", "</longcat_tool_call>", parse_longcat),
     ToolFamily("pythonic", "<|tool_call_start|>", "<|tool_call_end|>", parse_pythonic),
 ]}
 
