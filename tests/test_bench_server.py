@@ -35,3 +35,26 @@ def test_trace_replayed_over_http_to_both_servers(float_dirs, tmp_path):
     assert ours["prompt_tokens"] == theirs["prompt_tokens"]  # identical prompts on both sides
     assert all(t.strip() for t in result["texts"]["ours"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fixed_workload_concurrency_sweep(float_dirs, tmp_path):
+    """``--fixed-len P O --concurrency ...``: closed-loop streams per level, every prompt
+    exactly P tokens and every output exactly O (ours only: the trace test above already
+    runs mlx_lm.server)."""
+    out = tmp_path / "sweep.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--model", str(float_dirs["smollm2"]), "--servers", "ours",
+         "--fixed-len", "12", "3", "--concurrency", "1", "3", "--requests-per-stream", "1",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "closed loop over HTTP" in proc.stdout and "streams" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["mode"] == "concurrency" and result["prompt_len"] == [12, 12]
+    assert [level["concurrency"] for level in result["levels"]] == [1, 3]
+    for level in result["levels"]:
+        r = level["results"]["ours"]
+        n = level["concurrency"]
+        assert level["requests"] == n and r["prompt_tokens"] == [12] * n
+        assert r["generated"] == r["expected"] == 3 * n and r["complete"] == n
+        assert 0 < r["ttft_p50_s"] <= r["ttft_p95_s"] and r["output_tps"] > 0
