@@ -33,7 +33,6 @@ token; tokens from ``usage.completion_tokens``), time to first token (request se
 first streamed text) p50/p95 and inter-chunk latency p50/p95 (about one token per chunk).
 """
 
-import argparse
 import asyncio
 import json
 import os
@@ -51,7 +50,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-from bench_continuous import make_trace, plot as plot_trace  # noqa: E402
+from bench_continuous import (  # noqa: E402
+    check_trace_args,
+    make_trace,
+    report,
+    trace_parser,
+)
+from bench_continuous import plot as plot_trace  # noqa: E402
 from bench_report import machine  # noqa: E402
 
 SERVERS = {"ours": "mlx_lm_batched.server", "mlx-lm": "mlx_lm.server"}
@@ -307,15 +312,8 @@ def plot(out, path):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="model directory both servers can load")
-    p.add_argument("--requests", type=int, default=64)
-    p.add_argument("--rate", type=float, default=1.0, help="mean arrivals per second")
-    p.add_argument("--prompt-len", type=int, nargs=2, default=[16, 512], metavar=("MIN", "MAX"))
-    p.add_argument("--output-len", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"))
-    p.add_argument("--batch-size", type=int, default=32,
-                   help="rows decoding at once on both servers (--max-batch / --decode-concurrency)")
-    p.add_argument("--seed", type=int, default=0)
+    p = trace_parser(__doc__.splitlines()[0], "model directory both servers can load",
+                     "rows decoding at once on both servers (--max-batch / --decode-concurrency)")
     p.add_argument("--servers", default=",".join(SERVERS))
     p.add_argument("--mlx-lm-bundled-blas", action="store_true",
                    help="run mlx_lm.server as shipped (default: with our BLAS preload, like ours)")
@@ -327,29 +325,19 @@ def main(argv=None):
                         "arrival trace (--requests and --rate then do not apply)")
     p.add_argument("--requests-per-stream", type=int, default=4,
                    help="requests each stream sends per --concurrency level")
-    p.add_argument("--json", default=None)
-    p.add_argument("--plot", default=None)
     args = p.parse_args(argv)
+    if not Path(args.model, "config.json").is_file():
+        p.error(f"--model {args.model!r}: not a model directory (no config.json)")
     if args.fixed_len:
         args.prompt_len = [args.fixed_len[0]] * 2
         args.output_len = [args.fixed_len[1]] * 2
+    check_trace_args(p, args)
     if args.concurrency and (min(args.concurrency) < 1 or args.requests_per_stream < 1):
         p.error("--concurrency levels and --requests-per-stream must be positive")
     if args.concurrency and args.plot:
         p.error("--plot draws the arrival-trace replay; it has no form for --concurrency")
-    if not Path(args.model, "config.json").is_file():
-        p.error(f"--model {args.model!r}: not a model directory (no config.json)")
-    if args.requests < 1 or args.rate <= 0 or args.batch_size < 1 or \
-            min(args.prompt_len + args.output_len) < 1:
-        p.error("--requests, --rate, --batch-size and the lengths must be positive")
-    out = run(args)
-    print_table(out)
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
-    if args.plot:
-        plot(out, args.plot)
+    report(run(args), args, print_table, plot)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
