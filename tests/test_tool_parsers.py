@@ -51,7 +51,8 @@ TURN_ENDS = ("<|im_end|>", "</s>", "[e~[", "<|tool_response>", "<start_function_
 
 
 def render(template, messages, **kwargs):
-    """The template rendered as transformers' apply_chat_template renders it."""
+    """The template rendered as transformers' apply_chat_template renders it (thinking on:
+    the turn then holds its reasoning where the model writes it)."""
     rendered, _ = render_jinja_template([messages], tools=TOOLS, chat_template=template,
                                         bos_token="<s>", eos_token="</s>",
                                         enable_thinking=True, **kwargs)
