@@ -9,8 +9,8 @@
 #   2. scripts/bench_server.py: our server against mlx_lm.server, 1/4/16 concurrent
 #      streams, every prompt 256 tokens and every output 64 (EOS banned on both);
 # and prints one table from both (scripts/bench_gpu_table.py; JSON kept in --out).
-# Under 10 minutes, pip included: the steps' time limits add up to 9.5 minutes (240 s pip, 60 s
-# this package, 120 s bench.py, 150 s the servers).
+# Under 10 minutes, pip included: the steps' time limits add up to 9.5 minutes
+# (240 s pip, 60 s this package, 120 s bench.py, 150 s the servers).
 #
 # The weights come from the local directory DIR: nothing is downloaded from the
 # Hugging Face hub on the GPU machine (HF_HUB_OFFLINE=1). Make DIR on any machine
@@ -38,7 +38,7 @@ while [[ $# -gt 0 ]]; do
         --venv) VENV=${2:-}; shift 2 ;;
         --out) OUT=${2:-}; shift 2 ;;
         --dry-run) DRY_RUN=1; shift ;;
-        -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
     esac
 done
