@@ -220,29 +220,45 @@ def plot(out, path, what="throughput", who=""):
     fig.savefig(path, dpi=110)
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="model directory or .gguf (converted to float32)")
+def trace_parser(description, model_help, batch_help):
+    """The arguments both arrival-trace benchmarks take (this one and bench_server.py)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--model", required=True, help=model_help)
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--rate", type=float, default=1.0, help="mean arrivals per second")
-    p.add_argument("--prompt-len", type=int, nargs=2, default=(16, 512), metavar=("MIN", "MAX"))
-    p.add_argument("--output-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
-    p.add_argument("--batch-size", type=int, default=32, help="completion batch size (all systems)")
+    p.add_argument("--prompt-len", type=int, nargs=2, default=[16, 512], metavar=("MIN", "MAX"))
+    p.add_argument("--output-len", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"))
+    p.add_argument("--batch-size", type=int, default=32, help=batch_help)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
-    args = p.parse_args(argv)
-    if args.requests < 1 or args.rate <= 0 or min(args.prompt_len + args.output_len) < 1:
-        p.error("--requests, --rate and the lengths must be positive")
-    out = run(args)
+    return p
+
+
+def check_trace_args(p, args):
+    """One clear error for a count, rate or length that is not positive."""
+    if args.requests < 1 or args.rate <= 0 or args.batch_size < 1 or \
+            min(args.prompt_len + args.output_len) < 1:
+        p.error("--requests, --rate, --batch-size and the lengths must be positive")
+
+
+def report(out, args, print_table, plot):
+    """The table on stdout, then the JSON and the plot where asked."""
     print_table(out)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     if args.plot:
         plot(out, args.plot)
-    return 0
 
+
+def main(argv=None):
+    p = trace_parser(__doc__.splitlines()[0], "model directory or .gguf (converted to float32)",
+                     "completion batch size (all systems)")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    args = p.parse_args(argv)
+    check_trace_args(p, args)
+    report(run(args), args, print_table, plot)
+    return 0
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -4,6 +4,14 @@
     python scripts/bench_server.py --model DIR [--requests 64] [--rate 1.0]
         [--prompt-len 16 512] [--output-len 16 256] [--seed 0] [--servers ours,mlx-lm]
         [--json out.json] [--plot out.png]
+    python scripts/bench_server.py --model DIR --fixed-len 256 64 --concurrency 1 4 16
+        [--requests-per-stream 4] [--json out.json]
+
+The second form is the fixed serving workload (issue 23): every prompt ``P`` tokens,
+every output ``O`` tokens, and for each concurrency ``C`` a closed loop of ``C`` streams,
+each sending its next request as soon as its previous one finishes
+(``C * --requests-per-stream`` requests per level, all at once, no arrival trace); each
+server is started once and swept through the levels in order.
 
 The trace (``bench_continuous.make_trace``: seeded Poisson arrivals, prompt and output
 lengths) is replayed in real time over HTTP (asyncio + httpx, streamed
@@ -25,7 +33,6 @@ token; tokens from ``usage.completion_tokens``), time to first token (request se
 first streamed text) p50/p95 and inter-chunk latency p50/p95 (about one token per chunk).
 """
 
-import argparse
 import asyncio
 import json
 import os
@@ -43,7 +50,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-from bench_continuous import make_trace, plot as plot_trace  # noqa: E402
+from bench_continuous import (  # noqa: E402
+    check_trace_args,
+    make_trace,
+    report,
+    trace_parser,
+)
+from bench_continuous import plot as plot_trace  # noqa: E402
 from bench_report import machine  # noqa: E402
 
 SERVERS = {"ours": "mlx_lm_batched.server", "mlx-lm": "mlx_lm.server"}
@@ -149,6 +162,28 @@ async def replay(name, url, model, trace, bias):
         return await asyncio.gather(*(one(http, name, model, r, bias, start_at) for r in trace))
 
 
+
+async def closed_loop(name, url, model, trace, bias, streams):
+    """``streams`` concurrent streams working through ``trace`` back to back (arrival
+    times ignored); per-request results in trace order."""
+    import httpx
+
+    limits = httpx.Limits(max_connections=streams + 4, max_keepalive_connections=streams + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as http:
+        warm = {"arrival": 0.0, "max_tokens": 2, "ids": trace[0]["ids"][:8],
+                "text": trace[0]["text"]}
+        await one(http, name, model, warm, bias, time.perf_counter())
+        order, results = iter(range(len(trace))), [None] * len(trace)
+        start_at = time.perf_counter()
+
+        async def stream():
+            for i in order:  # one shared iterator: each request is taken by one stream
+                results[i] = await one(http, name, model, {**trace[i], "arrival": 0.0}, bias,
+                                       start_at)
+
+        await asyncio.gather(*(stream() for _ in range(streams)))
+        return results
+
 def summarize(trace, results):
     """Throughput and latency percentiles of one server's replay."""
     end = max(r["times"][-1] if r["times"] else r["sent"] for r in results)
@@ -167,6 +202,27 @@ def summarize(trace, results):
     }
 
 
+
+def make_fixed_trace(tokenizer, n, args, streams):
+    """``n`` requests of the fixed workload (lengths from ``--prompt-len``/``--output-len``,
+    equal bounds under ``--fixed-len``), as ``run`` prepares the arrival trace; seeded per
+    level so every server gets the same prompts at a level."""
+    trace = make_trace(tokenizer, n, 1.0, args.prompt_len, args.output_len, args.seed + streams)
+    for r in trace:
+        r["text"] = tokenizer.decode(r.pop("prompt"))
+        r["ids"] = tokenizer.encode(r["text"])
+    return trace
+
+
+def compare_texts(results, texts):
+    """Each server's share of greedy texts equal to mlx-lm's (or the first server's)."""
+    reference = texts.get("mlx-lm") or next(iter(texts.values()))
+    for name, t in texts.items():
+        # mlx-lm's streaming detokenizer drops the first token's leading space: compare
+        # the texts without leading whitespace.
+        same = sum(a.lstrip() == b.lstrip() for a, b in zip(t, reference))
+        results[name]["equal_to_mlx_lm"] = same / len(reference)
+
 def run(args):
     from transformers import AutoTokenizer
 
@@ -183,21 +239,37 @@ def run(args):
     unknown = set(servers) - set(SERVERS)
     if unknown or not servers:
         raise SystemExit(f"error: --servers {args.servers!r}: choose from {sorted(SERVERS)}")
-    results, texts = {}, {}
+    levels = args.concurrency or [None]  # None: the arrival trace, replayed once
+    traces = {c: trace if c is None else
+              make_fixed_trace(tokenizer, c * args.requests_per_stream, args, c) for c in levels}
+    results = {c: {} for c in levels}
+    texts = {c: {} for c in levels}
     for name in servers:
         proc, url, log = start(name, args.model, args.batch_size, not args.mlx_lm_bundled_blas)
         try:
-            out = asyncio.run(replay(name, url, args.model, trace, bias))
+            for c in levels:
+                job = (replay(name, url, args.model, traces[c], bias) if c is None else
+                       closed_loop(name, url, args.model, traces[c], bias, c))
+                out = asyncio.run(job)
+                results[c][name] = summarize(traces[c], out)
+                texts[c][name] = [r["text"] for r in out]
         finally:
             stop(proc)
-        results[name], texts[name] = summarize(trace, out), [r["text"] for r in out]
         os.unlink(log)
-    reference = texts.get("mlx-lm") or next(iter(texts.values()))
-    for name, t in texts.items():
-        # mlx-lm's streaming detokenizer drops the first token's leading space: compare
-        # the texts without leading whitespace.
-        same = sum(a.lstrip() == b.lstrip() for a, b in zip(t, reference))
-        results[name]["equal_to_mlx_lm"] = same / len(trace)
+    for c in levels:
+        compare_texts(results[c], texts[c])
+    if args.concurrency:
+        return {
+            "model": str(args.model), "machine": machine(), "blas": _blas.describe(),
+            "mode": "concurrency", "seed": args.seed, "batch_size": args.batch_size,
+            "prompt_len": list(args.prompt_len), "output_len": list(args.output_len),
+            "requests_per_stream": args.requests_per_stream,
+            "mlx_lm_blas": "bundled" if args.mlx_lm_bundled_blas else "same as ours",
+            "eos_banned": sorted(int(i) for i in bias),
+            "levels": [{"concurrency": c, "requests": len(traces[c]), "results": results[c],
+                        "texts": texts[c]} for c in levels],
+        }
+    results, texts = results[None], texts[None]
     return {
         "model": str(args.model), "machine": machine(), "blas": _blas.describe(),
         "requests": args.requests, "rate": args.rate, "seed": args.seed,
@@ -212,17 +284,26 @@ def run(args):
 def print_table(out, file=sys.stdout):
     print(f"model {out['model']} ({out['machine']}; BLAS: {out['blas']}; mlx-lm's BLAS: "
           f"{out['mlx_lm_blas']})", file=file)
-    print(f"{out['requests']} requests over HTTP, Poisson {out['rate']}/s, prompts "
-          f"{out['prompt_len'][0]}-{out['prompt_len'][1]} tokens, outputs {out['output_len'][0]}-"
-          f"{out['output_len'][1]}, seed {out['seed']}, decode batch {out['batch_size']}", file=file)
-    print(f"{'server':8} {'req/s':>6} {'out t/s':>8} {'TTFT p50':>9} {'TTFT p95':>9} "
+    lengths = (f"prompts {out['prompt_len'][0]}-{out['prompt_len'][1]} tokens, outputs "
+               f"{out['output_len'][0]}-{out['output_len'][1]}, seed {out['seed']}, decode batch "
+               f"{out['batch_size']}")
+    if out.get("mode") == "concurrency":
+        print(f"closed loop over HTTP, {out['requests_per_stream']} requests per stream, "
+              f"{lengths}", file=file)
+        levels = [(level["concurrency"], level["results"]) for level in out["levels"]]
+    else:
+        print(f"{out['requests']} requests over HTTP, Poisson {out['rate']}/s, {lengths}", file=file)
+        levels = [(None, out["results"])]
+    print(f"{'streams':>7} {'server':8} {'req/s':>6} {'out t/s':>8} {'TTFT p50':>9} {'TTFT p95':>9} "
           f"{'ITL p50':>8} {'ITL p95':>8} {'x mlx-lm':>8} {'=mlx-lm':>8} {'tokens':>11}", file=file)
-    base = out["results"].get("mlx-lm", {}).get("output_tps")
-    for name, r in out["results"].items():
-        ratio = f"{r['output_tps'] / base:8.2f}" if base else f"{'':8}"
-        print(f"{name:8} {r['requests_per_s']:6.2f} {r['output_tps']:8.1f} {r['ttft_p50_s']:8.2f}s "
-              f"{r['ttft_p95_s']:8.2f}s {r['itl_p50_ms']:6.0f}ms {r['itl_p95_ms']:6.0f}ms {ratio} "
-              f"{100 * r['equal_to_mlx_lm']:7.0f}% {r['generated']:>5}/{r['expected']:<5}", file=file)
+    for streams, results in levels:
+        base = results.get("mlx-lm", {}).get("output_tps")
+        for name, r in results.items():
+            ratio = f"{r['output_tps'] / base:8.2f}" if base else f"{'':8}"
+            print(f"{streams or '-':>7} {name:8} {r['requests_per_s']:6.2f} {r['output_tps']:8.1f} "
+                  f"{r['ttft_p50_s']:8.2f}s {r['ttft_p95_s']:8.2f}s {r['itl_p50_ms']:6.0f}ms "
+                  f"{r['itl_p95_ms']:6.0f}ms {ratio} {100 * r['equal_to_mlx_lm']:7.0f}% "
+                  f"{r['generated']:>5}/{r['expected']:<5}", file=file)
 
 
 def plot(out, path):
@@ -231,34 +312,32 @@ def plot(out, path):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="model directory both servers can load")
-    p.add_argument("--requests", type=int, default=64)
-    p.add_argument("--rate", type=float, default=1.0, help="mean arrivals per second")
-    p.add_argument("--prompt-len", type=int, nargs=2, default=[16, 512], metavar=("MIN", "MAX"))
-    p.add_argument("--output-len", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"))
-    p.add_argument("--batch-size", type=int, default=32,
-                   help="rows decoding at once on both servers (--max-batch / --decode-concurrency)")
-    p.add_argument("--seed", type=int, default=0)
+    p = trace_parser(__doc__.splitlines()[0], "model directory both servers can load",
+                     "rows decoding at once on both servers (--max-batch / --decode-concurrency)")
     p.add_argument("--servers", default=",".join(SERVERS))
     p.add_argument("--mlx-lm-bundled-blas", action="store_true",
                    help="run mlx_lm.server as shipped (default: with our BLAS preload, like ours)")
-    p.add_argument("--json", default=None)
-    p.add_argument("--plot", default=None)
+    p.add_argument("--fixed-len", type=int, nargs=2, default=None, metavar=("PROMPT", "OUTPUT"),
+                   help="every prompt PROMPT tokens and every output OUTPUT tokens "
+                        "(sets --prompt-len PROMPT PROMPT --output-len OUTPUT OUTPUT)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=None, metavar="C",
+                   help="closed-loop sweep: C concurrent streams per level, in place of the "
+                        "arrival trace (--requests and --rate then do not apply)")
+    p.add_argument("--requests-per-stream", type=int, default=4,
+                   help="requests each stream sends per --concurrency level")
     args = p.parse_args(argv)
     if not Path(args.model, "config.json").is_file():
         p.error(f"--model {args.model!r}: not a model directory (no config.json)")
-    if args.requests < 1 or args.rate <= 0 or args.batch_size < 1 or \
-            min(args.prompt_len + args.output_len) < 1:
-        p.error("--requests, --rate, --batch-size and the lengths must be positive")
-    out = run(args)
-    print_table(out)
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
-    if args.plot:
-        plot(out, args.plot)
+    if args.fixed_len:
+        args.prompt_len = [args.fixed_len[0]] * 2
+        args.output_len = [args.fixed_len[1]] * 2
+    check_trace_args(p, args)
+    if args.concurrency and (min(args.concurrency) < 1 or args.requests_per_stream < 1):
+        p.error("--concurrency levels and --requests-per-stream must be positive")
+    if args.concurrency and args.plot:
+        p.error("--plot draws the arrival-trace replay; it has no form for --concurrency")
+    report(run(args), args, print_table, plot)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

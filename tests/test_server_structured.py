@@ -1,5 +1,6 @@
 """Structured outputs on the server, with the official ``openai`` client: ``response_format``
-(json_object, json_schema strict), vLLM's ``guided_*`` fields, forced ``tool_choice``,
+(json_object, json_schema strict), vLLM's ``guided_*`` fields, forced ``tool_choice``
+(whole and streamed),
 vLLM's extra sampling fields; constrained and free requests in one batch; bad
 constraint fields answered with a 400 naming them."""
 
@@ -101,6 +102,33 @@ def test_forced_tool_choice(client, choice, name):
     schema = (WEATHER if call.function.name == "get_weather" else TIME)["function"]["parameters"]
     jsonschema.validate(json.loads(call.function.arguments), schema)
 
+
+
+def test_forced_tool_choice_streamed(client):
+    """Streamed, a forced named call arrives as OpenAI tool-call deltas (name first,
+    arguments in pieces) that add up to the call the same greedy request gets whole
+    (``required`` takes the same path; the whole-response test above covers both forms)."""
+    kwargs = dict(model=MODEL, messages=ask("What is the weather in Paris?"), tools=[WEATHER, TIME],
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                  max_tokens=48, temperature=0)
+    whole = client.chat.completions.create(**kwargs).choices[0].message.tool_calls[0]
+    calls, content, finish = {}, "", None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        finish = chunk.choices[0].finish_reason or finish
+        for d in delta.tool_calls or []:
+            call = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+            call["id"] = call["id"] or d.id
+            call["name"] += (d.function.name or "") if d.function else ""
+            call["arguments"] += (d.function.arguments or "") if d.function else ""
+    assert finish == "tool_calls" and "<tool_call>" not in content
+    assert list(calls) == [0] and calls[0]["id"].startswith("call_")
+    call = calls[0]
+    assert call["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["arguments"]), WEATHER["function"]["parameters"])
+    assert (call["name"], json.loads(call["arguments"])) == (whole.function.name,
+                                                             json.loads(whole.function.arguments))
 
 def test_vllm_sampling_fields(client, float_dirs):
     base = dict(model=MODEL, prompt="Hello", max_tokens=16)

@@ -6,7 +6,7 @@ from typing import Callable
 
 from .call_syntax_families import parse_function_gemma, parse_gemma4, parse_pythonic
 from .json_families import parse_json_tools, parse_kimi_k2, parse_mistral
-from .markup_families import parse_glm47, parse_minimax_m2, parse_qwen3_coder
+from .markup_families import parse_glm47, parse_longcat, parse_minimax_m2, parse_qwen3_coder
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ FAMILIES = {f.name: f for f in [
     ToolFamily("gemma4", "<|tool_call>", "<tool_call|>", parse_gemma4),
     ToolFamily("function_gemma", "<start_function_call>", "<end_function_call>",
                parse_function_gemma),
-    ToolFamily("longcat", "<longcat_tool_call>", "</longcat_tool_call>", parse_json_tools),
+    ToolFamily("longcat", "<longcat_tool_call>", "</longcat_tool_call>", parse_longcat),
     ToolFamily("pythonic", "<|tool_call_start|>", "<|tool_call_end|>", parse_pythonic),
 ]}
 
@@ -46,11 +46,13 @@ _DETECTION = [
     (lambda t: "<tool_call>\\n<function=" in t or "<tool_call>\n<function=" in t, "qwen3_coder"),
     (lambda t: "<|tool_calls_section_begin|>" in t, "kimi_k2"),
     (lambda t: "[TOOL_CALLS]" in t, "mistral"),
-    (lambda t: "<tool_call>" in t, "json_tools"),
+    (lambda t: "<tool_call>" in t and "tool_call.name" in t, "json_tools"),
 ]
 
-# Reasoning markers, looked for in the template (then the vocabulary).
-THINK_MARKERS = [("<think>", "</think>"), ("<longcat_think>", "</longcat_think>")]
+# Reasoning markers, looked for in the template (then the vocabulary). Gemma 4 has no
+# reasoning tokens of its own: its thought channel is "<|channel>thought" ... "<channel|>".
+THINK_MARKERS = [("<think>", "</think>"), ("<longcat_think>", "</longcat_think>"),
+                 ("<|channel>thought", "<channel|>")]
 
 
 def get_family(name):

@@ -13,11 +13,12 @@ def parse_json_tools(body):
 
 
 def parse_mistral(body):
-    """``f[ARGS]{...}`` (Mistral v11+ templates) or ``[{"name": ..., "arguments": ...}]``."""
+    """``f[ARGS]{...}`` (Mistral v11+ templates), ``f[CALL_ID]id[ARGS]{...}`` (Mistral
+    Small 3.2, whose template writes each call's id) or ``[{"name": ..., "arguments": ...}]``."""
     body = body.strip()
     if "[ARGS]" in body:
-        name, _, args = body.partition("[ARGS]")
-        name = name.strip()
+        head, _, args = body.partition("[ARGS]")
+        name = head.partition("[CALL_ID]")[0].strip()
         if not name:
             raise ValueError("a Mistral tool call needs a name before [ARGS]")
         return [(name, load_json(args.strip()))]

@@ -1,10 +1,11 @@
-"""Families whose calls are XML-like markup: ``qwen3_coder``, ``glm47`` and
-``minimax_m2``. Argument values are JSON when they parse (numbers, booleans, objects),
+"""Families whose calls are XML-like markup: ``qwen3_coder``, ``glm47``, ``minimax_m2``
+and ``longcat`` (JSON or GLM-style pairs). Argument values are JSON when they parse (numbers, booleans, objects),
 else strings."""
 
 import re
 
 from .calls import json_value
+from .json_families import parse_json_tools
 
 _QWEN_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.DOTALL)
 _QWEN_PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
@@ -27,15 +28,32 @@ def parse_qwen3_coder(body):
     return calls
 
 
-_GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+def _key_value_pairs(tag):
+    return re.compile(rf"<{tag}_key>(.*?)</{tag}_key>\s*<{tag}_value>(.*?)</{tag}_value>", re.DOTALL)
+
+
+_GLM_PAIR, _LONGCAT_PAIR = _key_value_pairs("arg"), _key_value_pairs("longcat_arg")
+
+
+def _named_pairs(body, tag, pairs):
+    name = body.split(f"<{tag}_key>", 1)[0].strip()
+    if not name or "<" in name or "{" in name:
+        raise ValueError("a key/value tool call starts with the function name")
+    return [(name, {k.strip(): json_value(v) for k, v in pairs.findall(body)})]
 
 
 def parse_glm47(body):
     """``f<arg_key>a</arg_key><arg_value>value</arg_value>...`` (GLM 4.5-4.7)."""
-    name = body.split("<arg_key>", 1)[0].strip()
-    if not name or "<" in name:
-        raise ValueError("a GLM tool call starts with the function name")
-    return [(name, {k.strip(): json_value(v) for k, v in _GLM_PAIR.findall(body)})]
+    return _named_pairs(body, "arg", _GLM_PAIR)
+
+
+def parse_longcat(body):
+    """``{"name": "f", "arguments": {...}}`` (LongCat-Flash) or
+    ``f<longcat_arg_key>a</longcat_arg_key><longcat_arg_value>v</longcat_arg_value>...``
+    (later LongCat models), as mlx-lm's longcat parser reads both."""
+    if body.strip().startswith("{"):
+        return parse_json_tools(body)
+    return _named_pairs(body, "longcat_arg", _LONGCAT_PAIR)
 
 
 _MINIMAX_INVOKE = re.compile(r'<invoke name="([^"]+)">(.*?)</invoke>', re.DOTALL)
