@@ -17,7 +17,8 @@ def chat_logprobs(entries):
         return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
 
     return {"content": [dict(item(t, lp), top_logprobs=[item(tt, tlp) for _, tt, tlp in top])
-                        for _, t, lp, top in entries]}
+                        for _, t, lp, top in entries],
+            "refusal": None}  # required by OpenAI's schema (refusals are never produced)
 
 
 def completion_logprobs(entries, text_start=0):
