@@ -187,6 +187,9 @@ def generation_params(req, limits, default_temperature=0.0):
         if req.top_logprobs and not req.logprobs:
             raise APIError(400, "'top_logprobs' requires 'logprobs' to be true.", "top_logprobs",
                            "invalid_value")
+        if (req.model_extra or {}).get("echo"):  # vLLM's chat echo (the last message)
+            raise APIError(400, "'echo' is supported by /v1/completions only.", "echo",
+                           "unsupported_parameter")
     else:
         logprobs, top = req.logprobs is not None, req.logprobs or 0
         if max_tokens == 0 and not req.echo:
