@@ -113,6 +113,11 @@ def test_echo_logprobs_equal_solo_and_full_forward(client, float_models):
         assert close(together[i].choices[0].logprobs.token_logprobs, lp.token_logprobs)
         assert close(many.choices[i].logprobs.token_logprobs, lp.token_logprobs)
         assert many.choices[i].text == p
+    # Token-id prompts (lm-eval's tokenized requests) echo their decoded text.
+    ids = tok.encode(PROMPTS[2])
+    r = client.completions.create(model=MODEL, prompt=ids, echo=True, logprobs=0, max_tokens=0)
+    assert r.choices[0].text == tok.decode(ids)
+    assert close(r.choices[0].logprobs.token_logprobs, solo[2].choices[0].logprobs.token_logprobs)
 
 
 def test_echo_with_completion_as_lm_eval_sends_it(client):

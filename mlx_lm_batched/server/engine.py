@@ -309,11 +309,12 @@ class Engine:
                     raise APIError(400, "logit_bias and the penalties cannot be combined with "
                                    "this server's speculative decoding yet.", "logit_bias",
                                    "invalid_request")
-                states.append(RowState(job, i * params.n + j, self.tokenizer, params))
-                if params.echo:
+                echo = None
+                if params.echo:  # the prompt as given, or its token ids decoded
                     given = job.spec.prompts[i]
-                    states[-1].echo = (given if isinstance(given, str)
-                                       else self.tokenizer.decode(prompt), prompt)
+                    echo = (given if isinstance(given, str) else self.tokenizer.decode(prompt),
+                            prompt)
+                states.append(RowState(job, i * params.n + j, self.tokenizer, params, echo))
         extra = {} if stops is None else {"stop_sequences": [stops] * len(rests)}
         if score:
             extra["prompt_logprobs"] = [params.top_logprobs] * len(rests)

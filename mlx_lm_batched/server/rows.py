@@ -9,13 +9,13 @@ from ..sched.output import RowText
 class RowState:
     """One choice of one request while it is in the batch."""
 
-    def __init__(self, job, index, tokenizer, params):
+    def __init__(self, job, index, tokenizer, params, echo=None):
         self.job = job
         self.index = index  # the choice index in the response
         self.uid = None
         skip = getattr(tokenizer, "all_special_ids", ()) if params.skip_special_tokens else ()
         self.text = RowText(tokenizer, params.stop, params.include_stop_str, skip)
-        self.echo = None  # (prompt text, its tokens) of an echo row, sent once it is prefilled
+        self.echo = echo  # (prompt text, its tokens) of an echo row, sent once it is prefilled
         self.started = False  # prefill began
         self.prefilled = 0  # prompt tokens fed so far
         self.generated = 0
