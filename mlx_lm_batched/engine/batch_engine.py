@@ -89,14 +89,15 @@ class BatchEngine:
         check_kv_fits(self.model, self.cache, rows, slots + ahead, self.kv_quant)
         self.cache.reserve(slots + ahead)
 
-    def start_prefill(self, tokens, left_padding=None, input_embeddings=None, cuts=()):
+    def start_prefill(self, tokens, left_padding=None, input_embeddings=None, cuts=(), score=None):
         """A :class:`~.prefill.PrefillJob` feeding the ``(B, L)`` prompt, one model call per
         ``advance()``; its ``result`` is the queued ``(tokens, logprobs)`` of step one.
 
         ``left_padding[b]``: pad columns before row ``b``'s tokens. On caches that
         already hold rows (a later turn), each row's new tokens follow its cached ones
         directly and its pad columns join its leading padding. ``cuts``: columns where a
-        call must end (prompt segments).
+        call must end (prompt segments). ``score``: ``{row: top alternatives}`` of rows
+        whose prompt tokens' log-probabilities the job keeps (``job.scores``).
         """
         B, L = tokens.shape
         if L == 0:
@@ -105,7 +106,7 @@ class BatchEngine:
         if len(pad) != B or any(p < 0 or p >= L for p in pad):
             raise ValueError(f"left_padding must give 0 <= padding < {L} for each of the "
                              f"{B} rows, got {pad}")
-        return PrefillJob(self, tokens, pad, input_embeddings, cuts)
+        return PrefillJob(self, tokens, pad, input_embeddings, cuts, score)
 
     def prefill(self, tokens, left_padding=None, progress=None, input_embeddings=None):
         """Feed the ``(B, L)`` prompt at once; return the queued ``(tokens, logprobs)`` of

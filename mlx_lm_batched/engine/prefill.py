@@ -12,13 +12,16 @@ group (``plan_prefill_groups``), so rows skip the leading columns that are paddi
 their whole group; each group writes its rows of the shared caches through row views
 (``RowsView``, ``StateRowsView``) starting at the group's first real column. Every row
 sees exactly what a one-group prefill gives it: its own tokens after padding. The last
-column, for all rows at once, gives the first sampled token.
+column, for all rows at once, gives the first sampled token. Rows given in ``score``
+also keep their prompt tokens' log-probabilities from each call's logits
+(:class:`~.prompt_scores.PromptScores`, ``scores``).
 """
 
 import mlx.core as mx
 
 from ..cache.views import ShiftedView, has_rows_view, rows_view
 from .prefill_plan import plan_prefill_groups
+from .prompt_scores import PromptScores
 
 
 class PrefillJob:
@@ -27,10 +30,11 @@ class PrefillJob:
     ``fed[b]``: real tokens of row ``b`` fed so far; ``progress``: ``(columns done, L)``
     for progress reports; ``at_cut``: the last call ended at one of ``cuts`` (columns
     where a call must end, e.g. the end of a prompt segment); ``result``: the queued
-    ``(tokens, logprobs)`` of step one once ``done``.
+    ``(tokens, logprobs)`` of step one once ``done``; ``scores``: the prompt tokens'
+    log-probabilities of the rows in ``score`` (``{row: top alternatives}``), else None.
     """
 
-    def __init__(self, engine, tokens, padding, input_embeddings=None, cuts=()):
+    def __init__(self, engine, tokens, padding, input_embeddings=None, cuts=(), score=None):
         self.engine = engine
         self.tokens, self.padding = tokens, padding
         self.embeddings = input_embeddings
@@ -44,6 +48,7 @@ class PrefillJob:
         self.result = None
         self.calls = 0  # model calls so far
         self.padding_tokens = 0  # padding columns computed (rows x columns)
+        self.scores = PromptScores(tokens, padding, score) if score else None
         self._steps = self._run()
 
     def advance(self):
@@ -73,7 +78,10 @@ class PrefillJob:
         kwargs = {}
         if self.embeddings is not None:
             kwargs["input_embeddings"] = self.embeddings[rows, cols]
-        return self.engine.model(tokens[rows, cols], offset=offset, cache=cache, **kwargs)
+        logits = self.engine.model(tokens[rows, cols], offset=offset, cache=cache, **kwargs)
+        if self.scores is not None:  # unscored calls leave the logits unevaluated
+            self.scores.add(logits, rows.start or 0, cols.start)
+        return logits
 
     def _fed_up_to(self, end, rows=None):
         """Rows ``rows`` (all by default) have fed every column before ``end``."""

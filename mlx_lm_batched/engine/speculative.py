@@ -237,6 +237,7 @@ class SpeculativePrefill:
     calls = property(lambda self: self.target.calls)
     progress = property(lambda self: self.target.progress)
     padding_tokens = property(lambda self: self.target.padding_tokens)
+    scores = property(lambda self: self.target.scores)
 
 
 class SpeculativeEngine:
@@ -276,13 +277,14 @@ class SpeculativeEngine:
         if isinstance(self.drafter, DraftModel):
             self.drafter.engine.reserve(ahead)
 
-    def start_prefill(self, tokens, left_padding=None, input_embeddings=None, cuts=()):
-        """Prefill both models on the ``(B, L)`` prompt (see ``BatchEngine.start_prefill``)."""
+    def start_prefill(self, tokens, left_padding=None, input_embeddings=None, cuts=(), score=None):
+        """Prefill both models on the ``(B, L)`` prompt (see ``BatchEngine.start_prefill``;
+        the target's logits give the ``score`` rows' prompt log-probabilities)."""
         if input_embeddings is not None:
             raise NotImplementedError("input_embeddings cannot be combined with speculative "
                                       "decoding: the draft model needs token ids")
         pad = [0] * tokens.shape[0] if left_padding is None else list(left_padding)
-        job = self.target.start_prefill(tokens, pad, cuts=cuts)
+        job = self.target.start_prefill(tokens, pad, cuts=cuts, score=score)
         return SpeculativePrefill(job, self.drafter.start_prefill(tokens, pad, cuts))
 
     def prefill(self, tokens, left_padding=None, progress=None, input_embeddings=None):

@@ -35,18 +35,23 @@ def check_stops(stop, n):
     return [one(s, f"stop[{i}]") for i, s in enumerate(stop)]
 
 
-def cut_at_stop(text, stops):
-    """``text`` up to the first occurrence of any of ``stops`` (all of it if none)."""
-    found = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return text[: min(found)] if found else text
+def cut_at_stop(text, stops, include=False):
+    """``text`` up to the first occurrence of any of ``stops`` (all of it if none);
+    ``include``: up to the end of that stop string (the longest one starting there)."""
+    found = [(i, len(s)) for i, s in ((text.find(s), s) for s in stops) if i >= 0]
+    if not found:
+        return text
+    start, length = min(found, key=lambda f: (f[0], -f[1]))
+    return text[: start + length] if include else text[:start]
 
 
 class TextStops:
     """One row's stop-string matcher over its streamed text: feed it the row's new text
     pieces; it passes on what can no longer be part of a stop string."""
 
-    def __init__(self, stops):
+    def __init__(self, stops, include=False):
         self.stops = [s for s in stops if s]
+        self.include = include  # vLLM's include_stop_str_in_output: keep the stop string
         self._held = ""  # text not yet passed on (it may begin a stop string)
 
     def feed(self, piece, final=False):
@@ -58,7 +63,7 @@ class TextStops:
             return held, False
         cut = cut_at_stop(held, self.stops)
         if len(cut) < len(held):
-            return cut, True
+            return (cut_at_stop(held, self.stops, True) if self.include else cut), True
         keep = 0 if final else self._pending_prefix(held)
         self._held = held[len(held) - keep:] if keep else ""
         return held[: len(held) - keep], False

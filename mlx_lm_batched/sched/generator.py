@@ -123,9 +123,14 @@ class BatchGenerator:
 
     # Inserting and removing rows
     def insert(self, prompts, max_tokens=None, caches=None, all_tokens=None, samplers=None,
-               logits_processors=None, stop_sequences=None, seeds=None):
+               logits_processors=None, stop_sequences=None, seeds=None, prompt_logprobs=None):
         """Queue token prompts; returns their uids. ``caches[i]`` (a prompt cache from
         an earlier turn, or None) holds ``all_tokens[i]``; the prompt continues it.
+
+        ``prompt_logprobs[i]`` (an int ``k >= 0``, or None) scores row ``i``'s prompt
+        from its own prefill logits: its last ``PromptResponse`` carries each prompt
+        token's log-probability after the first, with the ``k`` most likely tokens
+        (the tokens of ``caches[i]`` are not scored).
 
         ``seeds[i]`` (an int, or None) gives row ``i`` its own random key stream: its
         sampler (its own or the generator's, made by ``make_sampler``) is copied with
@@ -133,7 +138,8 @@ class BatchGenerator:
         sampler callable cannot be seeded (``ValueError``); greedy rows ignore the seed.
         """
         return self.insert_segments([[p] for p in prompts], max_tokens, caches, all_tokens,
-                                    samplers, logits_processors, stop_sequences, seeds)
+                                    samplers, logits_processors, stop_sequences, seeds,
+                                    prompt_logprobs)
 
     def _seeded(self, sampler, seed, uid):
         sampler = sampler or self.sampler
@@ -145,7 +151,8 @@ class BatchGenerator:
         return sampler.seeded(seed)
 
     def insert_segments(self, segments, max_tokens=None, caches=None, all_tokens=None,
-                        samplers=None, logits_processors=None, stop_sequences=None, seeds=None):
+                        samplers=None, logits_processors=None, stop_sequences=None, seeds=None,
+                        prompt_logprobs=None):
         """Like :meth:`insert` with each prompt given as a list of segments: prefill
         reports ``end_of_segment`` (and the cache can be extracted) at each segment end."""
         n = len(segments)
@@ -157,6 +164,7 @@ class BatchGenerator:
             "logits_processors": logits_processors or [self.logits_processors] * n,
             "stop_sequences": stop_sequences or [self._default_stops] * n,
             "seeds": seeds or [None] * n,
+            "prompt_logprobs": prompt_logprobs or [None] * n,
         }
         for name, values in options.items():
             if len(values) != n:
@@ -182,9 +190,13 @@ class BatchGenerator:
             sampling = RowSampler(self._seeded(options["samplers"][i], options["seeds"][i], uid),
                                   processors, TokenContext(held + prompt) if processors else None)
             stops = options["stop_sequences"][i]
+            top = options["prompt_logprobs"][i]
+            if top is not None and (not isinstance(top, int) or top < 0):
+                raise ValueError(f"prompt_logprobs of prompt {uid} must be None or an int "
+                                 f">= 0, got {top!r}")
             rows.append(Row(uid, prompt, ends, m, options["caches"][i], held, sampling,
                             (stops if stops is not None else self._default_stops).matcher(),
-                            cut_at_segments=several))
+                            cut_at_segments=several, prompt_logprobs=top))
         self._queue.extend(rows)
         self._rows.update((r.uid, r) for r in rows)
         self._uid_count += n
@@ -287,7 +299,9 @@ class BatchGenerator:
         tokens, padding = left_pad([r.prompt for r in rows])
         engine.reserve(max(r.max_tokens for r in rows))
         cuts = rows[0].boundaries if len(rows) == 1 and rows[0].cut_at_segments else ()
-        return Batch(engine, job=engine.start_prefill(tokens, padding, cuts=cuts))
+        score = {i: r.prompt_logprobs for i, r in enumerate(rows) if r.prompt_logprobs is not None}
+        return Batch(engine, job=engine.start_prefill(tokens, padding, cuts=cuts,
+                                                      score=score or None))
 
     def _prefill_call(self):
         """One model call of the oldest prefill; a prefill that is done joins decoding."""
@@ -307,8 +321,10 @@ class BatchGenerator:
             r.tokens.extend(fed)
             r.done += len(fed)
             self._counters.prompt_tokens += len(fed)
+            scores = job.scores.of_row(i) if done and r.prompt_logprobs is not None else None
             responses.append(PromptResponse(r.uid, (r.done, len(r.prompt)),
-                                            done or (bool(fed) and r.done in r.boundaries), done))
+                                            done or (bool(fed) and r.done in r.boundaries), done,
+                                            scores))
         if done:
             self._counters.padding_tokens += job.padding_tokens
             self._prefills.pop(0)

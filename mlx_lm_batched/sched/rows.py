@@ -9,12 +9,15 @@ import mlx.core as mx
 
 @dataclass
 class PromptResponse:
-    """Prefill progress of one row: ``progress`` is ``(tokens done, total)``."""
+    """Prefill progress of one row: ``progress`` is ``(tokens done, total)``. A row
+    inserted with ``prompt_logprobs`` gets, at the end of its prompt, one
+    ``(logprob, [(id, logprob), ...])`` per prompt token after the first."""
 
     uid: int
     progress: tuple
     end_of_segment: bool
     end_of_prompt: bool
+    prompt_logprobs: Optional[list] = None
 
 
 @dataclass
@@ -43,6 +46,7 @@ class Row:
     sampling: Any  # its engine.sampling.RowSampler
     matcher: Any
     cut_at_segments: bool = False  # prefill stops at every segment end
+    prompt_logprobs: Optional[int] = None  # score the prompt, with this many alternatives
     done: int = 0  # prompt tokens fed
     generated: int = 0
 

@@ -27,6 +27,10 @@ class DistributedEngine(Engine):
     sent before the watchdog ends the process (a follower stalled).
     """
 
+    # Scoring a prompt evaluates logits on rank 0 alone, which the followers' replay of
+    # the same prefill does not do (a tensor-parallel head would wait for them).
+    scores_prompts = False
+
     def __init__(self, model, tokenizer, group, config=None, metrics=None, timeout=STEP_TIMEOUT):
         self.group = group
         self.recorder = Recorder(group, timeout)

@@ -27,7 +27,7 @@ from ..sched.prefix_cache import LRUPromptCache
 from .errors import APIError
 from .job_prep import prepare_prompts
 from .metrics import Metrics
-from .rows import RowState, token_logprobs
+from .rows import RowState, prompt_logprobs, token_logprobs
 from .sampling import SamplerFactory, row_processors, row_stops
 
 log = logging.getLogger("mlx_lm_batched.server")
@@ -101,6 +101,8 @@ class Job:
 
 class Engine:
     """Owns generation; :meth:`submit` and :meth:`cancel` are safe from any thread."""
+
+    scores_prompts = True  # echo with logprobs (prompt log-probabilities from the prefill)
 
     def __init__(self, model, tokenizer, config=None, metrics=None, draft_model=None):
         self.model, self.tokenizer = model, tokenizer
@@ -284,12 +286,18 @@ class Engine:
         params = job.spec.params
         prompts, max_tokens = prepare_prompts(job.spec, self.tokenizer, self.vocab_size,
                                               self.context_length, self.config.default_max_tokens)
+        # Echo with logprobs scores the whole prompt: no prefix cache (its tokens are
+        # not prefilled, so they would have no logits).
+        score = params.echo and params.logprobs
+        if score and not self.scores_prompts:
+            raise APIError(400, "'echo' with 'logprobs' is not supported by this server's "
+                           "distributed mode.", "echo", "unsupported_parameter")
         self._reserve(job, prompts, max_tokens)
         rests, caches, prefixes, samplers, procs, states, cached = [], [], [], [], [], [], 0
         stops = row_stops(params, self.tokenizer)
         for i, prompt in enumerate(prompts):
             for j in range(params.n):
-                cache, rest = self._fetch_prefix(prompt)
+                cache, rest = (None, list(prompt)) if score else self._fetch_prefix(prompt)
                 if j == 0:
                     cached += len(prompt) - len(rest)
                 rests.append(rest)
@@ -301,11 +309,20 @@ class Engine:
                     raise APIError(400, "logit_bias and the penalties cannot be combined with "
                                    "this server's speculative decoding yet.", "logit_bias",
                                    "invalid_request")
-                states.append(RowState(job, i * params.n + j, self.tokenizer, params.stop))
-        uids = self.gen.insert(rests, max_tokens=[max_tokens[k // params.n] for k in range(len(rests))],
+                echo = None
+                if params.echo:  # the prompt as given, or its token ids decoded
+                    given = job.spec.prompts[i]
+                    echo = (given if isinstance(given, str) else self.tokenizer.decode(prompt),
+                            prompt)
+                states.append(RowState(job, i * params.n + j, self.tokenizer, params, echo))
+        extra = {} if stops is None else {"stop_sequences": [stops] * len(rests)}
+        if score:
+            extra["prompt_logprobs"] = [params.top_logprobs] * len(rests)
+        # max_tokens 0 (echo only): the row leaves once its prompt is scored.
+        uids = self.gen.insert(rests, max_tokens=[max(1, max_tokens[k // params.n])
+                                                  for k in range(len(rests))],
                                caches=caches, all_tokens=prefixes, samplers=samplers,
-                               logits_processors=procs,
-                               **({} if stops is None else {"stop_sequences": [stops] * len(rests)}))
+                               logits_processors=procs, **extra)
         for uid, state in zip(uids, states):
             state.uid = uid
             self._rows[uid] = state
@@ -366,6 +383,8 @@ class Engine:
             self.metrics.add_tokens(prompt=done - row.prefilled)
             row.prefilled = done
             self._mark_started(row, now)
+            if p.end_of_prompt and row.echo is not None:
+                self._echo(row, p.prompt_logprobs)
         gen_tokens = 0
         for r in responses:
             row = self._rows.get(r.uid)
@@ -401,10 +420,23 @@ class Engine:
         if text or entries:
             job.send(Delta(row.index, text, entries))
         if finish is not None:
-            del self._rows[r.uid]
-            job.send(Finished(row.index, finish, row.generated))
-            if all(x.uid not in self._rows for x in job.rows):
-                self._end_job(job)
+            self._finish(row, finish)
+
+    def _echo(self, row, scores):
+        """Send an echo row's prompt (and its scores); end it there for max_tokens 0."""
+        job = row.job
+        text, tokens = row.echo
+        entries = prompt_logprobs(self.tokenizer, tokens, scores) if scores is not None else []
+        job.send(Delta(row.index, text, entries))
+        if job.spec.params.max_tokens == 0:
+            self.gen.remove([row.uid])
+            self._finish(row, "length")
+
+    def _finish(self, row, reason):
+        del self._rows[row.uid]
+        row.job.send(Finished(row.index, reason, row.generated))
+        if all(x.uid not in self._rows for x in row.job.rows):
+            self._end_job(row.job)
 
     def _store_prefix(self, uid, tokens, cache):
         """Keep row ``uid``'s cache of ``tokens`` for later prompts that share a prefix."""

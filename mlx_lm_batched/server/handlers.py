@@ -94,7 +94,9 @@ def _whole(ids, spec, started, result):
 async def _stream(engine, job, events, started, ids, n, spec):
     """Server-sent events of one job; cancels it unless it ran to its end."""
     params, chat = spec.params, ids.kind == "chat"
-    extra = {"usage": None} if params.include_usage else {}
+    # Chat chunks carry ``usage: null`` before the last (OpenAI's schema allows it there);
+    # text-completion chunks leave it out (their schema has no null usage).
+    extra = {"usage": None} if params.include_usage and chat else {}
     parsers = [spec.output.parser() for _ in range(n)] if chat else None
     offsets = [0] * n  # text offsets (completions logprobs)
     done, finished, completion = False, 0, 0

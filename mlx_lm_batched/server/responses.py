@@ -17,18 +17,21 @@ def chat_logprobs(entries):
         return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
 
     return {"content": [dict(item(t, lp), top_logprobs=[item(tt, tlp) for _, tt, tlp in top])
-                        for _, t, lp, top in entries]}
+                        for _, t, lp, top in entries],
+            "refusal": None}  # required by OpenAI's schema (refusals are never produced)
 
 
 def completion_logprobs(entries, text_start=0):
-    """Text-completion ``logprobs`` (tokens, token_logprobs, top_logprobs, text_offset)."""
+    """Text-completion ``logprobs`` (tokens, token_logprobs, top_logprobs, text_offset);
+    an echoed prompt's first token has None for its logprob and its top alternatives."""
     offsets, pos = [], text_start
     for _, t, _, _ in entries:
         offsets.append(pos)
         pos += len(t)
     return {"tokens": [t for _, t, _, _ in entries],
             "token_logprobs": [lp for _, _, lp, _ in entries],
-            "top_logprobs": [{tt: tlp for _, tt, tlp in top} for _, _, _, top in entries],
+            "top_logprobs": [None if top is None else {tt: tlp for _, tt, tlp in top}
+                             for _, _, _, top in entries],
             "text_offset": offsets}
 
 

@@ -9,11 +9,13 @@ from ..sched.output import RowText
 class RowState:
     """One choice of one request while it is in the batch."""
 
-    def __init__(self, job, index, tokenizer, stops):
+    def __init__(self, job, index, tokenizer, params, echo=None):
         self.job = job
         self.index = index  # the choice index in the response
         self.uid = None
-        self.text = RowText(tokenizer, stops)
+        skip = getattr(tokenizer, "all_special_ids", ()) if params.skip_special_tokens else ()
+        self.text = RowText(tokenizer, params.stop, params.include_stop_str, skip)
+        self.echo = echo  # (prompt text, its tokens) of an echo row, sent once it is prefilled
         self.started = False  # prefill began
         self.prefilled = 0  # prompt tokens fed so far
         self.generated = 0
@@ -23,6 +25,16 @@ class RowState:
         (see ``RowText.add``: a stop string turns into "stop")."""
         self.generated += 1
         return self.text.add(token, finish_reason)
+
+
+def prompt_logprobs(tokenizer, tokens, scores):
+    """Engine entries ``(id, text, logprob, top)`` of a prompt from the generator's
+    ``scores`` (one per token after the first, whose logprob and top are None)."""
+    entries = [(int(tokens[0]), tokenizer.decode([int(tokens[0])]), None, None)]
+    for t, (lp, top) in zip(tokens[1:], scores):
+        entries.append((int(t), tokenizer.decode([int(t)]), lp,
+                        [(i, tokenizer.decode([i]), v) for i, v in top]))
+    return entries
 
 
 def token_logprobs(tokenizer, token, logprobs, top):

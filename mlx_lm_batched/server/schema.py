@@ -68,6 +68,8 @@ class _Sampling(BaseModel):
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     stop_token_ids: Optional[List[int]] = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: Optional[bool] = None  # None: special tokens kept, as mlx-lm
 
     @field_validator("response_format")
     @classmethod
@@ -117,6 +119,8 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     prompt: Union[str, List[int], List[str], List[List[int]]]
     logprobs: Optional[int] = Field(None, ge=0, le=20)
+    echo: bool = False
+    max_tokens: Optional[int] = Field(None, ge=0)  # 0: only with echo (score the prompt)
 
     @field_validator("prompt")
     @classmethod
@@ -162,18 +166,9 @@ class GenerationParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     stop_token_ids: List[int] = field(default_factory=list)
-
-
-# Fields that would change the output but are not implemented: a 400, never ignored.
-_UNSUPPORTED = {"echo": True, "include_stop_str_in_output": True, "skip_special_tokens": False}
-
-
-def _unsupported(req):
-    extra = req.model_extra or {}
-    for name, value in _UNSUPPORTED.items():
-        if extra.get(name) == value:
-            raise APIError(400, f"'{name}: {json.dumps(value)}' is not supported by this server.",
-                           name, "unsupported_parameter")
+    echo: bool = False  # completions: the prompt (and its logprobs) before the completion
+    include_stop_str: bool = False  # vLLM's include_stop_str_in_output
+    skip_special_tokens: bool = False  # special tokens' text left out of the output
 
 
 def generation_params(req, limits, default_temperature=0.0):
@@ -192,9 +187,14 @@ def generation_params(req, limits, default_temperature=0.0):
         if req.top_logprobs and not req.logprobs:
             raise APIError(400, "'top_logprobs' requires 'logprobs' to be true.", "top_logprobs",
                            "invalid_value")
+        if (req.model_extra or {}).get("echo"):  # vLLM's chat echo (the last message)
+            raise APIError(400, "'echo' is supported by /v1/completions only.", "echo",
+                           "unsupported_parameter")
     else:
         logprobs, top = req.logprobs is not None, req.logprobs or 0
-    _unsupported(req)
+        if max_tokens == 0 and not req.echo:
+            raise APIError(400, "'max_tokens: 0' needs 'echo: true' (it scores the prompt only).",
+                           "max_tokens", "invalid_value")
     temperature = default_temperature if req.temperature is None else req.temperature
     return GenerationParams(
         max_tokens=max_tokens, temperature=temperature, top_p=req.top_p, top_k=req.top_k,
@@ -206,6 +206,8 @@ def generation_params(req, limits, default_temperature=0.0):
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         constraint=request_constraint(req), ignore_eos=req.ignore_eos,
         min_tokens=req.min_tokens, stop_token_ids=list(req.stop_token_ids or []),
+        echo=getattr(req, "echo", False), include_stop_str=req.include_stop_str_in_output,
+        skip_special_tokens=bool(req.skip_special_tokens),
     )
 
 
