@@ -23,6 +23,7 @@ from .mamba2 import Mamba2Mixer
 
 @dataclass
 class ModelArgs(DecoderArgs):
+    intermediate_size: Optional[int] = None  # 4 x hidden_size (DecoderArgs)
     rms_norm_eps: float = 1e-5
     attention_bias: bool = False
     mlp_bias: bool = False

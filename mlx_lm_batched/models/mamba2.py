@@ -25,6 +25,12 @@ class ModelArgs(mamba.ModelArgs):
     state_size: int = 128
     time_step_limit: Optional[Union[list, tuple]] = None
     tie_word_embeddings: bool = False
+    ssm_state_size: Optional[int] = None  # mlx-lm's name of state_size
+    max_position_embeddings: Optional[int] = None  # no positions in Mamba-2: informational
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.state_size = self.ssm_state_size or self.state_size
 
 
 def _as_float(value):

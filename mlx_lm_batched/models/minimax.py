@@ -70,8 +70,9 @@ def is_mlx_lm_layout(params):
 
 
 class Model(CausalLM):
-    def __new__(cls, args):
+    def __new__(cls, args=None):
         # A config in mlx-lm's layout (see ModelArgs.from_dict) is MiniMax-M2.
+        # (copy and pickle call __new__ without arguments, then restore the state.)
         if isinstance(args, minimax_m2.ModelArgs):
             return minimax_m2.Model(args)
         return super().__new__(cls)
