@@ -4,8 +4,6 @@ import cycle, and mlx-lm's module names kept as thin re-exports."""
 
 import ast
 import importlib
-import importlib.util
-import pkgutil
 import sys
 import tomllib
 from pathlib import Path
@@ -18,12 +16,10 @@ from mlx_lm_batched.models import MODEL_TYPES
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "mlx_lm_batched"
 CONTRACT = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
-# Registered model_types served by another family's file, where mlx-lm has a module of that
-# name (its remapped names, e.g. ``xverse``, have none): a module of their own name.
-_MLX_LM_MODULES = {info.name for info in pkgutil.iter_modules(
-    [str(Path(importlib.util.find_spec("mlx_lm").submodule_search_locations[0]) / "models")])}
-ALIAS_MODULES = sorted({t.replace("-", "_") for t, m in MODEL_TYPES.items() if t != m}
-                       & _MLX_LM_MODULES - set(MODEL_TYPES.values()))
+# Registered model_types served by another family's file get a module of their own name
+# (mlx-lm's ``models.<type>`` names, hyphenated ones included, e.g. ``lfm2-vl``); each is a
+# thin re-export of the family's module.
+ALIAS_MODULES = sorted(t for t, m in MODEL_TYPES.items() if t != m)
 # mlx-lm's module names: explicit re-exports and nothing else (generate and convert also
 # start their command lines under ``python -m``).
 SHIMS = ["generate", "utils", "sample_utils", "tokenizer_utils", "convert", "gguf",

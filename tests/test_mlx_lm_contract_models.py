@@ -10,7 +10,7 @@ import pickle
 import mlx.core as mx
 import numpy as np
 import pytest
-from arch_harness import collect_families
+from arch_harness import collect_families, family_model_type
 from mlx.utils import tree_flatten, tree_map
 
 from mlx_lm_batched.models import get_model_module
@@ -20,8 +20,8 @@ FAMILIES = collect_families()
 
 def build(name):
     """A tiny random model of one ``FAMILIES`` entry, built from its config."""
-    config, options = FAMILIES[name][1]
-    model_type = options.get("model_type", name)
+    config, _ = FAMILIES[name][1]
+    model_type = family_model_type(name, FAMILIES[name][1])
     module = get_model_module(model_type)
     model = module.Model(module.ModelArgs.from_dict({"model_type": model_type, **config}))
     mx.eval(model.parameters())
@@ -48,8 +48,8 @@ def mlx_lm_keywords(name):
     (its field names and values), or None where mlx-lm has no such module or cannot
     read the tiny config. Fields mlx-lm requires that the tiny config leaves out get
     this package's resolved values."""
-    config, options = FAMILIES[name][1]
-    model_type = options.get("model_type", name)
+    config, _ = FAMILIES[name][1]
+    model_type = family_model_type(name, FAMILIES[name][1])
     try:
         lm_module = importlib.import_module(f"mlx_lm.models.{model_type}")
     except (ImportError, SystemExit):  # mlx-lm's olmo exits without ai2-olmo
@@ -86,8 +86,7 @@ WITH_MLX_LM = [n for n in sorted(FAMILIES) if mlx_lm_keywords(n) is not None]
 def test_model_args_take_mlx_lm_names(name):
     """``ModelArgs(**fields of mlx-lm's ModelArgs)`` builds, or names the one field
     whose value this package does not implement."""
-    config, options = FAMILIES[name][1]
-    model_type = options.get("model_type", name)
+    model_type = family_model_type(name, FAMILIES[name][1])
     keywords = mlx_lm_keywords(name)
     try:
         get_model_module(model_type).ModelArgs(**keywords)

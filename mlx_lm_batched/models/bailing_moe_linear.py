@@ -59,7 +59,7 @@ class LinearAttention(Attention):
                          bias=args.use_qkv_bias, o_bias=args.use_bias, fused_qkv=True, **qk_norm)
         self.g_proj = nn.Linear(args.hidden_size, heads * head_dim, bias=False)
         self.g_norm = GatedRMSNorm(heads * head_dim, args.group_norm_size, args.rms_norm_eps,
-                                   norm_before_gate=True, gate_act=mx.sigmoid)
+                                   norm_before_gate=True, gate_act="sigmoid")
         self._slope = slopes  # (H,) decay rates: not a parameter
 
     def __call__(self, x, mask, offset, cache=None, attention=None):

@@ -130,7 +130,7 @@ class CompressedMoE(nn.Module):
         self.e_score_correction_bias = mx.zeros((e,))
         self.pre_expert_proj = nn.Linear(h, c, bias=False)
         self.pre_expert_norm = RMSNorm(c, args.rms_norm_eps, zero_centered=True)
-        self.experts = SwitchGLU(c, args.moe_intermediate_size, e, nn.silu)
+        self.experts = SwitchGLU(c, args.moe_intermediate_size, e, "silu")
         self.post_expert_norm = InputScaledRMSNorm(c, args.post_norm_eps)
         self.post_expert_proj = nn.Linear(c, h, bias=False)
         self.top_k = args.num_experts_per_tok
