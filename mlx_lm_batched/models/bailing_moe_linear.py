@@ -20,12 +20,18 @@ from ..layers.lightning import lightning_attention
 from ..layers.ssm import GatedRMSNorm, base_cache, column_validity
 from . import bailing_moe
 from .common import config_rope
+from .args import require_values
 
 
 @dataclass
 class ModelArgs(bailing_moe.ModelArgs):
     layer_group_size: int = 1
     group_norm_size: int = 1
+    use_rmsnorm: bool = True  # mlx-lm's field; LayerNorm (False) is not implemented
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_values(self, use_rmsnorm=(True,))
 
     def is_softmax_layer(self, i):
         """Every ``layer_group_size``-th layer and those past the last whole group."""

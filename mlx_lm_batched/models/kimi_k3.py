@@ -30,9 +30,10 @@ from ..layers.norms import RMSNorm
 from ..layers.stack import DecoderStack
 from . import kimi_linear
 from .deepseek_v3 import SigmoidGate
-from .multimodal import TextConfigArgs, language_model_weights
+from .multimodal import TextConfigArgs, accepts_text_config, language_model_weights
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(TextConfigArgs, kimi_linear.ModelArgs):
     """Kimi K3's config: Kimi Linear's fields (mlx-lm 0.32's defaults where they

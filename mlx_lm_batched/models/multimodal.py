@@ -5,6 +5,7 @@ to vision/audio towers, which text generation ignores.
 A family file subclasses the text family's classes with :class:`TextConfigArgs`
 first and calls :func:`language_model_weights` in ``sanitize``."""
 
+import dataclasses
 import functools
 
 # Top-level modules of multimodal checkpoints that are not the language model.
@@ -66,8 +67,10 @@ class TextConfigArgs:
 
 def accepts_text_config(cls):
     """Class decorator (outside ``@dataclass``): the constructor also takes mlx-lm's
-    ``text_config=`` dict and then builds what ``from_dict`` builds from the keywords
-    and ``text_config`` (the config's keys that are no field are dropped there)."""
+    ``text_config=`` (a dict or mlx-lm's text-args dataclass) and then builds what
+    ``from_dict`` builds from the keywords and ``text_config`` (the config's keys that
+    are no field are dropped there). A subclass's ``@dataclass`` writes a new
+    ``__init__``, so each multimodal ``ModelArgs`` carries the decorator itself."""
     init = cls.__init__
 
     @functools.wraps(init)
@@ -75,8 +78,12 @@ def accepts_text_config(cls):
         if text_config is None:
             init(self, *args, **kwargs)
             return
+        if dataclasses.is_dataclass(text_config) and not isinstance(text_config, type):
+            # mlx-lm's multimodal args hold their text settings as a dataclass
+            text_config = dataclasses.asdict(text_config)
         if args or not isinstance(text_config, dict):
-            raise TypeError("with text_config (a dict), pass the other fields as keywords")
+            raise TypeError("with text_config (a dict or dataclass), pass the other fields "
+                            "as keywords")
         built = type(self).from_dict(dict(kwargs, text_config=text_config))
         self.__dict__.update(vars(built))
 
