@@ -23,7 +23,9 @@ def build(name):
     config, _ = FAMILIES[name][1]
     model_type = family_model_type(name, FAMILIES[name][1])
     module = get_model_module(model_type)
-    model = module.Model(module.ModelArgs.from_dict({"model_type": model_type, **config}))
+    # A deep copy: the entry is shared with the family's own test module.
+    args = module.ModelArgs.from_dict(copy.deepcopy({"model_type": model_type, **config}))
+    model = module.Model(args)
     mx.eval(model.parameters())
     return model
 
@@ -54,15 +56,17 @@ def mlx_lm_keywords(name):
         lm_module = importlib.import_module(f"mlx_lm.models.{model_type}")
     except (ImportError, SystemExit):  # mlx-lm's olmo exits without ai2-olmo
         return None
-    full = {"model_type": model_type, **config}
-    ours = get_model_module(model_type).ModelArgs.from_dict(full)
+    # Deep copies: mlx-lm's ModelArgs write into the dicts they are given (gemma4 sets
+    # text_config["vocab_size"]), and the entry is shared with the family's own tests.
+    full = copy.deepcopy({"model_type": model_type, **config})
+    ours = get_model_module(model_type).ModelArgs.from_dict(copy.deepcopy(full))
     for f in dataclasses.fields(lm_module.ModelArgs):
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         value = getattr(ours, f.name, None)
         if required and f.name not in full and value is not None and not callable(value):
             full[f.name] = value
     try:
-        theirs = lm_module.ModelArgs.from_dict(full)
+        theirs = lm_module.ModelArgs.from_dict(copy.deepcopy(full))
     except (TypeError, ValueError):
         return None
     return {f.name: getattr(theirs, f.name) for f in dataclasses.fields(theirs)}
