@@ -12,7 +12,8 @@ class BaseModelArgs:
     @classmethod
     def from_dict(cls, params):
         params = normalize_rope_config(params)
-        names = inspect.signature(cls).parameters
+        # __init__'s, not the class's: a class may define __new__ (minimax dispatches)
+        names = set(inspect.signature(cls.__init__).parameters) - {"self"}
         return cls(**{k: v for k, v in params.items() if k in names})
 
 

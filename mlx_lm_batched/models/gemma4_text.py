@@ -71,6 +71,10 @@ class ModelArgs(gemma.ModelArgs):
     top_k_experts: Optional[int] = None
     moe_intermediate_size: Optional[int] = None
     pad_token_id: Optional[int] = 0
+    # mlx-lm's fields: it keeps them and reads the partial rotation from
+    # ``rope_parameters`` (as this file does), so they size nothing.
+    global_partial_rotary_factor: float = 0.25
+    partial_rotary_factor: float = 1.0
 
     @classmethod
     def from_dict(cls, params):
