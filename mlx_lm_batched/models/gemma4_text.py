@@ -93,6 +93,12 @@ class ModelArgs(gemma.ModelArgs):
                                 else "sliding_attention" for i in range(self.num_hidden_layers)]
         self.layer_types = list(self.layer_types)
         self.layer_types[-1] = "full_attention"  # transformers forces it too
+        if self.hidden_size_per_layer_input and self.vocab_size_per_layer_input < self.vocab_size:
+            # Ids past the per-layer table have no embedding there (transformers fails on
+            # them too); refused here rather than read out of bounds.
+            raise ValueError(f"{self.model_type}: vocab_size_per_layer_input "
+                             f"{self.vocab_size_per_layer_input} is below vocab_size "
+                             f"{self.vocab_size}")
 
     def layer_dims(self):
         """``(head_dim, n_kv_heads)`` per layer, as transformers resolves them."""
