@@ -15,6 +15,7 @@ from ..layers.ssm import (
     ssd_scan,
 )
 from . import mamba
+from .args import require_values
 
 
 @dataclass
@@ -31,6 +32,7 @@ class ModelArgs(mamba.ModelArgs):
     def __post_init__(self):
         super().__post_init__()
         self.state_size = self.ssm_state_size or self.state_size
+        require_values(self, use_bcdt_rms=(False,))  # Mamba's dt/B/C norms, not Mamba-2's
 
 
 def _as_float(value):
