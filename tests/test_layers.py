@@ -11,14 +11,22 @@ from pathlib import Path
 import grimp
 import pytest
 
+from mlx_lm_batched.models import MODEL_TYPES
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "mlx_lm_batched"
 CONTRACT = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+# Registered model_types served by another family's file get a module of their own name
+# (mlx-lm's ``models.<type>`` names, hyphenated ones included, e.g. ``lfm2-vl``); each is a
+# thin re-export of the family's module.
+ALIAS_MODULES = sorted(t for t, m in MODEL_TYPES.items() if t != m)
 # mlx-lm's module names: explicit re-exports and nothing else (generate and convert also
 # start their command lines under ``python -m``).
 SHIMS = ["generate", "utils", "sample_utils", "tokenizer_utils", "convert", "gguf",
          "generate_utils", "demo_models", "models/base", "models/cache", "models/ssm",
-         "models/gated_delta", "models/mla", "chat", "cache_prompt", "benchmark", "run_batch"]
+         "models/gated_delta", "models/mla", "models/rope_utils", "models/switch_layers",
+         "models/activations", "chat", "cache_prompt", "benchmark", "run_batch"] + [
+             f"models/{t}" for t in ALIAS_MODULES]
 
 
 def layer_modules():

@@ -149,7 +149,7 @@ class KimiDeltaAttention(nn.Module):
         else:
             self.g_a_proj = nn.Linear(hidden_size, head_dim, bias=False)
             self.g_b_proj = nn.Linear(head_dim, dim, bias=False)
-        self.o_norm = GatedRMSNorm(head_dim, eps=eps, norm_before_gate=True, gate_act=mx.sigmoid)
+        self.o_norm = GatedRMSNorm(head_dim, eps=eps, norm_before_gate=True, gate_act="sigmoid")
         self.o_proj = nn.Linear(dim, hidden_size, bias=False)
 
 

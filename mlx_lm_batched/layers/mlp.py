@@ -5,6 +5,17 @@ import mlx.nn as nn
 
 from . import cpu_ops
 
+
+def relu2(x):
+    """``relu(x) ** 2`` (Nemotron, Primer)."""
+    return mx.square(nn.relu(x))
+
+
+def sigmoid(x):
+    """``sigmoid(x)`` (a Python function: MLX's own cannot be pickled)."""
+    return mx.sigmoid(x)
+
+
 ACTIVATIONS = {
     "silu": cpu_ops.silu,
     "swish": cpu_ops.silu,
@@ -13,14 +24,42 @@ ACTIVATIONS = {
     "gelu_new": nn.gelu_approx,
     "gelu_fast": nn.gelu_fast_approx,
     "relu": nn.relu,
-    "relu2": lambda x: mx.square(nn.relu(x)),
+    "relu2": relu2,
+    "sigmoid": sigmoid,
 }
 
 
-def activation(name):
-    if name not in ACTIVATIONS:
-        raise ValueError(f"unsupported activation '{name}' (known: {', '.join(ACTIVATIONS)})")
-    return ACTIVATIONS[name]
+def swiglu(gate, x):
+    """``silu(gate) * x`` (mlx-lm's ``activations.swiglu``)."""
+    return cpu_ops.silu(gate) * x
+
+
+class Activation:
+    """An activation held by its Hugging Face name.
+
+    Modules store this instead of the function: MLX's activations are compiled
+    functions, which ``copy.deepcopy`` and ``pickle`` cannot copy, while a name can."""
+
+    def __init__(self, name):
+        if name not in ACTIVATIONS:
+            raise ValueError(f"unsupported activation '{name}' (known: {', '.join(ACTIVATIONS)})")
+        self.name = name
+
+    def __call__(self, x):
+        return ACTIVATIONS[self.name](x)
+
+    def __repr__(self):
+        return f"Activation({self.name!r})"
+
+
+def activation(act):
+    """``act`` as a callable a module can store: a name becomes an ``Activation``;
+    a callable passes through (it must pickle for the model to copy)."""
+    if isinstance(act, str):
+        return Activation(act)
+    if not callable(act):
+        raise TypeError(f"activation must be a name or a callable, got {type(act).__name__}")
+    return act
 
 
 class MLP(nn.Module):
@@ -35,7 +74,7 @@ class MLP(nn.Module):
             self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
             self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
-        self.act = activation(act) if isinstance(act, str) else act
+        self.act = activation(act)
         self.fused_gate_up = fused_gate_up
 
     def __call__(self, x):
@@ -55,7 +94,7 @@ class DenseMLP(nn.Module):
         self.names = tuple(names)
         setattr(self, names[0], nn.Linear(hidden_size, intermediate_size, bias=bias))
         setattr(self, names[1], nn.Linear(intermediate_size, hidden_size, bias=bias))
-        self.act = activation(act) if isinstance(act, str) else act
+        self.act = activation(act)
 
     def __call__(self, x):
         up, down = (getattr(self, n) for n in self.names)

@@ -27,20 +27,28 @@ def create_causal_mask(N, offset=0, window_size=None, right_padding=None, left_p
 
 
 def create_attention_mask(h, cache=None, window_size=None, return_array=False):
-    """mlx-lm's mask for hidden states ``h`` ``(B, N, D)``: None for one query, the
-    string ``"causal"`` when a plain causal mask does, else a boolean array from the
-    one mask path (``return_array=True`` always gives the array). ``cache`` is one
-    layer's cache (its tokens come before the queries)."""
+    """mlx-lm's mask for hidden states ``h`` ``(B, N, D)`` and one layer's ``cache``
+    (its tokens come before the queries), with mlx-lm's cases: None for one query
+    (unless a window and a cache); ``"causal"`` for several queries unless a window
+    applies (with a cache, or cutting into the queries) or ``return_array``; else a
+    boolean ``(N, S)`` array from the one mask path (``(B, 1, N, S)`` only when the
+    cache's rows need different masks)."""
     N = h.shape[1]
     before = 0 if cache is None else int(getattr(cache, "size", 0) or 0)
-    binds = window_size is not None and before + N > window_size
-    if not return_array and not binds:
-        return None if N == 1 else "causal"
+    if N == 1 and (window_size is None or cache is None):
+        return None
+    # As mlx-lm: a window gives an array whenever there is a cache (or it cuts in).
+    windowed = window_size is not None and (cache is not None or N > window_size)
+    if not windowed and not return_array:
+        return "causal"
     if cache is None:
         return create_causal_mask(N, 0, window_size)
     offset = mx.full((h.shape[0],), before, mx.int32)
-    return masks_lib.attention_mask(cache.key_slots(N), before, N, offset,
+    mask = masks_lib.attention_mask(cache.key_slots(N), before, N, offset,
                                     cache.effective_window(window_size))
+    if mask.shape[0] == 1 or bool(mx.all(mask == mask[:1])):
+        return mask[0, 0]
+    return mask
 
 
 def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):

@@ -11,9 +11,9 @@ Public API (kept stable; other families import it):
   quantized form ``QuantizedSwitchLinear`` (``to_quantized(group_size, bits, mode)``,
   so ``nn.quantize`` and the loader's ``quantize_like`` handle it);
   called as ``layer(x, indices, sorted_indices=False)``.
-- ``SwitchGLU(input_dims, hidden_dims, num_experts, activation=nn.silu, bias=False,
+- ``SwitchGLU(input_dims, hidden_dims, num_experts, activation="silu", bias=False,
   glu=None)`` and ``SwitchMLP(input_dims, hidden_dims, num_experts,
-  activation=nn.gelu, bias=False)``: ``switch(x, indices)`` with ``x (..., D)``
+  activation="gelu", bias=False)`` (an activation name or a picklable callable): ``switch(x, indices)`` with ``x (..., D)``
   and ``indices (..., k)`` returns ``(..., k, D)``.
 - ``stack_experts(weights, prefix, num_experts, names=..., src=...)``: turn HF
   per-expert tensors into the stacked switch-layer names (for ``sanitize``).
@@ -27,6 +27,8 @@ Public API (kept stable; other families import it):
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from .mlp import activation as activation_fn
 
 try:
     from mlx.nn.layers.quantized import _defaults_for_mode
@@ -168,13 +170,13 @@ class SwitchGLU(_SwitchBase):
     ``glu(gate, up)`` replaces the default combination (e.g. gpt-oss's clamped SwiGLU).
     """
 
-    def __init__(self, input_dims, hidden_dims, num_experts, activation=nn.silu, bias=False,
+    def __init__(self, input_dims, hidden_dims, num_experts, activation="silu", bias=False,
                  glu=None):
         super().__init__()
         self.gate_proj = SwitchLinear(input_dims, hidden_dims, num_experts, bias=bias)
         self.up_proj = SwitchLinear(input_dims, hidden_dims, num_experts, bias=bias)
         self.down_proj = SwitchLinear(hidden_dims, input_dims, num_experts, bias=bias)
-        self.activation = activation
+        self.activation = activation_fn(activation)
         self.glu = glu
 
     def __call__(self, x, indices):
@@ -190,11 +192,11 @@ class SwitchGLU(_SwitchBase):
 class SwitchMLP(_SwitchBase):
     """Non-gated expert MLPs: ``fc2(act(fc1(x)))``."""
 
-    def __init__(self, input_dims, hidden_dims, num_experts, activation=nn.gelu, bias=False):
+    def __init__(self, input_dims, hidden_dims, num_experts, activation="gelu", bias=False):
         super().__init__()
         self.fc1 = SwitchLinear(input_dims, hidden_dims, num_experts, bias=bias)
         self.fc2 = SwitchLinear(hidden_dims, input_dims, num_experts, bias=bias)
-        self.activation = activation
+        self.activation = activation_fn(activation)
 
     def __call__(self, x, indices):
         def project(xs, idx, srt):
@@ -268,7 +270,7 @@ class SparseMoE(nn.Module):
     when ``shared_gate`` (Qwen 2 MoE). Subclasses change the routing by overriding
     ``route(x) -> (indices, weights)``."""
 
-    def __init__(self, hidden_size, intermediate_size, num_experts, top_k, activation=nn.silu,
+    def __init__(self, hidden_size, intermediate_size, num_experts, top_k, activation="silu",
                  normalize=False, shared=None, shared_name="shared_expert", shared_gate=False,
                  switch=None):
         """``switch``: the expert layer (default: gated ``SwitchGLU`` experts)."""
@@ -305,7 +307,7 @@ class InputScaledMoE(nn.Module):
     ``experts`` (a ``SwitchGLU``), ``shared_expert``."""
 
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k, shared,
-                 activation=nn.silu):
+                 activation="silu"):
         super().__init__()
         self.router = nn.Linear(hidden_size, num_experts, bias=False)
         self.experts = SwitchGLU(hidden_size, intermediate_size, num_experts, activation)

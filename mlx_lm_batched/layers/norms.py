@@ -4,6 +4,11 @@ import mlx.core as mx
 import mlx.nn as nn
 
 
+def unit_rms_norm(x, eps):
+    """RMS norm without a weight (a module function: models holding it still copy)."""
+    return mx.fast.rms_norm(x, None, eps)
+
+
 class RMSNorm(nn.Module):
     """RMS norm; ``zero_centered`` stores ``w`` and scales by ``1 + w`` (Gemma);
     ``offset``: scales by ``w + offset`` (PLaMo 3's 1/5 and 1/5**1.5 on its output

@@ -198,6 +198,12 @@ def _proportional_freqs(dims, base, cfg):
     return mx.concatenate([rotated, mx.full((dims // 2 - angles,), mx.inf, mx.float32)])
 
 
+def initialize_rope(dims, base=10000.0, traditional=False, scaling_config=None,
+                    max_position_embeddings=None):
+    """mlx-lm's ``rope_utils.initialize_rope``: :func:`make_rope` under its keywords."""
+    return make_rope(dims, base, traditional, scaling_config, max_position_embeddings)
+
+
 def make_rope(dims, base=10000.0, traditional=False, scaling=None, max_position_embeddings=None):
     """Build the rotary embedding a Hugging Face ``rope_scaling`` dict asks for.
 

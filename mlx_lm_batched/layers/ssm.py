@@ -14,6 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..cache.views import ShiftedView
+from .mlp import activation
 
 
 def base_cache(cache):
@@ -136,12 +137,12 @@ class GatedRMSNorm(nn.Module):
     ``weight * rms_norm(x) * silu(gate)`` (Qwen3-Next's linear attention).
     ``gate_act``: the gate's activation (Kimi Linear: ``sigmoid``)."""
 
-    def __init__(self, dims, groups=1, eps=1e-6, norm_before_gate=False, gate_act=nn.silu):
+    def __init__(self, dims, groups=1, eps=1e-6, norm_before_gate=False, gate_act="silu"):
         super().__init__()
         self.weight = mx.ones((dims,))
         self.groups, self.eps = groups, eps
         self.norm_before_gate = norm_before_gate
-        self._gate_act = gate_act
+        self._gate_act = activation(gate_act)
 
     def __call__(self, x, gate=None):
         dtype = x.dtype

@@ -134,6 +134,17 @@ def quantize_like(model, weights, qconfig):
     )
 
 
+def hf_repo_to_path(hf_repo):
+    """mlx-lm's name: the local snapshot directory of a Hugging Face repo."""
+    return get_model_path(hf_repo)
+
+
+def get_model_classes(config):
+    """mlx-lm's ``_get_classes``: ``(Model, ModelArgs)`` of ``config['model_type']``."""
+    module = architecture_module(config)
+    return module.Model, module.ModelArgs
+
+
 def architecture_module(config, source="config.json"):
     """The module implementing ``config['model_type']`` (or the architecture it names,
     ``models.resolve_model_type``); a clear error when unknown."""
@@ -182,18 +193,20 @@ def _check_config(module, config, source):
 
 
 def model_from_weights(config, weights, strict=True, lazy=False, source="config.json",
-                       weights_source=None):
-    """Build the architecture ``config`` names and load ``weights`` (HF names) into it.
+                       weights_source=None, model_classes=None):
+    """Build the architecture ``config`` names (or ``model_classes(config) -> (Model,
+    ModelArgs)``) and load ``weights`` (HF names) into it.
 
     ``source`` names where the config came from in error messages, ``weights_source``
     (default: ``source``) where the weights came from. Raises
     ``ModelLoadError`` (a ``ValueError``) for a config the architecture cannot use
     (missing key, wrongly typed value) and for missing, extra or misshapen weights.
     """
-    module = architecture_module(config, source)
-    _check_config(module, config, source)
+    if model_classes is None:  # the registry's architecture: its config checks first
+        _check_config(architecture_module(config, source), config, source)
     try:
-        model = module.Model(module.ModelArgs.from_dict(config))
+        model_class, args_class = (model_classes or get_model_classes)(config)
+        model = model_class(args_class.from_dict(config))
     except (ValueError, TypeError, KeyError, AttributeError, ZeroDivisionError) as e:
         # A config the checks let through but the architecture cannot build.
         raise ModelLoadError(f"{source}: not a valid '{config['model_type']}' config: "
@@ -229,14 +242,25 @@ def load_weights(model_path):
     return weights
 
 
-def load_model(model_path, lazy=False, strict=True, model_config=None):
-    """Load a model from a local directory; returns ``(model, config)``."""
+def load_model(model_path, lazy=False, strict=True, model_config=None,
+               get_model_classes=None, trust_remote_code=False):
+    """Load a model from a local directory; returns ``(model, config)``.
+
+    ``strict=False`` loads weights that do not cover the model (or carry extras);
+    ``get_model_classes(config) -> (Model, ModelArgs)`` replaces the registry (mlx-lm's
+    hook for custom architectures). ``trust_remote_code`` (running a checkpoint's own
+    Python) raises ``NotImplementedError``: pass its classes as ``get_model_classes``."""
+    if trust_remote_code:
+        raise NotImplementedError("trust_remote_code is not supported: this package runs no "
+                                  "code from checkpoints; pass get_model_classes instead")
     config = load_config(model_path)
     config.update(_check_dict("model_config", model_config))
     source = str(Path(model_path) / "config.json")
-    _check_config(architecture_module(config, source), config, source)  # before the weights
+    if get_model_classes is None:
+        _check_config(architecture_module(config, source), config, source)  # before weights
     model = model_from_weights(config, load_weights(model_path), strict=strict, lazy=lazy,
-                               source=source, weights_source=str(Path(model_path) / "*.safetensors"))
+                               source=source, weights_source=str(Path(model_path) / "*.safetensors"),
+                               model_classes=get_model_classes)
     return model, config
 
 

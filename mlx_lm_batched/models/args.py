@@ -12,7 +12,8 @@ class BaseModelArgs:
     @classmethod
     def from_dict(cls, params):
         params = normalize_rope_config(params)
-        names = inspect.signature(cls).parameters
+        # __init__'s, not the class's: a class may define __new__ (minimax dispatches)
+        names = set(inspect.signature(cls.__init__).parameters) - {"self"}
         return cls(**{k: v for k, v in params.items() if k in names})
 
 
@@ -46,3 +47,28 @@ def normalize_rope_config(config):
         if key in params:
             config.setdefault(key, params[key])
     return config
+
+
+def take_alias(args, name, alias, required=True):
+    """The value of field ``name``, or of ``alias`` (the same setting under mlx-lm's
+    or the checkpoint's other name) when only that one is set. ValueError when both
+    are set and differ, or (``required``) when neither is."""
+    value, other = getattr(args, name), getattr(args, alias)
+    if value is not None and other is not None and value != other:
+        raise ValueError(f"{args.model_type}: {name}={value} and {alias}={other} differ "
+                         f"(they name the same setting)")
+    value = value if value is not None else other
+    if value is None and required:
+        raise ValueError(f"{args.model_type}: {name} (or {alias}) is required")
+    return value
+
+
+def require_values(args, **supported):
+    """NotImplementedError naming the first field whose value this implementation does
+    not have: mlx-lm's fields (and the checkpoints') that fix a variant are accepted,
+    and checked, rather than ignored. ``supported``: field -> tuple of allowed values."""
+    for name, allowed in supported.items():
+        value = getattr(args, name)
+        if value not in allowed:
+            raise NotImplementedError(f"{args.model_type}: {name}={value!r} is not supported "
+                                      f"(supported: {', '.join(map(repr, allowed))})")

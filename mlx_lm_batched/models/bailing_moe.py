@@ -19,6 +19,7 @@ from ..layers.mlp import MLP, activation
 from ..layers.moe import SparseMoE, SwitchGLU, stack_experts, topk_indices
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM
+from .args import require_values
 from .common import DecoderArgs, config_rope, init_causal_lm
 from .deepseek_v2 import limit_to_groups
 
@@ -55,9 +56,13 @@ class ModelArgs(DecoderArgs):
     norm_head: bool = False
     partial_rotary_factor: float = 1.0
     rotary_dim: Optional[int] = None
+    # mlx-lm's fields for variants this implementation does not have (checked below).
+    norm_softmax: bool = False
+    moe_router_enable_routed_scaling: bool = True
 
     def __post_init__(self):
         super().__post_init__()
+        require_values(self, norm_softmax=(False,), moe_router_enable_routed_scaling=(True,))
         if self.score_function not in SCORE_FUNCTIONS:
             raise ValueError(f"score_function '{self.score_function}' is not one of "
                              f"{', '.join(SCORE_FUNCTIONS)}")

@@ -20,12 +20,18 @@ from ..layers.lightning import lightning_attention
 from ..layers.ssm import GatedRMSNorm, base_cache, column_validity
 from . import bailing_moe
 from .common import config_rope
+from .args import require_values
 
 
 @dataclass
 class ModelArgs(bailing_moe.ModelArgs):
     layer_group_size: int = 1
     group_norm_size: int = 1
+    use_rmsnorm: bool = True  # mlx-lm's field; LayerNorm (False) is not implemented
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_values(self, use_rmsnorm=(True,))
 
     def is_softmax_layer(self, i):
         """Every ``layer_group_size``-th layer and those past the last whole group."""
@@ -59,7 +65,7 @@ class LinearAttention(Attention):
                          bias=args.use_qkv_bias, o_bias=args.use_bias, fused_qkv=True, **qk_norm)
         self.g_proj = nn.Linear(args.hidden_size, heads * head_dim, bias=False)
         self.g_norm = GatedRMSNorm(heads * head_dim, args.group_norm_size, args.rms_norm_eps,
-                                   norm_before_gate=True, gate_act=mx.sigmoid)
+                                   norm_before_gate=True, gate_act="sigmoid")
         self._slope = slopes  # (H,) decay rates: not a parameter
 
     def __call__(self, x, mask, offset, cache=None, attention=None):

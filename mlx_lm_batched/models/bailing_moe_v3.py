@@ -95,7 +95,7 @@ class DeltaAttention(nn.Module):
         self.dt_bias = mx.zeros((dim,))
         self.b_proj = nn.Linear(hidden_size, heads, bias=False)
         self.g_proj = nn.Linear(hidden_size, dim, bias=False)
-        self.o_norm = GatedRMSNorm(head_dim, eps=eps, norm_before_gate=True, gate_act=mx.sigmoid)
+        self.o_norm = GatedRMSNorm(head_dim, eps=eps, norm_before_gate=True, gate_act="sigmoid")
         self.o_proj = nn.Linear(dim, hidden_size, bias=False)
 
     def __call__(self, x, mask, offset, cache=None, attention=None):

@@ -3,23 +3,31 @@ interleaved RoPE, optional per-head QK LayerNorm, tied output scaled by
 ``logit_scale``."""
 
 from dataclasses import dataclass
+from typing import Optional
 
 from ..layers.attention import Attention
 from ..layers.blocks import ParallelBlock
 from ..layers.mlp import MLP
 from ..layers.norms import HeadwiseLayerNorm, LayerNorm
 from ..layers.stack import CausalLM
+from .args import require_values
 from .common import DecoderArgs, config_rope, init_causal_lm
 
 
 @dataclass
 class ModelArgs(DecoderArgs):
+    intermediate_size: Optional[int] = None  # 4 x hidden_size (DecoderArgs)
     layer_norm_eps: float = 1e-5
     max_position_embeddings: int = 8192
     logit_scale: float = 0.0625
     use_qk_norm: bool = False
     attention_bias: bool = False
     tie_word_embeddings: bool = True
+    layer_norm_bias: bool = False  # mlx-lm's field; Cohere's LayerNorms have no bias
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_values(self, layer_norm_bias=(False,))
 
 
 class Model(CausalLM):

@@ -9,10 +9,10 @@ import mlx.nn as nn
 
 from ..layers.rope import make_rope
 from ..layers.stack import DecoderStack
-from .args import BaseModelArgs
+from .args import BaseModelArgs, normalize_rope_config
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StackArgs(BaseModelArgs):
     """Config fields (Hugging Face names) every family's decoder stack has, attention
     or not: state-space families (Mamba) inherit these, attention ones ``DecoderArgs``.
@@ -25,12 +25,12 @@ class StackArgs(BaseModelArgs):
     num_hidden_layers: int
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DecoderArgs(StackArgs):
     """Config fields (Hugging Face names and defaults) that llama-like families share;
     a family's ``ModelArgs`` adds its own and redeclares a field to change its default."""
 
-    intermediate_size: int
+    intermediate_size: int  # a family that redeclares it ``= None`` gets 4 x hidden_size
     num_attention_heads: int
     vocab_size: int
     num_key_value_heads: Optional[int] = None
@@ -40,11 +40,29 @@ class DecoderArgs(StackArgs):
     rope_scaling: Optional[dict] = None
     hidden_act: str = "silu"
     tie_word_embeddings: bool = False
+    rope_traditional: bool = False  # mlx-lm's field: interleaved rotary pairs
+    rope_parameters: Optional[dict] = None  # transformers 5's RoPE layout
 
     def __post_init__(self):
         # Hugging Face's defaults for absent head counts, computed here once; a
         # subclass's own __post_init__ calls this first.
         self.num_key_value_heads, self.head_dim = attention_dims(self)
+        if self.intermediate_size is None:  # a family's optional intermediate_size
+            self.intermediate_size = 4 * self.hidden_size
+        apply_rope_parameters(self)
+
+
+def apply_rope_parameters(args):
+    """Set the flat RoPE fields from ``args.rope_parameters`` when the constructor got
+    it (``from_dict`` has already flattened it: the values agree)."""
+    if not isinstance(args.rope_parameters, dict):
+        return
+    flat = normalize_rope_config({"rope_parameters": args.rope_parameters})
+    for key, value in flat.items():
+        if key == "rope_scaling" and args.rope_scaling is not None:
+            continue
+        if key != "rope_parameters" and hasattr(args, key):
+            setattr(args, key, value)
 
 
 def attention_dims(args):
@@ -54,6 +72,18 @@ def attention_dims(args):
     return n_kv, head_dim
 
 
+def check_layer_types(args, kinds):
+    """ValueError unless ``args.layer_types`` has one of ``kinds`` per layer."""
+    found = list(args.layer_types)
+    unknown = sorted(set(found) - set(kinds))
+    if unknown or len(found) != args.num_hidden_layers:
+        raise ValueError(f"{args.model_type}: layer_types must list one of {', '.join(kinds)} "
+                         f"for each of the {args.num_hidden_layers} layers; got {found}")
+    if "sliding_attention" in found and not getattr(args, "sliding_window", None):
+        raise ValueError(f"{args.model_type}: layer_types has sliding_attention layers "
+                         "but no sliding_window")
+
+
 def type_windows(layer_types, sliding_window):
     """Per-layer windows from Hugging Face's ``layer_types``: ``sliding_window`` on
     ``"sliding_attention"`` layers, None (global) on the others."""
@@ -61,7 +91,10 @@ def type_windows(layer_types, sliding_window):
 
 
 def config_rope(args, dims, traditional=False):
-    """RoPE over ``dims`` per head from the config's theta, scaling and context."""
+    """RoPE over ``dims`` per head from the config's theta, scaling and context;
+    ``traditional`` (the family's layout) or mlx-lm's ``rope_traditional`` field
+    rotate interleaved pairs."""
+    traditional = traditional or getattr(args, "rope_traditional", False)
     return make_rope(dims, args.rope_theta, traditional, args.rope_scaling,
                      args.max_position_embeddings)
 

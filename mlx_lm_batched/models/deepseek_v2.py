@@ -57,6 +57,9 @@ class ModelArgs(BaseModelArgs):
     mlp_bias: bool = False
     tie_word_embeddings: bool = False
     quantization_config: Optional[dict] = None  # FP8 block scales (official V3 weights)
+    # Checkpoints carry it (equal to num_attention_heads); MLA attention has no KV-head
+    # grouping, so it sets nothing, in transformers and mlx-lm alike.
+    num_key_value_heads: Optional[int] = None
 
     def is_moe_layer(self, i):
         return (

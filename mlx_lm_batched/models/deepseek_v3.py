@@ -9,6 +9,7 @@ import mlx.nn as nn
 
 from ..layers.moe import topk_indices
 from . import deepseek_v2
+from .args import require_values
 from .deepseek_v2 import limit_to_groups
 
 
@@ -29,6 +30,10 @@ class ModelArgs(deepseek_v2.ModelArgs):
     first_k_dense_replace: int = 3
     norm_topk_prob: bool = True
     max_position_embeddings: int = 4096
+    scoring_func: str = "sigmoid"  # mlx-lm's field: V3's router (SigmoidGate)
+
+    def __post_init__(self):
+        require_values(self, scoring_func=("sigmoid",))
 
 
 class SigmoidGate(nn.Module):

@@ -13,6 +13,7 @@ price is no batched matmuls for this family. Checkpoints in DeepSeek's own names
 supported here (load a dequantized conversion)."""
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Dict, Optional, Tuple
 
 import mlx.core as mx
@@ -99,14 +100,15 @@ def _wavelengths(args, layer):
     return base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
 
 
-def _clamped_swiglu(limit):
-    def glu(gate, up):
-        dtype = up.dtype
-        gate, up = gate.astype(mx.float32), up.astype(mx.float32)
-        if limit > 0:
-            gate, up = mx.minimum(gate, limit), mx.clip(up, -limit, limit)
-        return (gate * mx.sigmoid(gate) * up).astype(dtype)
-    return glu
+def clamped_swiglu(gate, up, limit):
+    """SwiGLU in float32 with ``gate`` capped at ``limit`` and ``up`` clipped to +-limit
+    (no clamp when ``limit`` is 0). Bound to a limit with ``functools.partial`` so the
+    modules holding it copy and pickle."""
+    dtype = up.dtype
+    gate, up = gate.astype(mx.float32), up.astype(mx.float32)
+    if limit > 0:
+        gate, up = mx.minimum(gate, limit), mx.clip(up, -limit, limit)
+    return (gate * mx.sigmoid(gate) * up).astype(dtype)
 
 
 class SharedExpert(nn.Module):
@@ -115,7 +117,7 @@ class SharedExpert(nn.Module):
         self.gate_proj = nn.Linear(args.hidden_size, args.moe_intermediate_size, bias=False)
         self.up_proj = nn.Linear(args.hidden_size, args.moe_intermediate_size, bias=False)
         self.down_proj = nn.Linear(args.moe_intermediate_size, args.hidden_size, bias=False)
-        self.glu = _clamped_swiglu(args.swiglu_limit)
+        self.glu = partial(clamped_swiglu, limit=args.swiglu_limit)
 
     def __call__(self, x):
         return self.down_proj(self.glu(self.gate_proj(x), self.up_proj(x)).astype(x.dtype))
@@ -152,7 +154,7 @@ class Experts(nn.Module):
     def __init__(self, args):
         super().__init__()
         self.switch_mlp = SwitchGLU(args.hidden_size, args.moe_intermediate_size,
-                                    args.n_routed_experts, glu=_clamped_swiglu(args.swiglu_limit))
+                                    args.n_routed_experts, glu=partial(clamped_swiglu, limit=args.swiglu_limit))
 
 
 class MoE(nn.Module):

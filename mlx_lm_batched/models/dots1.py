@@ -10,6 +10,10 @@ from . import glm4_moe
 
 @dataclass
 class ModelArgs(glm4_moe.ModelArgs):
+    # dots.llm1 configs name the sigmoid router "noaux_tc" (mlx-lm 0.32's default is
+    # the tuple ("noaux_tc",)): the same router.
+    SCORING_FUNCS = ("sigmoid", "noaux_tc", ("noaux_tc",))
+    scoring_func: str = "noaux_tc"
     partial_rotary_factor: float = 1.0
     first_k_dense_replace: int = 0
     norm_topk_prob: bool = False

@@ -3,7 +3,8 @@ layer, and MoE layers (from ``moe_layer_start_index`` to ``moe_layer_end_index``
 ``moe_layer_interval``) with a float32 softmax router whose choice (not weights) is
 shifted by ``moe_statics.e_score_correction_bias``, plus always-on shared experts."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import List
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -14,6 +15,7 @@ from ..layers.mlp import MLP, activation
 from ..layers.moe import SparseMoE, softmax_topk, stack_experts
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM
+from .args import require_values
 from .common import DecoderArgs, config_rope, init_causal_lm
 
 
@@ -31,9 +33,16 @@ class ModelArgs(DecoderArgs):
     rope_theta: float = 500000.0
     use_bias: bool = False
     tie_word_embeddings: bool = True
+    # mlx-lm's fields: expert capacities apply in training only; the router always
+    # shifts its choice by ``e_score_correction_bias`` (zeros when the checkpoint has
+    # none, i.e. without aux-free balancing), so ``moe_use_aux_free`` needs no switch.
+    moe_capacity: List[int] = field(default_factory=list)
+    moe_use_aux_free: bool = False
+    moe_gate_act: str = "softmax"
 
     def __post_init__(self):
         super().__post_init__()
+        require_values(self, moe_gate_act=("softmax",))
         if self.moe_layer_end_index in (None, -1):
             self.moe_layer_end_index = self.num_hidden_layers - 1
 

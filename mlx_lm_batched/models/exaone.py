@@ -5,8 +5,10 @@ shared layers'."""
 
 import re
 from dataclasses import dataclass
+from typing import Optional
 
 from . import llama
+from .args import take_alias
 
 RENAMES = [  # checkpoint name pattern -> ours
     (r"^transformer\.wte\.", "model.embed_tokens."),
@@ -26,9 +28,18 @@ CONFIG_NAMES = {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_no
 
 @dataclass
 class ModelArgs(llama.ModelArgs):
+    num_hidden_layers: Optional[int] = None  # or the checkpoint's (and mlx-lm's) num_layers
     rms_norm_eps: float = 1e-5
     rope_theta: float = 500000.0
     tie_word_embeddings: bool = False
+    num_layers: Optional[int] = None
+    layer_norm_epsilon: Optional[float] = None
+
+    def __post_init__(self):
+        self.num_hidden_layers = take_alias(self, "num_hidden_layers", "num_layers")
+        if self.layer_norm_epsilon is not None:
+            self.rms_norm_eps = self.layer_norm_epsilon
+        super().__post_init__()
 
     @classmethod
     def from_dict(cls, params):

@@ -28,6 +28,9 @@ class ModelArgs(glm4_moe.ModelArgs):
     sliding_window: Optional[int] = 4096
     sliding_window_pattern: Optional[Union[int, str]] = 4
     mlp_layer_types: Optional[List[str]] = None
+    # mlx-lm's name (its converted configs hold it): per layer, True for MoE. Read when
+    # ``mlp_layer_types`` is absent; afterwards both say the same.
+    is_moe_layer: Optional[List[bool]] = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -42,12 +45,12 @@ class ModelArgs(glm4_moe.ModelArgs):
                 num_attention_heads=self.num_attention_heads, vocab_size=self.vocab_size,
                 sliding_window=self.sliding_window,
                 sliding_window_pattern=self.sliding_window_pattern)).layer_types
+        if self.mlp_layer_types is None and self.is_moe_layer is not None:
+            self.mlp_layer_types = ["sparse" if moe else "dense" for moe in self.is_moe_layer]
         if self.mlp_layer_types is None:
             self.mlp_layer_types = ["dense" if i < self.first_k_dense_replace else "sparse"
                                     for i in range(self.num_hidden_layers)]
-
-    def is_moe_layer(self, i):
-        return self.mlp_layer_types[i] == "sparse"
+        self.is_moe_layer = [t == "sparse" for t in self.mlp_layer_types]
 
     def layer_windows(self):
         return type_windows(self.layer_types, self.sliding_window)
@@ -65,7 +68,7 @@ class Model(CausalLM):
                 Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
                           args.head_dim, rope if args.sliding_window is None or w else None,
                           qk_norm=norm),
-                DeepseekMoE(args, SigmoidGate(args)) if args.is_moe_layer(i) else
+                DeepseekMoE(args, SigmoidGate(args)) if args.is_moe_layer[i] else
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act),
                 norm,
             )
@@ -80,6 +83,6 @@ class Model(CausalLM):
             weights[k.replace(".mlp.", ".mlp.gate.")] = weights.pop(k)
         weights = super().sanitize(weights)
         for i in range(self.args.num_hidden_layers):
-            if self.args.is_moe_layer(i):
+            if self.args.is_moe_layer[i]:
                 stack_experts(weights, f"model.layers.{i}.mlp", self.args.n_routed_experts)
         return weights

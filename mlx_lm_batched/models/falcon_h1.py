@@ -17,12 +17,14 @@ from ..layers.mlp import activation
 from ..layers.norms import RMSNorm
 from ..layers.ssm import CausalConv1d
 from ..layers.step import resolve_offset
+from .args import require_values
 from .common import DecoderArgs, config_rope
 from .mamba2 import Mamba2Mixer
 
 
 @dataclass
 class ModelArgs(DecoderArgs):
+    intermediate_size: Optional[int] = None  # 4 x hidden_size (DecoderArgs)
     rms_norm_eps: float = 1e-5
     attention_bias: bool = False
     mlp_bias: bool = False
@@ -48,9 +50,16 @@ class ModelArgs(DecoderArgs):
     ssm_multipliers: List[float] = field(default_factory=lambda: [1.0] * 5)
     ssm_in_multiplier: float = 1.0
     ssm_out_multiplier: float = 1.0
+    # mlx-lm's fields: initialisation and the scan's chunk length change no result here,
+    # mlx-lm does not read ``mlp_expansion_factor``, and every block has its MLP.
+    initializer_range: float = 0.02
+    mamba_chunk_size: int = 128
+    mamba_use_mlp: bool = True
+    mlp_expansion_factor: int = 8
 
     def __post_init__(self):
         super().__post_init__()
+        require_values(self, mamba_use_mlp=(True,))
         self.mamba_d_ssm = self.mamba_d_ssm or int(self.mamba_expand * self.hidden_size)
 
     def mup_vector(self):

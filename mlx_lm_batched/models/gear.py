@@ -24,6 +24,7 @@ class ModelArgs(DecoderArgs):
     layer_types: Optional[List[str]] = None
     hidden_activation: str = "gelu_pytorch_tanh"
     attention_bias: bool = False
+    attention_dropout: float = 0.0  # training only: inference applies no dropout
     query_pre_attn_scalar: Optional[float] = None
     sliding_window: int = 512
     conv_L_cache: int = 3

@@ -4,9 +4,10 @@
 from dataclasses import dataclass
 
 from . import gemma3_text
-from .multimodal import TextConfigArgs, language_model_weights
+from .multimodal import TextConfigArgs, accepts_text_config, language_model_weights
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(TextConfigArgs, gemma3_text.ModelArgs):
     pass

@@ -4,9 +4,15 @@ and ``language_model.``; the vision and audio towers and their embedders are ign
 from dataclasses import dataclass
 
 from . import gemma3n_text
-from .multimodal import TextConfigArgs, check_text_model_type, language_model_weights
+from .multimodal import (
+    TextConfigArgs,
+    accepts_text_config,
+    check_text_model_type,
+    language_model_weights,
+)
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(TextConfigArgs, gemma3n_text.ModelArgs):
     pass

@@ -9,6 +9,7 @@ of their own; they use their source's keys, values and mask).
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from statistics import NormalDist
 from typing import List, Optional, Union
 
@@ -23,7 +24,7 @@ from ..layers.kv_sharing import (
     layer_inputs,
 )
 from ..layers.mlp import MLP, activation
-from ..layers.norms import RMSNorm
+from ..layers.norms import RMSNorm, unit_rms_norm
 from ..layers.rope import make_rope
 from ..layers.stack import CausalLM
 from .common import DecoderArgs, type_windows
@@ -88,13 +89,14 @@ def sparse_activation(act, sparsity):
     each row (``z`` the standard normal quantile) are cut to zero."""
     if sparsity <= 0.0:
         return act
-    z = NormalDist().inv_cdf(sparsity)
+    return partial(gaussian_topk_activation, act=act, z=NormalDist().inv_cdf(sparsity))
 
-    def sparse(x):
-        cutoff = mx.mean(x, axis=-1, keepdims=True) + mx.std(x, axis=-1, keepdims=True) * z
-        return act(mx.maximum(x - cutoff, 0))
 
-    return sparse
+def gaussian_topk_activation(x, act, z):
+    """``act(max(x - (mean + std * z), 0))`` over the last axis (a module function,
+    so the model copies and pickles)."""
+    cutoff = mx.mean(x, axis=-1, keepdims=True) + mx.std(x, axis=-1, keepdims=True) * z
+    return act(mx.maximum(x - cutoff, 0))
 
 
 def rms_scaled_like(x, target):
@@ -159,7 +161,7 @@ class DecoderLayer(nn.Module):
         if shares_kv:
             self.self_attn = SharedKVAttention(*dims, **common)
         else:
-            self.self_attn = Attention(*dims, v_norm=lambda v: mx.fast.rms_norm(v, None, eps),
+            self.self_attn = Attention(*dims, v_norm=partial(unit_rms_norm, eps=eps),
                                        **common)
         act = activation(args.hidden_activation)
         self.mlp = MLP(d, args.intermediate_size[i],

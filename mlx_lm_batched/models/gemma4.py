@@ -10,7 +10,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import gemma4_text
-from .multimodal import TextConfigArgs, check_text_model_type, language_model_weights
+from .multimodal import (
+    TextConfigArgs,
+    accepts_text_config,
+    check_text_model_type,
+    language_model_weights,
+)
 
 
 # transformers' defaults for the unified variant's text model where they differ from
@@ -19,6 +24,7 @@ UNIFIED_TEXT_DEFAULTS = dict(hidden_size_per_layer_input=0, sliding_window=1024,
                              max_position_embeddings=262144)
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(TextConfigArgs, gemma4_text.ModelArgs):
     image_token_id: Optional[int] = 258880

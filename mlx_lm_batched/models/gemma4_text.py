@@ -14,6 +14,7 @@
 """
 
 from dataclasses import dataclass
+from functools import partial
 from typing import List, Optional
 
 import mlx.core as mx
@@ -29,7 +30,7 @@ from ..layers.kv_sharing import (
 )
 from ..layers.mlp import MLP, activation
 from ..layers.moe import SwitchGLU, combine_experts, softmax_topk, stack_experts
-from ..layers.norms import RMSNorm
+from ..layers.norms import RMSNorm, unit_rms_norm
 from ..layers.rope import make_rope
 from ..layers.stack import CausalLM, DecoderStack
 from . import gemma
@@ -51,6 +52,7 @@ class ModelArgs(gemma.ModelArgs):
     hidden_activation: Optional[str] = "gelu_pytorch_tanh"
     sliding_window: int = 512
     layer_types: Optional[List[str]] = None
+    sliding_window_pattern: Optional[int] = None  # mlx-lm's: every p-th layer is global
     rope_theta: float = 1_000_000.0
     rope_local_base_freq: float = 10_000.0
     rope_parameters_by_type: Optional[dict] = None
@@ -69,6 +71,10 @@ class ModelArgs(gemma.ModelArgs):
     top_k_experts: Optional[int] = None
     moe_intermediate_size: Optional[int] = None
     pad_token_id: Optional[int] = 0
+    # mlx-lm's fields: it keeps them and reads the partial rotation from
+    # ``rope_parameters`` (as this file does), so they size nothing.
+    global_partial_rotary_factor: float = 0.25
+    partial_rotary_factor: float = 1.0
 
     @classmethod
     def from_dict(cls, params):
@@ -82,10 +88,17 @@ class ModelArgs(gemma.ModelArgs):
             raise ValueError(f"{self.model_type}: use_bidirectional_attention='all' (attention "
                              "without a causal mask) is not supported; causal and 'vision' are")
         if self.layer_types is None:  # transformers: five sliding layers per global one
-            self.layer_types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
-                                for i in range(self.num_hidden_layers)]
+            period = self.sliding_window_pattern or 6
+            self.layer_types = ["full_attention" if (i + 1) % period == 0
+                                else "sliding_attention" for i in range(self.num_hidden_layers)]
         self.layer_types = list(self.layer_types)
         self.layer_types[-1] = "full_attention"  # transformers forces it too
+        if self.hidden_size_per_layer_input and self.vocab_size_per_layer_input < self.vocab_size:
+            # Ids past the per-layer table have no embedding there (transformers fails on
+            # them too); refused here rather than read out of bounds.
+            raise ValueError(f"{self.model_type}: vocab_size_per_layer_input "
+                             f"{self.vocab_size_per_layer_input} is below vocab_size "
+                             f"{self.vocab_size}")
 
     def layer_dims(self):
         """``(head_dim, n_kv_heads)`` per layer, as transformers resolves them."""
@@ -111,11 +124,12 @@ class ModelArgs(gemma.ModelArgs):
     def rope(self, kind, dim):
         """The RoPE of ``kind`` layers (global or sliding) over ``dim`` features."""
         if kind == "full_attention":
-            return make_rope(dim, self.rope_theta, False, self.rope_scaling,
+            return make_rope(dim, self.rope_theta, self.rope_traditional, self.rope_scaling,
                              self.max_position_embeddings)
         local = (self.rope_parameters_by_type or {}).get("sliding_attention") or {}
         scaling = local if local.get("rope_type", "default") != "default" else None
-        return make_rope(dim, local.get("rope_theta", self.rope_local_base_freq), False, scaling,
+        return make_rope(dim, local.get("rope_theta", self.rope_local_base_freq),
+                         self.rope_traditional, scaling,
                          self.max_position_embeddings)
 
 
@@ -225,7 +239,7 @@ class Model(CausalLM):
         self.args = args
         self.model_type = args.model_type
         norm = lambda dims=args.hidden_size: RMSNorm(dims, args.rms_norm_eps)  # noqa: E731
-        v_norm = lambda v: mx.fast.rms_norm(v, None, args.rms_norm_eps)  # noqa: E731
+        v_norm = partial(unit_rms_norm, eps=args.rms_norm_eps)
         dims = args.layer_dims()
         sources = kv_sources(args.layer_types, args.num_kv_shared_layers)
         ropes = {key: args.rope(*key) for key in zip(args.layer_types, (d for d, _ in dims))}

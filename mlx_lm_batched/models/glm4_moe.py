@@ -14,6 +14,7 @@ from ..layers.mlp import MLP
 from ..layers.moe import stack_experts
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM
+from .args import require_values
 from .common import DecoderArgs, config_rope, init_causal_lm, type_windows
 from .deepseek_v2 import DeepseekMoE
 from .deepseek_v3 import SigmoidGate
@@ -33,6 +34,14 @@ class ModelArgs(DecoderArgs):
     rms_norm_eps: float = 1e-5
     partial_rotary_factor: float = 0.5
     attention_bias: bool = False
+    scoring_func: str = "sigmoid"  # mlx-lm's fields: the only router GLM-4 MoE has
+    topk_method: str = "noaux_tc"
+
+    SCORING_FUNCS = ("sigmoid",)  # the router's names this family's configs use
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_values(self, scoring_func=self.SCORING_FUNCS, topk_method=("noaux_tc",))
     use_qk_norm: bool = False
     mlp_bias: bool = False
     sliding_window: Optional[int] = None  # dots1

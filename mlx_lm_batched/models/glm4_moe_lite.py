@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from . import deepseek_v3
+from .args import require_values
 
 
 @dataclass
@@ -14,6 +15,16 @@ class ModelArgs(deepseek_v3.ModelArgs):
     topk_group: Optional[int] = 1
     routed_scaling_factor: float = 1.8
     mlp_layer_types: Optional[List[str]] = None
+    partial_rotary_factor: float = 1.0  # mlx-lm's field; the rope covers qk_rope_head_dim
+    # Accepted as mlx-lm does: training-only dropout, multi-token-prediction layers
+    # (their weights are dropped at load) and mlx-lm's quantization (read by the loader).
+    attention_dropout: float = 0.0
+    num_nextn_predict_layers: int = 1
+    quantization: Optional[dict] = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_values(self, partial_rotary_factor=(1.0,))
 
     def is_moe_layer(self, i):
         if self.mlp_layer_types is None:

@@ -33,13 +33,27 @@ class ModelArgs(BaseModelArgs):
     n_layer: int
     n_head: int
     vocab_size: int
-    n_positions: int = 1024
+    n_positions: Optional[int] = None  # 1024 when neither it nor n_ctx is given
     n_inner: Optional[int] = None
     layer_norm_epsilon: float = 1e-5
     activation_function: str = "gelu_new"
     scale_attn_weights: bool = True
     scale_attn_by_inverse_layer_idx: bool = False
     tie_word_embeddings: bool = True
+    n_ctx: Optional[int] = None  # older configs' name of n_positions
+    num_key_value_heads: Optional[int] = None  # mlx-lm's field; GPT-2 has no GQA
+
+    def __post_init__(self):
+        # transformers reads n_positions; old configs also carry n_ctx (usually equal).
+        self.n_positions = self.n_positions or self.n_ctx or 1024
+        if self.num_key_value_heads not in (None, self.kv_heads()):
+            raise NotImplementedError(f"{self.model_type}: num_key_value_heads="
+                                      f"{self.num_key_value_heads} is not supported; this "
+                                      f"architecture has {self.kv_heads()} KV heads")
+
+    def kv_heads(self):
+        """The number of KV heads the architecture has (GPT-2: one per head)."""
+        return self.n_head
 
 
 class Model(CausalLM):

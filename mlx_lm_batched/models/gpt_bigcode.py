@@ -4,6 +4,7 @@ multi-query attention (one key/value head) in the fused ``c_attn``."""
 from dataclasses import dataclass
 
 from . import gpt2
+from .args import require_values
 from .gpt_neox import per_head_qkv_to_fused
 
 
@@ -11,6 +12,15 @@ from .gpt_neox import per_head_qkv_to_fused
 class ModelArgs(gpt2.ModelArgs):
     activation_function: str = "gelu_pytorch_tanh"
     multi_query: bool = True
+    attention_bias: bool = True  # mlx-lm's fields: GPT-BigCode layers always have biases
+    mlp_bias: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_values(self, attention_bias=(True,), mlp_bias=(True,))
+
+    def kv_heads(self):
+        return 1 if self.multi_query else self.n_head
 
 
 class Model(gpt2.Model):

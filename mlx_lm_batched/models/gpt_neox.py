@@ -11,7 +11,7 @@ from ..layers.blocks import ParallelBlock, PreNormBlock
 from ..layers.mlp import DenseMLP
 from ..layers.norms import LayerNorm
 from ..layers.stack import CausalLM
-from .args import BaseModelArgs
+from .args import BaseModelArgs, require_values
 from .common import config_rope, init_causal_lm
 
 _RENAMES = [
@@ -36,8 +36,8 @@ class ModelArgs(BaseModelArgs):
     hidden_size: int
     num_hidden_layers: int
     num_attention_heads: int
-    intermediate_size: int
     vocab_size: int
+    intermediate_size: Optional[int] = None  # 4 x hidden_size (mlx-lm always uses that)
     hidden_act: str = "gelu"
     layer_norm_eps: float = 1e-5
     max_position_embeddings: int = 2048
@@ -49,8 +49,12 @@ class ModelArgs(BaseModelArgs):
     use_parallel_residual: bool = True
     attention_bias: bool = True
     tie_word_embeddings: bool = False
+    num_key_value_heads: Optional[int] = None  # mlx-lm's field; GPT-NeoX has no GQA
 
     def __post_init__(self):
+        require_values(self, num_key_value_heads=(None, self.num_attention_heads))
+        if self.intermediate_size is None:
+            self.intermediate_size = 4 * self.hidden_size
         if self.rope_theta is None:
             self.rope_theta = self.rotary_emb_base
         if self.partial_rotary_factor is None:

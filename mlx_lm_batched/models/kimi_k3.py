@@ -16,6 +16,7 @@ A multimodal checkpoint's language model loads the same way (``text_config``, a
 ``language_model.`` prefix); image input is not supported."""
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Optional
 
 import mlx.core as mx
@@ -29,9 +30,10 @@ from ..layers.norms import RMSNorm
 from ..layers.stack import DecoderStack
 from . import kimi_linear
 from .deepseek_v3 import SigmoidGate
-from .multimodal import TextConfigArgs, language_model_weights
+from .multimodal import TextConfigArgs, accepts_text_config, language_model_weights
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(TextConfigArgs, kimi_linear.ModelArgs):
     """Kimi K3's config: Kimi Linear's fields (mlx-lm 0.32's defaults where they
@@ -89,6 +91,12 @@ def situ(up, gate, beta, linear_beta):
     return (a * up).astype(dtype)
 
 
+def situ_glu(gate, up, beta, linear_beta):
+    """``situ`` in ``SwitchGLU``'s ``glu(gate, up)`` order; bound with ``functools.partial``
+    (not a lambda) so the experts copy and pickle."""
+    return situ(up, gate, beta, linear_beta)
+
+
 class SiTUMLP(MLP):
     """The shared gated MLP (so it shards as one) with SiTU in place of ``act(g) * u``."""
 
@@ -112,7 +120,7 @@ class LatentMoE(nn.Module):
         beta, lb = args.situ_beta, args.activation_situ_linear_beta
         self.gate = SigmoidGate(args)
         self.switch_mlp = SwitchGLU(latent or h, args.moe_intermediate_size, args.num_experts,
-                                    glu=lambda g, u: situ(u, g, beta, lb))
+                                    glu=partial(situ_glu, beta=beta, linear_beta=lb))
         if latent is not None:
             self.routed_expert_down_proj = nn.Linear(h, latent, bias=False)
             self.routed_expert_up_proj = nn.Linear(latent, h, bias=False)

@@ -6,12 +6,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import deepseek_v3
-from .multimodal import TextConfigArgs, check_text_model_type, language_model_weights
+from .multimodal import TextConfigArgs, accepts_text_config, check_text_model_type, language_model_weights
 
 # Kimi's own name for its DeepSeek-V3 text model counts as the same.
 TEXT_MODEL_TYPES = ("deepseek_v3", "kimi_k2")
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(TextConfigArgs, deepseek_v3.ModelArgs):
     text_model_type: Optional[str] = None

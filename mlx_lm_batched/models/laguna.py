@@ -17,6 +17,7 @@ from ..layers.mlp import MLP
 from ..layers.moe import SwitchGLU, combine_experts, stack_experts, topk_indices
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM
+from .args import require_values
 from .common import DecoderArgs, init_causal_lm, layer_type_rope, type_windows
 
 
@@ -28,6 +29,10 @@ class ModelArgs(DecoderArgs):
     max_position_embeddings: Optional[int] = 131072
     rms_norm_eps: float = 1e-6
     attention_bias: bool = False
+    # mlx-lm's split of the biases: q/k/v by ``qkv_bias``, o by ``attention_bias``;
+    # None (transformers' configs) means ``attention_bias`` for all four.
+    qkv_bias: Optional[bool] = None
+    moe_router_score_func: str = "sigmoid"
     gating: Union[bool, str] = True
     num_attention_heads_per_layer: Optional[List[int]] = None
     layer_types: Optional[List[str]] = None
@@ -46,6 +51,9 @@ class ModelArgs(DecoderArgs):
 
     def __post_init__(self):
         super().__post_init__()
+        require_values(self, moe_router_score_func=("sigmoid",))
+        if self.qkv_bias is None:
+            self.qkv_bias = self.attention_bias
         n = self.num_hidden_layers
         if self.moe_apply_router_weight_on_input:
             raise NotImplementedError("laguna: moe_apply_router_weight_on_input=True is not "
@@ -103,7 +111,8 @@ class Model(CausalLM):
                 OutputGatedAttention(args.hidden_size, heads, args.num_key_value_heads,
                                      args.head_dim, ropes[t], gate="softplus",
                                      per_head=per_head, gate_name="g_proj",
-                                     bias=args.attention_bias, qk_norm=norm),
+                                     bias=args.qkv_bias, o_bias=args.attention_bias,
+                                     qk_norm=norm),
                 LagunaMoE(args) if m == "sparse" else
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act),
                 norm,

@@ -21,6 +21,9 @@ _RENAMES = (("self_attn.out_proj.", "self_attn.o_proj."), ("feed_forward.w1.", "
 
 @dataclass
 class ModelArgs(DecoderArgs):
+    intermediate_size: Optional[int] = None  # or mlx-lm's block_ff_dim
+    block_ff_dim: Optional[int] = None
+    block_dim: Optional[int] = None  # mlx-lm's name of hidden_size
     norm_eps: float = 1e-5
     conv_bias: bool = False
     conv_L_cache: int = 3
@@ -32,6 +35,14 @@ class ModelArgs(DecoderArgs):
     tie_word_embeddings: bool = True
 
     def __post_init__(self):
+        # transformers reads intermediate_size; mlx-lm's block_ff_dim fills in for it.
+        self.intermediate_size = self.intermediate_size or self.block_ff_dim
+        if self.intermediate_size is None:
+            raise ValueError(f"{self.model_type}: intermediate_size (or block_ff_dim) is required")
+        if self.block_dim not in (None, self.hidden_size):
+            raise ValueError(f"{self.model_type}: block_dim={self.block_dim} must equal "
+                             f"hidden_size={self.hidden_size}")
+        super().__post_init__()
         if self.layer_types is None:
             full = set(self.full_attn_idxs if self.full_attn_idxs is not None
                        else range(self.num_hidden_layers))

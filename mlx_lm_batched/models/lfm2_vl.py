@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import lfm2
-from .multimodal import TextConfigArgs, check_text_model_type, language_model_weights
+from .multimodal import TextConfigArgs, accepts_text_config, check_text_model_type, language_model_weights
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(TextConfigArgs, lfm2.ModelArgs):
     text_model_type: Optional[str] = None

@@ -4,14 +4,21 @@ Variants that differ only in config defaults (Helium, Seed-OSS, ERNIE 4.5)
 subclass ``ModelArgs`` and reuse ``Model``."""
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 from ..layers.attention import Attention
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM
-from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
+from .common import (
+    DecoderArgs,
+    attention_dims,
+    check_layer_types,
+    config_rope,
+    init_causal_lm,
+    type_windows,
+)
 
 
 @dataclass
@@ -23,6 +30,20 @@ class ModelArgs(DecoderArgs):
     rope_traditional: bool = False  # interleaved rotary pairs
     tie_word_embeddings: bool = True
     sliding_window: Optional[int] = None
+    # Per-layer kinds ("full_attention" / "sliding_attention"); None: sliding_window
+    # (if any) on every layer, as Mistral-style configs mean it.
+    layer_types: Optional[List[str]] = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.layer_types is not None:
+            check_layer_types(self, ("full_attention", "sliding_attention"))
+
+    def layer_windows(self):
+        """The attention window of each layer (None: global)."""
+        if self.layer_types is None:
+            return [self.sliding_window] * self.num_hidden_layers
+        return type_windows(self.layer_types, self.sliding_window)
 
 
 class Model(CausalLM):
@@ -46,6 +67,4 @@ class Model(CausalLM):
             )
             for _ in range(args.num_hidden_layers)
         ]
-        # Mistral-style configs carry one window for every layer.
-        init_causal_lm(self, args, layers, norm(),
-                       [args.sliding_window] * args.num_hidden_layers)
+        init_causal_lm(self, args, layers, norm(), args.layer_windows())

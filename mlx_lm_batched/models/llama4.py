@@ -5,9 +5,15 @@ the vision model and its projector are ignored."""
 from dataclasses import dataclass
 
 from . import llama4_text
-from .multimodal import TextConfigArgs, check_text_model_type, language_model_weights
+from .multimodal import (
+    TextConfigArgs,
+    accepts_text_config,
+    check_text_model_type,
+    language_model_weights,
+)
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(TextConfigArgs, llama4_text.ModelArgs):
     pass

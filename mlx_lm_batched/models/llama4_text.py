@@ -18,6 +18,7 @@ layers are dense MLPs of ``intermediate_size_mlp``.
 """
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Optional
 
 import mlx.core as mx
@@ -73,12 +74,15 @@ class ModelArgs(DecoderArgs):
                 for t in self.layer_types]
 
 
-def temperature_scale(attn_scale, floor_scale):
-    """Position -> query factor of the NoPE layers (transformers' attention
+def temperature_factor(positions, attn_scale, floor_scale):
+    """Query factor of the NoPE layers at ``positions`` (transformers' attention
     temperature tuning)."""
-    def scale(positions):
-        return 1 + attn_scale * mx.log1p(mx.floor((positions + 1) / floor_scale))
-    return scale
+    return 1 + attn_scale * mx.log1p(mx.floor((positions + 1) / floor_scale))
+
+
+def temperature_scale(attn_scale, floor_scale):
+    """Position -> query factor; a ``partial`` of a module function, so models copy."""
+    return partial(temperature_factor, attn_scale=attn_scale, floor_scale=floor_scale)
 
 
 class Model(CausalLM):

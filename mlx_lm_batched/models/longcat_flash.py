@@ -21,7 +21,7 @@ from ..layers.moe import SwitchGLU, combine_experts, stack_experts, topk_indices
 from ..layers.norms import RMSNorm
 from ..layers.rope import make_rope
 from ..layers.stack import CausalLM, DecoderStack
-from .args import BaseModelArgs
+from .args import BaseModelArgs, require_values
 
 
 @dataclass
@@ -38,6 +38,7 @@ class ModelArgs(BaseModelArgs):
     rope_theta: float = 10000.0
     rope_scaling: Optional[dict] = None
     attention_bias: bool = False
+    norm_topk_prob: bool = False  # mlx-lm's field; renormalised top-k is not implemented
     ffn_hidden_size: int = 12288
     q_lora_rank: int = 1536
     kv_lora_rank: int = 512
@@ -52,6 +53,9 @@ class ModelArgs(BaseModelArgs):
     router_bias: bool = False
     mla_scale_q_lora: bool = True
     mla_scale_kv_lora: bool = True
+
+    def __post_init__(self):
+        require_values(self, norm_topk_prob=(False,))
 
 
 class ScaledRMSNorm(RMSNorm):

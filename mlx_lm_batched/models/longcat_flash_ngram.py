@@ -24,6 +24,7 @@ class ModelArgs(longcat_flash.ModelArgs):
     zero_expert_type: str = "identity"
 
     def __post_init__(self):
+        super().__post_init__()
         if self.zero_expert_type != "identity":
             raise NotImplementedError(f"longcat_flash_ngram: zero_expert_type "
                                       f"'{self.zero_expert_type}' is not supported")

@@ -37,8 +37,13 @@ class ModelArgs(StackArgs):
     layer_norm_epsilon: float = 1e-5
     mixer_rms_eps: float = 1e-6
     tie_word_embeddings: bool = True
+    # mlx-lm's name: weightless RMS norms on dt, B and C (Falcon Mamba's); None: by
+    # model_type, as mlx-lm and transformers decide it.
+    use_bcdt_rms: Optional[bool] = None
 
     def __post_init__(self):
+        if self.use_bcdt_rms is None:
+            self.use_bcdt_rms = self.model_type == "falcon_mamba"
         # Hugging Face derives both when absent (MambaConfig and Mamba2Config alike).
         if self.intermediate_size is None:
             self.intermediate_size = self.expand * self.hidden_size
@@ -71,10 +76,9 @@ class MambaMixer(nn.Module):
 
     @classmethod
     def from_args(cls, args):
-        falcon = args.model_type == "falcon_mamba"
         return cls(args.hidden_size, args.intermediate_size, args.state_size, args.time_step_rank,
                    args.conv_kernel, args.use_bias, args.use_conv_bias,
-                   "weightless" if falcon else None, args.mixer_rms_eps)
+                   "weightless" if args.use_bcdt_rms else None, args.mixer_rms_eps)
 
     def _norm_bcdt(self, dt, Bm, Cm):
         if self.bcdt_norm == "weightless":

@@ -15,6 +15,7 @@ from ..layers.ssm import (
     ssd_scan,
 )
 from . import mamba
+from .args import require_values
 
 
 @dataclass
@@ -25,6 +26,13 @@ class ModelArgs(mamba.ModelArgs):
     state_size: int = 128
     time_step_limit: Optional[Union[list, tuple]] = None
     tie_word_embeddings: bool = False
+    ssm_state_size: Optional[int] = None  # mlx-lm's name of state_size
+    max_position_embeddings: Optional[int] = None  # no positions in Mamba-2: informational
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.state_size = self.ssm_state_size or self.state_size
+        require_values(self, use_bcdt_rms=(False,))  # Mamba's dt/B/C norms, not Mamba-2's
 
 
 def _as_float(value):

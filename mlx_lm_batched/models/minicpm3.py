@@ -45,7 +45,7 @@ class ModelArgs(DecoderArgs):
 class Model(CausalLM):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        rope = make_rope(args.qk_rope_head_dim, args.rope_theta, False, args.rope_scaling,
+        rope = make_rope(args.qk_rope_head_dim, args.rope_theta, args.rope_traditional, args.rope_scaling,
                          args.max_position_embeddings)
         scale = mla_softmax_scale(args.qk_nope_head_dim + args.qk_rope_head_dim, args.rope_scaling)
         norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps)

@@ -44,6 +44,13 @@ class ModelArgs(DecoderArgs):
     mlp_alpha_factor: float = 1.0
     mlp_beta_factor: float = 1.0
 
+    def __new__(cls, *args, **kwargs):
+        # mlx-lm's ``minimax`` fields (its MiniMax-M2 layout) build MiniMax-M2's args, as
+        # from_dict does. (copy and pickle call __new__ without arguments.)
+        if cls is ModelArgs and not args and is_mlx_lm_layout(kwargs):
+            return minimax_m2.ModelArgs(**kwargs)
+        return super().__new__(cls)
+
     @classmethod
     def from_dict(cls, params):
         """These args, or ``minimax_m2``'s for a config in mlx-lm's ``minimax`` layout."""
@@ -70,8 +77,9 @@ def is_mlx_lm_layout(params):
 
 
 class Model(CausalLM):
-    def __new__(cls, args):
+    def __new__(cls, args=None):
         # A config in mlx-lm's layout (see ModelArgs.from_dict) is MiniMax-M2.
+        # (copy and pickle call __new__ without arguments, then restore the state.)
         if isinstance(args, minimax_m2.ModelArgs):
             return minimax_m2.Model(args)
         return super().__new__(cls)

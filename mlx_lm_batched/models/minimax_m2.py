@@ -13,6 +13,7 @@ from ..layers.blocks import PreNormBlock
 from ..layers.moe import SparseMoE, softmax_topk
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM
+from .args import require_values
 from .common import DecoderArgs, config_rope, init_causal_lm
 from .mixtral import stack_mixtral_experts
 
@@ -24,6 +25,16 @@ class ModelArgs(DecoderArgs):
     rms_norm_eps: float = 1e-6
     rotary_dim: Optional[int] = None
     partial_rotary_factor: Optional[float] = None
+    # mlx-lm's fields for variants this file does not have: shared experts (mlx-lm
+    # reads the size nowhere), a softmax router, attention without QK-norm.
+    shared_intermediate_size: int = 0
+    scoring_func: str = "sigmoid"
+    use_qk_norm: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_values(self, shared_intermediate_size=(0,), scoring_func=("sigmoid",),
+                       use_qk_norm=(True,))
 
     def rotary_dims(self):
         if self.rotary_dim:

@@ -27,7 +27,7 @@ from ..layers.stack import CausalLM
 from .common import DecoderArgs, init_causal_lm
 from .gpt_oss import ClampedSwiGLU
 from .mixtral import MIXTRAL_EXPERT_NAMES
-from .multimodal import TextConfigArgs, check_text_model_type, language_model_weights
+from .multimodal import TextConfigArgs, accepts_text_config, check_text_model_type, language_model_weights
 
 TEXT_MODEL_TYPES = ("minimax_m3_vl_text",)
 SPARSE_CONFIG_KEYS = {"sparse_num_index_heads": "index_n_heads",
@@ -38,6 +38,7 @@ SPARSE_CONFIG_KEYS = {"sparse_num_index_heads": "index_n_heads",
                       "sparse_attention_freq": "sparse_attention_freq"}
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(TextConfigArgs, DecoderArgs):
     vocab_size: int = 200064

@@ -4,6 +4,7 @@ are scaled by Llama 4's long-context temperature
 ``beta = llama_4_scaling_beta`` from the RoPE parameters."""
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Optional
 
 import mlx.core as mx
@@ -27,11 +28,14 @@ class ModelArgs(llama.ModelArgs):
         return None
 
 
+def llama4_query_factor(positions, beta, context):
+    """Query factor at ``positions`` (transformers' ``get_llama_4_attn_scale``)."""
+    return 1 + beta * mx.log(1 + mx.floor(positions / context))
+
+
 def llama4_query_scale(beta, context):
-    """Position -> query factor (transformers' ``get_llama_4_attn_scale``)."""
-    def scale(positions):
-        return 1 + beta * mx.log(1 + mx.floor(positions / context))
-    return scale
+    """Position -> query factor; a ``partial`` of a module function, so models copy."""
+    return partial(llama4_query_factor, beta=beta, context=context)
 
 
 class Model(llama.Model):

@@ -6,11 +6,17 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import ministral3
-from .multimodal import TextConfigArgs, check_text_model_type, language_model_weights
+from .multimodal import (
+    TextConfigArgs,
+    accepts_text_config,
+    check_text_model_type,
+    language_model_weights,
+)
 
 TEXT_MODEL_TYPES = ("mistral", "llama", "ministral3", "ministral")
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(TextConfigArgs, ministral3.ModelArgs):
     text_model_type: Optional[str] = None

@@ -33,6 +33,22 @@ class ModelArgs(deepseek_v3.ModelArgs):
     first_k_dense_replace: int = 0
     max_position_embeddings: int = 1048576
     rope_parameters: Optional[dict] = None
+    # mlx-lm's derived sizes, nope + rope by default. A query head is always nope + rope
+    # wide here (and in mlx-lm), so a different ``qk_head_dim`` is refused; ``head_dim``
+    # sizes nothing in this architecture (mlx-lm keeps it unread too).
+    head_dim: Optional[int] = None
+    qk_head_dim: Optional[int] = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        width = self.qk_nope_head_dim + self.qk_rope_head_dim
+        if self.qk_head_dim is None:
+            self.qk_head_dim = width
+        if self.qk_head_dim != width:
+            raise ValueError(f"mistral4: qk_head_dim {self.qk_head_dim} is not "
+                             f"qk_nope_head_dim + qk_rope_head_dim = {width}")
+        if self.head_dim is None:
+            self.head_dim = width
 
     query_scaling = ministral3.ModelArgs.query_scaling
 

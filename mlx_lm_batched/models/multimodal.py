@@ -5,6 +5,9 @@ to vision/audio towers, which text generation ignores.
 A family file subclasses the text family's classes with :class:`TextConfigArgs`
 first and calls :func:`language_model_weights` in ``sanitize``."""
 
+import dataclasses
+import functools
+
 # Top-level modules of multimodal checkpoints that are not the language model.
 NON_TEXT_MODULES = ("vision_tower", "vision_model", "visual", "multi_modal_projector",
                     "audio_tower", "embed_vision", "embed_audio", "vision_embed",
@@ -54,11 +57,38 @@ def language_model_weights(weights):
 
 
 class TextConfigArgs:
-    """Mixin for a ``ModelArgs`` dataclass: ``from_dict`` reads ``text_config``."""
+    """Mixin for a ``ModelArgs`` dataclass: ``from_dict`` reads ``text_config``
+    (decorate the dataclass with :func:`accepts_text_config` for the constructor)."""
 
     @classmethod
     def from_dict(cls, params):
         return super().from_dict(text_config(params))
+
+
+def accepts_text_config(cls):
+    """Class decorator (outside ``@dataclass``): the constructor also takes mlx-lm's
+    ``text_config=`` (a dict or mlx-lm's text-args dataclass) and then builds what
+    ``from_dict`` builds from the keywords and ``text_config`` (the config's keys that
+    are no field are dropped there). A subclass's ``@dataclass`` writes a new
+    ``__init__``, so each multimodal ``ModelArgs`` carries the decorator itself."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, text_config=None, **kwargs):
+        if text_config is None:
+            init(self, *args, **kwargs)
+            return
+        if dataclasses.is_dataclass(text_config) and not isinstance(text_config, type):
+            # mlx-lm's multimodal args hold their text settings as a dataclass
+            text_config = dataclasses.asdict(text_config)
+        if args or not isinstance(text_config, dict):
+            raise TypeError("with text_config (a dict or dataclass), pass the other fields "
+                            "as keywords")
+        built = type(self).from_dict(dict(kwargs, text_config=text_config))
+        self.__dict__.update(vars(built))
+
+    cls.__init__ = __init__
+    return cls
 
 
 def text_rope_scaling(scaling):

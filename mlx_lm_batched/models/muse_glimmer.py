@@ -17,9 +17,10 @@ from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM, DecoderStack
 from .common import DecoderArgs, config_rope, init_causal_lm, type_windows
-from .multimodal import TextConfigArgs, check_text_model_type, language_model_weights
+from .multimodal import TextConfigArgs, accepts_text_config, check_text_model_type, language_model_weights
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(TextConfigArgs, DecoderArgs):
     vocab_size: int = 202048

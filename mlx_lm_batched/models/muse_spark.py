@@ -20,7 +20,7 @@ from ..layers.moe import SwitchGLU, combine_experts, softmax_topk, stack_experts
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM
 from .common import DecoderArgs, config_rope, init_causal_lm, type_windows
-from .multimodal import TextConfigArgs, check_text_model_type, language_model_weights
+from .multimodal import TextConfigArgs, accepts_text_config, check_text_model_type, language_model_weights
 from .muse_glimmer import NormedEmbeddingStack
 
 # Added to the sum of the top-k router weights before they are normalised.
@@ -29,6 +29,7 @@ ROUTER_NORM_EPS = 1e-15
 RESIDUAL_GATE_EPS = 1e-3
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(TextConfigArgs, DecoderArgs):
     vocab_size: int = 202048
@@ -130,7 +131,7 @@ class CompressedMoE(nn.Module):
         self.e_score_correction_bias = mx.zeros((e,))
         self.pre_expert_proj = nn.Linear(h, c, bias=False)
         self.pre_expert_norm = RMSNorm(c, args.rms_norm_eps, zero_centered=True)
-        self.experts = SwitchGLU(c, args.moe_intermediate_size, e, nn.silu)
+        self.experts = SwitchGLU(c, args.moe_intermediate_size, e, "silu")
         self.post_expert_norm = InputScaledRMSNorm(c, args.post_norm_eps)
         self.post_expert_proj = nn.Linear(c, h, bias=False)
         self.top_k = args.num_experts_per_tok

@@ -27,11 +27,8 @@ class ModelArgs(LlamaArgs):
     rope_theta: float = 500000.0
     tie_word_embeddings: bool = False
     block_configs: list = field(default_factory=list)
-
-    @classmethod
-    def from_dict(cls, params):
-        # MLP widths are per layer (block_configs); the shared field is unused.
-        return super().from_dict({"intermediate_size": 0, **params})
+    # MLP widths are per layer (block_configs); the shared field is unused (mlx-lm has none).
+    intermediate_size: int = 0
 
     def __post_init__(self):
         super().__post_init__()

@@ -8,6 +8,7 @@ from ..layers.blocks import SandwichBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM
+from .args import require_values
 from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
 
 POST_NORMS = (None, "post_attention_layernorm", None, "post_feedforward_layernorm")
@@ -17,6 +18,11 @@ POST_NORMS = (None, "post_attention_layernorm", None, "post_feedforward_layernor
 class ModelArgs(DecoderArgs):
     rms_norm_eps: float = 1e-5
     attention_bias: bool = False
+    mlp_bias: bool = False  # mlx-lm's field; OLMo 2 MLPs have no bias
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_values(self, mlp_bias=(False,))
 
 
 def build_layers(args, ropes):

@@ -7,6 +7,7 @@ from typing import Optional
 
 from ..layers.norms import RMSNorm
 from . import qwen2_moe
+from .args import require_values
 
 
 @dataclass
@@ -17,8 +18,11 @@ class ModelArgs(qwen2_moe.ModelArgs):
     rms_norm_eps: float = 1e-5
     clip_qkv: Optional[float] = None
 
+    mlp_bias: bool = False  # mlx-lm's field; OLMoE experts have no bias
+
     def __post_init__(self):
         super().__post_init__()
+        require_values(self, mlp_bias=(False,))
         self.moe_intermediate_size = self.intermediate_size  # every expert's width
 
 

@@ -2,6 +2,7 @@
 and dense projections, partial rotary, an ungated MLP and a biased output head."""
 
 from dataclasses import dataclass
+from typing import Optional
 
 from ..layers.attention import Attention
 from ..layers.blocks import ParallelBlock
@@ -13,6 +14,7 @@ from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
 
 @dataclass
 class ModelArgs(DecoderArgs):
+    intermediate_size: Optional[int] = None  # 4 x hidden_size (DecoderArgs)
     hidden_act: str = "gelu_new"
     layer_norm_eps: float = 1e-5
     max_position_embeddings: int = 2048

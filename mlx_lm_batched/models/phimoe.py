@@ -34,6 +34,18 @@ class ModelArgs(DecoderArgs):
     attention_bias: bool = False
     lm_head_bias: bool = False
     sliding_window: Optional[int] = None
+    max_position_embeddings: int = 131072  # transformers' and mlx-lm's default
+    # Older configs keep it next to rope_scaling; longrope reads it from there.
+    original_max_position_embeddings: Optional[int] = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.max_position_embeddings is None:  # an explicit null: the default
+            self.max_position_embeddings = 131072
+        original = self.original_max_position_embeddings
+        if original is not None and isinstance(self.rope_scaling, dict):
+            self.rope_scaling = {"original_max_position_embeddings": original,
+                                 **self.rope_scaling}
 
 
 def sparsemixer_choice(scores, jitter_eps, exclude=None):
@@ -76,7 +88,8 @@ class Model(CausalLM):
         self.model_type = args.model_type
         n_kv = args.num_key_value_heads or args.num_attention_heads
         head_dim = args.head_dim or args.hidden_size // args.num_attention_heads
-        rope = make_rope(head_dim, args.rope_theta, False, _rope_scaling(args.rope_scaling),
+        rope = make_rope(head_dim, args.rope_theta, args.rope_traditional,
+                         _rope_scaling(args.rope_scaling),
                          args.max_position_embeddings)
         norm = lambda: LayerNorm(args.hidden_size, args.rms_norm_eps)
         layers = [

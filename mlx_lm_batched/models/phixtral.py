@@ -8,8 +8,6 @@ layers' names in ``sanitize``."""
 import re
 from dataclasses import dataclass
 
-import mlx.nn as nn
-
 from ..layers.attention import Attention
 from ..layers.blocks import ParallelBlock
 from ..layers.moe import SparseMoE, SwitchMLP, stack_experts
@@ -66,7 +64,7 @@ class Model(CausalLM):
                           fused_qkv=True),
                 SparseMoE(dims, 4 * dims, args.num_local_experts, args.num_experts_per_tok,
                           normalize=True, switch=SwitchMLP(dims, 4 * dims, args.num_local_experts,
-                                                           nn.gelu_approx, bias=True)),
+                                                           "gelu_new", bias=True)),
                 norm, norm_names=("input_layernorm",),
             )
             for _ in range(args.num_layers)

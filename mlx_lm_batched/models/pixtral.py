@@ -9,8 +9,10 @@ it is refused with a line saying so."""
 from dataclasses import dataclass
 
 from . import mistral3
+from .multimodal import accepts_text_config
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(mistral3.ModelArgs):
     @classmethod

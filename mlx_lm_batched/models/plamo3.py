@@ -19,7 +19,7 @@ from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
 from ..layers.rope import make_rope
 from ..layers.stack import CausalLM
-from .args import BaseModelArgs
+from .args import BaseModelArgs, require_values
 from .common import init_causal_lm
 
 NORM_NAMES = ("pre_mixer_norm", "post_mixer_norm", "pre_mlp_norm", "post_mlp_norm")
@@ -44,8 +44,15 @@ class ModelArgs(BaseModelArgs):
     rope_local_theta: float = 10_000.0
     intermediate_size: int = 13312
     vocab_size: int = 32000
+    # mlx-lm's fields for PLaMo 3's image input and linear variants: text only here, with
+    # plain linear layers.
+    image_token_id: Optional[int] = None
+    image_feature_size: Optional[int] = None
+    image_proj_type: str = "linear"
+    linear_type: str = "normal"
 
     def __post_init__(self):
+        require_values(self, linear_type=("normal",))
         if self.sliding_window is not None:
             self.window_size = self.sliding_window
 

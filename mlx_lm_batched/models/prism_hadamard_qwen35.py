@@ -15,11 +15,13 @@ from mlx.utils import tree_unflatten
 
 from ..layers.hadamard import BITS, GROUP_SIZE, HadamardQuantizedEmbedding, HadamardQuantizedLinear
 from . import qwen3_5
+from .multimodal import accepts_text_config
 
 NAMESPACES = {1: "mlx-lm-text", 2: "mlx-vlm-qwen3_5"}
 PACK_QUANTIZATION = {"bits": BITS, "group_size": GROUP_SIZE, "mode": "affine"}
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(qwen3_5.ModelArgs):
     schema_version: int = 2

@@ -5,6 +5,7 @@ RMS ``ln_1``/``ln_2``. As in mlx-lm, the reference code's long-context tricks
 
 import re
 from dataclasses import dataclass
+from typing import Optional
 
 from ..layers.attention import Attention
 from ..layers.blocks import PreNormBlock
@@ -41,6 +42,14 @@ class ModelArgs(BaseModelArgs):
     vocab_size: int = 151936
     rotary_emb_base: float = 10000.0
     tie_word_embeddings: bool = False
+    kv_channels: Optional[int] = None  # the head size: hidden_size / num_attention_heads
+    max_position_embeddings: Optional[int] = None  # the context length (seq_length)
+
+    def __post_init__(self):
+        head_dim = self.hidden_size // self.num_attention_heads
+        if self.kv_channels not in (None, head_dim):
+            raise NotImplementedError(f"{self.model_type}: kv_channels={self.kv_channels} "
+                                      f"must be hidden_size / num_attention_heads = {head_dim}")
 
 
 class Model(CausalLM):

@@ -5,9 +5,15 @@ RoPE on text."""
 from dataclasses import dataclass
 
 from . import qwen2
-from .multimodal import TextConfigArgs, language_model_weights, text_rope_scaling
+from .multimodal import (
+    TextConfigArgs,
+    accepts_text_config,
+    language_model_weights,
+    text_rope_scaling,
+)
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(TextConfigArgs, qwen2.ModelArgs):
     def __post_init__(self):

@@ -8,10 +8,12 @@ prompt is plain RoPE."""
 from dataclasses import dataclass
 
 from . import qwen3_next
+from .multimodal import accepts_text_config
 
 _IGNORED = ("model.visual.", "visual.", "mtp.")
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(qwen3_next.ModelArgs):
     @classmethod

@@ -5,9 +5,15 @@ to plain RoPE on text."""
 from dataclasses import dataclass
 
 from . import qwen3
-from .multimodal import TextConfigArgs, language_model_weights, text_rope_scaling
+from .multimodal import (
+    TextConfigArgs,
+    accepts_text_config,
+    language_model_weights,
+    text_rope_scaling,
+)
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(TextConfigArgs, qwen3.ModelArgs):
     def __post_init__(self):

@@ -7,9 +7,15 @@ own layout (``(E, 2I, hidden)``, ``(E, hidden, I)``) loads too."""
 from dataclasses import dataclass
 
 from . import qwen3_moe
-from .multimodal import TextConfigArgs, language_model_weights, text_rope_scaling
+from .multimodal import (
+    TextConfigArgs,
+    accepts_text_config,
+    language_model_weights,
+    text_rope_scaling,
+)
 
 
+@accepts_text_config
 @dataclass
 class ModelArgs(TextConfigArgs, qwen3_moe.ModelArgs):
     norm_topk_prob: bool = True  # the router always renormalises the chosen weights

@@ -23,6 +23,7 @@ from ..layers.ssm import (
     rg_lru_scan,
 )
 from ..layers.stack import CausalLM
+from .args import require_values
 from .common import DecoderArgs, init_causal_lm
 
 
@@ -35,13 +36,19 @@ class ModelArgs(DecoderArgs):
     rms_norm_eps: float = 1e-6
     hidden_activation: str = "gelu_pytorch_tanh"
     partial_rotary_factor: float = 0.5
-    block_types: tuple = ("recurrent", "recurrent", "attention")
+    block_types: Optional[tuple] = None
+    # The 9B checkpoints name the pattern ``_block_types`` (mlx-lm reads both names).
+    _block_types: Optional[tuple] = None
     attention_bias: bool = False
     tie_word_embeddings: bool = True
+    embeddings_scale_by_sqrt_dim: bool = True  # mlx-lm's field; always so here
 
     def __post_init__(self):
         super().__post_init__()
+        require_values(self, embeddings_scale_by_sqrt_dim=(True,))
         self.lru_width = self.lru_width or self.hidden_size
+        if self.block_types is None:
+            self.block_types = self._block_types or ("recurrent", "recurrent", "attention")
         types = list(self.block_types)
         self.layer_kinds = [types[i % len(types)] for i in range(self.num_hidden_layers)]
 

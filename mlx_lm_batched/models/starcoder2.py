@@ -14,6 +14,7 @@ from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
 
 @dataclass
 class ModelArgs(DecoderArgs):
+    intermediate_size: Optional[int] = None  # 4 x hidden_size (DecoderArgs)
     norm_epsilon: float = 1e-5
     hidden_act: str = "gelu_pytorch_tanh"
     use_bias: bool = True

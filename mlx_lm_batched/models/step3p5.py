@@ -8,6 +8,7 @@ per layer. Hub checkpoints store the norms zero-centred (``1 + w``) and the expe
 under ``moe.``: both are converted on load."""
 
 from dataclasses import dataclass
+from functools import partial
 from typing import List, Optional
 
 import mlx.core as mx
@@ -87,11 +88,10 @@ class ModelArgs(BaseModelArgs):
         return (values[i] or default) if values and i < len(values) else default
 
 
-def clamped_glu(limit):
-    """SwiGLU with ``silu(gate)`` capped at ``limit`` and ``up`` clipped to +-limit."""
-    def glu(gate, up):
-        return mx.minimum(nn.silu(gate), limit) * mx.clip(up, -limit, limit)
-    return glu
+def clamped_glu(gate, up, limit):
+    """SwiGLU with ``silu(gate)`` capped at ``limit`` and ``up`` clipped to +-limit (bound
+    to a limit with ``functools.partial``, so the modules holding it copy and pickle)."""
+    return mx.minimum(nn.silu(gate), limit) * mx.clip(up, -limit, limit)
 
 
 class StepMLP(nn.Module):
@@ -104,7 +104,7 @@ class StepMLP(nn.Module):
 
     def __call__(self, x):
         g, u = self.gate_proj(x), self.up_proj(x)
-        h = clamped_glu(self.limit)(g, u) if self.limit else nn.silu(g) * u
+        h = clamped_glu(g, u, self.limit) if self.limit else nn.silu(g) * u
         return self.down_proj(h)
 
 
@@ -123,7 +123,7 @@ class StepMoE(nn.Module):
         self.gate = StepGate(args)
         self.switch_mlp = SwitchGLU(args.hidden_size, args.moe_intermediate_size,
                                     args.moe_num_experts,
-                                    glu=clamped_glu(limit) if limit else None)
+                                    glu=partial(clamped_glu, limit=limit) if limit else None)
         self.share_expert = StepMLP(args.hidden_size, args.share_expert_dim,
                                     args.per_layer(args.swiglu_limits_shared, i))
 

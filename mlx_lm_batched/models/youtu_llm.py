@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import deepseek_v3
+from .args import require_values
 
 
 @dataclass
@@ -19,6 +20,12 @@ class ModelArgs(deepseek_v3.ModelArgs):
     max_position_embeddings: int = 131072
     n_routed_experts: Optional[int] = None
     tie_word_embeddings: bool = True
+    # mlx-lm's field: DeepSeek's attention rotates adjacent pairs here, always.
+    rope_traditional: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_values(self, rope_traditional=(True,))
 
     def is_moe_layer(self, i):
         # Every layer is dense (YoutuConfig drops DeepSeek's expert fields).

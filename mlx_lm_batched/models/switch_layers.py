@@ -1,0 +1,7 @@
+"""mlx-lm's ``models.switch_layers`` module name: the expert layers (``layers/moe.py``).
+``SwitchGLU``/``SwitchMLP`` take the activation by name or as a picklable callable of
+the gate (``act(gate) * up``), not mlx-lm's two-argument ``SwiGLU`` module."""
+
+from ..layers.moe import QuantizedSwitchLinear, SwitchGLU, SwitchLinear, SwitchMLP
+
+__all__ = ["QuantizedSwitchLinear", "SwitchGLU", "SwitchLinear", "SwitchMLP"]
