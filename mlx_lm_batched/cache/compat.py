@@ -1,8 +1,10 @@
-"""mlx-lm's other cache class names, with what to use instead.
+"""mlx-lm's other cache class names: ``ArraysCache`` and ``CacheList`` work; the batch
+caches, whose semantics do not match this package's (a batch here is one set of
+per-layer caches holding every row, with each row's padding in the ``PromptCache``),
+raise on construction and name the alternative."""
 
-Their semantics do not match this package's (a batch here is one set of per-layer caches
-holding every row, with each row's padding in the ``PromptCache``), so constructing one
-raises and names the alternative."""
+
+from .state import StateCache
 
 
 class _Unsupported:
@@ -35,15 +37,65 @@ class ChunkedKVCache(_Unsupported):
                    "attention_chunk_size slots with a chunk mask; use make_prompt_cache(model)")
 
 
-class ArraysCache(_Unsupported):
-    """Not supported by this name (mlx-lm's recurrent state cache with its own padding)."""
+# mlx-lm's recurrent state cache is this package's StateCache under its other name (same
+# arrays, ``cache[i]``, ``filter``/``extend``/``extract``; ``ArraysCache(n, left_padding)``
+# refuses padding, which a batch records in its PromptCache).
+ArraysCache = StateCache
 
-    alternative = ("recurrent (SSM / linear attention) state lives in StateCache, whose "
-                   "rows' padding the PromptCache records; use make_prompt_cache(model)")
 
+class CacheList:
+    """mlx-lm's ``CacheList``: the caches of one layer that keeps several (e.g. an
+    attention cache and an indexer cache), used together.
 
-class CacheList(_Unsupported):
-    """Not supported (several caches grouped as one)."""
+    A container for code written for mlx-lm; this package's own models keep such layers'
+    caches as separate entries of one flat list, which the batch driver understands."""
 
-    alternative = ("a model's caches here are one flat list (a layer with two keeps two "
-                   "entries); use make_prompt_cache(model)")
+    def __init__(self, *caches):
+        self.caches = tuple(caches)
+
+    def __getitem__(self, idx):
+        return self.caches[idx]
+
+    def __len__(self):
+        return len(self.caches)
+
+    def is_trimmable(self):
+        return all(c.is_trimmable() for c in self.caches)
+
+    def trim(self, n):
+        """Trim every cache by ``n``; returns what the last one dropped (mlx-lm's)."""
+        m = 0
+        for c in self.caches:
+            m = c.trim(n)
+        return m
+
+    @property
+    def state(self):
+        """``[(state, class name), ...]`` of the caches (mlx-lm's layout)."""
+        return [(c.state, type(c).__name__) for c in self.caches]
+
+    def filter(self, rows):
+        for c in self.caches:
+            c.filter(rows)
+
+    def extend(self, other):
+        """Append ``other``'s rows, cache by cache; returns each cache's
+        ``(pad_self, pad_other)``."""
+        if len(other) != len(self):
+            raise ValueError(f"cannot extend a CacheList of {len(self)} caches with "
+                             f"one of {len(other)}")
+        return [c.extend(o) for c, o in zip(self.caches, other.caches)]
+
+    def extract(self, idx):
+        """Row ``idx`` of every cache (caches that have ``extract``)."""
+        return CacheList(*(c.extract(idx) for c in self.caches))
+
+    def size(self):
+        return max(c.size for c in self.caches)
+
+    def empty(self):
+        return self.caches[0].empty()
+
+    @property
+    def nbytes(self):
+        return sum(c.nbytes for c in self.caches)
