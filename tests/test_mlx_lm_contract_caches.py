@@ -14,7 +14,8 @@ from mlx_lm.generate import generate_step as mlx_generate_step
 from conftest import corpus_prompts
 from mlx_lm_batched.engine.batch_engine import BatchEngine
 from mlx_lm_batched.generate import generate_step
-from mlx_lm_batched.models.cache import (ArraysCache, CacheList, KVCache, RotatingKVCache,
+from mlx_lm_batched.models.cache import (ArraysCache, CacheList, ChunkedKVCache, KVCache,
+                                         RotatingKVCache,
                                          load_prompt_cache, make_prompt_cache,
                                          save_prompt_cache)
 
@@ -167,3 +168,19 @@ def test_cache_list_behaves_as_mlx_lms():
     assert not ours.empty() and ours[1].max_size == 8
     ours.filter([0])
     assert ours[0].state[0].shape[0] == 1
+
+
+def test_chunked_kv_cache_behaves_as_mlx_lms():
+    ours, ref = ChunkedKVCache(6), mlx_cache.ChunkedKVCache(6)
+    key = mx.random.key(7)
+    for L in (4, 5, 1, 1, 9, 1):
+        k, v = mx.random.normal((2, 1, 2, L, 4), key=key)
+        key = mx.random.split(key)[0]
+        for c in (ours, ref):
+            c.maybe_trim_front()
+        got, want = ours.update_and_fetch(k, v), ref.update_and_fetch(k, v)
+        assert all(mx.array_equal(a, b).item() for a, b in zip(got, want)), L
+        assert (ours.offset, ours.start_position) == (ref.offset, ref.start_position)
+    assert ours.is_trimmable() and ours.trim(3) == ref.trim(3) == 3
+    assert ours.offset == ref.offset
+    assert all(mx.array_equal(a, b).item() for a, b in zip(ours.state, ref.keys_and_values()))

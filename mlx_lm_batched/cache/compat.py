@@ -1,9 +1,9 @@
-"""mlx-lm's other cache class names: ``ArraysCache`` and ``CacheList`` work; the batch
-caches, whose semantics do not match this package's (a batch here is one set of
-per-layer caches holding every row, with each row's padding in the ``PromptCache``),
-raise on construction and name the alternative."""
+"""mlx-lm's other cache class names: ``ArraysCache``, ``CacheList`` and ``ChunkedKVCache``
+work; the batch caches, whose semantics do not match this package's (a batch here is one
+set of per-layer caches holding every row, with each row's padding in the
+``PromptCache``), raise on construction and name the alternative."""
 
-
+from .kv import KVCache
 from .state import StateCache
 
 
@@ -30,11 +30,36 @@ class BatchRotatingKVCache(_Unsupported):
                    "make_prompt_cache(model, max_kv_size=N)")
 
 
-class ChunkedKVCache(_Unsupported):
-    """Not supported (mlx-lm's chunked attention cache, Llama 4)."""
+class ChunkedKVCache(KVCache):
+    """mlx-lm's chunked-attention cache (Llama 4), for code that drives it itself: a
+    ``KVCache`` of the tokens since ``start_position``; ``maybe_trim_front()`` drops the
+    oldest so that at most ``chunk_size`` stay. ``offset`` counts every token fed.
 
-    alternative = ("chunked-attention layers (Llama 4) use a RotatingKVCache of "
-                   "attention_chunk_size slots with a chunk mask; use make_prompt_cache(model)")
+    This package's own chunked layers (Llama 4) use a ``RotatingKVCache`` of
+    ``attention_chunk_size`` slots with a chunk mask instead (``make_prompt_cache``)."""
+
+    def __init__(self, chunk_size):
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        super().__init__()
+        self.chunk_size = chunk_size
+        self.start_position = 0
+
+    @property
+    def offset(self):
+        """Tokens fed so far (mlx-lm's ``offset``; ``size`` is the tokens held)."""
+        return self.start_position + self.size
+
+    def reset(self):
+        super().reset()
+        self.start_position = 0
+
+    def maybe_trim_front(self):
+        """Keep only the last ``chunk_size`` tokens (mlx-lm's)."""
+        if self.keys is not None and self.size > self.chunk_size:
+            trim = self.size - self.chunk_size
+            self.start_position += trim
+            self.drop_leading(trim)
 
 
 # mlx-lm's recurrent state cache is this package's StateCache under its other name (same
