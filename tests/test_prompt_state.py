@@ -224,12 +224,14 @@ def test_mlx_lm_cache_file_continues_here(float_models, float_dirs, tmp_path, ki
     if kind == "KVCache":
         theirs = lm_cache.make_prompt_cache(lm_model)
         max_kv_size = None
-    else:  # keep=0: mlx-lm's own default (keep=4) is an attention sink we do not have
-        theirs = [lm_cache.RotatingKVCache(max_size=32, keep=0) for _ in lm_model.layers]
+    else:  # mlx-lm's max_kv_size cache: 4 sink tokens, as make_prompt_cache's here
+        theirs = [lm_cache.RotatingKVCache(max_size=32, keep=4) for _ in lm_model.layers]
         max_kv_size = 32
-    # mlx-lm's own model fills its cache with exactly the prompt (its generate_step
-    # would also feed the first sampled token before yielding it).
-    first = int(mx.argmax(lm_model(mx.array([prompt]), cache=theirs)[0, -1]))
+    # mlx-lm's own model fills its cache with exactly the prompt, fed as its
+    # generate_step feeds it (all but the last token, then the last alone; it would
+    # also feed the first sampled token before yielding it).
+    lm_model(mx.array([prompt[:-1]]), cache=theirs)
+    first = int(mx.argmax(lm_model(mx.array([prompt[-1:]]), cache=theirs)[0, -1]))
     path = str(tmp_path / "theirs.safetensors")
     lm_cache.save_prompt_cache(path, theirs, {"source": "mlx_lm"})
 

@@ -1,8 +1,10 @@
-"""mlx-lm's other cache class names, with what to use instead.
+"""mlx-lm's other cache class names: ``ArraysCache``, ``CacheList`` and ``ChunkedKVCache``
+work; the batch caches, whose semantics do not match this package's (a batch here is one
+set of per-layer caches holding every row, with each row's padding in the
+``PromptCache``), raise on construction and name the alternative."""
 
-Their semantics do not match this package's (a batch here is one set of per-layer caches
-holding every row, with each row's padding in the ``PromptCache``), so constructing one
-raises and names the alternative."""
+from .kv import KVCache
+from .state import StateCache
 
 
 class _Unsupported:
@@ -28,22 +30,97 @@ class BatchRotatingKVCache(_Unsupported):
                    "make_prompt_cache(model, max_kv_size=N)")
 
 
-class ChunkedKVCache(_Unsupported):
-    """Not supported (mlx-lm's chunked attention cache, Llama 4)."""
+class ChunkedKVCache(KVCache):
+    """mlx-lm's chunked-attention cache (Llama 4), for code that drives it itself: a
+    ``KVCache`` of the tokens since ``start_position``; ``maybe_trim_front()`` drops the
+    oldest so that at most ``chunk_size`` stay. ``offset`` counts every token fed.
 
-    alternative = ("chunked-attention layers (Llama 4) use a RotatingKVCache of "
-                   "attention_chunk_size slots with a chunk mask; use make_prompt_cache(model)")
+    This package's own chunked layers (Llama 4) use a ``RotatingKVCache`` of
+    ``attention_chunk_size`` slots with a chunk mask instead (``make_prompt_cache``)."""
+
+    def __init__(self, chunk_size):
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        super().__init__()
+        self.chunk_size = chunk_size
+        self.start_position = 0
+
+    @property
+    def offset(self):
+        """Tokens fed so far (mlx-lm's ``offset``; ``size`` is the tokens held)."""
+        return self.start_position + self.size
+
+    def reset(self):
+        super().reset()
+        self.start_position = 0
+
+    def maybe_trim_front(self):
+        """Keep only the last ``chunk_size`` tokens (mlx-lm's)."""
+        if self.keys is not None and self.size > self.chunk_size:
+            trim = self.size - self.chunk_size
+            self.start_position += trim
+            self.drop_leading(trim)
 
 
-class ArraysCache(_Unsupported):
-    """Not supported by this name (mlx-lm's recurrent state cache with its own padding)."""
+# mlx-lm's recurrent state cache is this package's StateCache under its other name (same
+# arrays, ``cache[i]``, ``filter``/``extend``/``extract``; ``ArraysCache(n, left_padding)``
+# refuses padding, which a batch records in its PromptCache).
+ArraysCache = StateCache
 
-    alternative = ("recurrent (SSM / linear attention) state lives in StateCache, whose "
-                   "rows' padding the PromptCache records; use make_prompt_cache(model)")
 
+class CacheList:
+    """mlx-lm's ``CacheList``: the caches of one layer that keeps several (e.g. an
+    attention cache and an indexer cache), used together.
 
-class CacheList(_Unsupported):
-    """Not supported (several caches grouped as one)."""
+    A container for code written for mlx-lm; this package's own models keep such layers'
+    caches as separate entries of one flat list, which the batch driver understands."""
 
-    alternative = ("a model's caches here are one flat list (a layer with two keeps two "
-                   "entries); use make_prompt_cache(model)")
+    def __init__(self, *caches):
+        self.caches = tuple(caches)
+
+    def __getitem__(self, idx):
+        return self.caches[idx]
+
+    def __len__(self):
+        return len(self.caches)
+
+    def is_trimmable(self):
+        return all(c.is_trimmable() for c in self.caches)
+
+    def trim(self, n):
+        """Trim every cache by ``n``; returns what the last one dropped (mlx-lm's)."""
+        m = 0
+        for c in self.caches:
+            m = c.trim(n)
+        return m
+
+    @property
+    def state(self):
+        """``[(state, class name), ...]`` of the caches (mlx-lm's layout)."""
+        return [(c.state, type(c).__name__) for c in self.caches]
+
+    def filter(self, rows):
+        for c in self.caches:
+            c.filter(rows)
+
+    def extend(self, other):
+        """Append ``other``'s rows, cache by cache; returns each cache's
+        ``(pad_self, pad_other)``."""
+        if len(other) != len(self):
+            raise ValueError(f"cannot extend a CacheList of {len(self)} caches with "
+                             f"one of {len(other)}")
+        return [c.extend(o) for c, o in zip(self.caches, other.caches)]
+
+    def extract(self, idx):
+        """Row ``idx`` of every cache (caches that have ``extract``)."""
+        return CacheList(*(c.extract(idx) for c in self.caches))
+
+    def size(self):
+        return max(c.size for c in self.caches)
+
+    def empty(self):
+        return self.caches[0].empty()
+
+    @property
+    def nbytes(self):
+        return sum(c.nbytes for c in self.caches)

@@ -2,13 +2,14 @@
 
 import inspect
 
-from .kv import KVCache, RotatingKVCache
+from .kv import KVCache, max_kv_cache
 from .prompt_cache import PromptCache
 
 
 def make_prompt_cache(model, max_kv_size=None):
     """A :class:`PromptCache` of one cache per layer: the model's own layout when it
-    has one, else full caches (or rotating caches of ``max_kv_size`` slots when given)."""
+    has one, else full caches (or, with ``max_kv_size``, rotating caches of that many
+    slots that keep each row's first 4 tokens, as mlx-lm's)."""
     make_cache = getattr(model, "make_cache", None)
     if make_cache is not None:
         # mlx-lm's models take no max_kv_size; ours may (asked by signature, so a
@@ -18,7 +19,7 @@ def make_prompt_cache(model, max_kv_size=None):
     else:
         n = len(model.layers)
         if max_kv_size is not None:
-            caches = [RotatingKVCache(max_size=max_kv_size) for _ in range(n)]
+            caches = [max_kv_cache(max_kv_size) for _ in range(n)]
         else:
             caches = [KVCache() for _ in range(n)]
     return PromptCache(caches)

@@ -21,15 +21,24 @@ PADDING_KEY = "mlx_lm_batched_padding"  # user-metadata key of the rows' padding
 STATE_SLOTS_KEY = "mlx_lm_batched_state_slots"
 
 
-def _layer_state(c):
-    """mlx-lm 0.32's ``state`` of a layer cache: a tuple of arrays and ints."""
+def _layer_state(c, padded=False):
+    """mlx-lm 0.32's ``state`` of a layer cache: a tuple of arrays and ints (``padded``:
+    rows with padding, which mlx-lm's layout cannot hold; a ring's sinks then follow)."""
     if type(c) is KVCache:
         k, v = (c.keys[..., : c.size, :], c.values[..., : c.size, :]) if c.keys is not None else (None, None)
         return [k, v, c.size]
     if type(c) is RotatingKVCache:
         k, v = c.ordered()
+        if c.keep and padded:  # each row's sinks by position, beside the slot ring
+            n = 0 if k is None else k.shape[2]
+            return [k, v, c.size, c.keep, c.max_size, n, c.sink_keys, c.sink_values]
+        if c.keep and c.size > c.max_size:
+            # mlx-lm's layout in time order: the sinks, then the last max_size - keep.
+            tail = c.max_size - c.keep
+            k = mx.concatenate([c.sink_keys, k[..., -tail:, :]], axis=2)
+            v = mx.concatenate([c.sink_values, v[..., -tail:, :]], axis=2)
         n = 0 if k is None else k.shape[2]
-        return [k, v, c.size, 0, c.max_size, n]
+        return [k, v, c.size, c.keep, c.max_size, n]
     if type(c) is QuantizedKVCache:  # mlx-lm's (keys, values, offset, group_size, bits)
         k, v = c.ordered()
         state = [list(k) if k else None, list(v) if v else None, c.size, c.group_size, c.bits]
@@ -40,9 +49,9 @@ def _layer_state(c):
                      "(KVCache, RotatingKVCache and StateCache only)")
 
 
-def _flat_state(c):
+def _flat_state(c, padded=False):
     """``(key suffix, value)`` pairs of a layer's state as mlx-lm tree-flattens it."""
-    for j, value in enumerate(_layer_state(c)):
+    for j, value in enumerate(_layer_state(c, padded)):
         if isinstance(value, list):
             for k, a in enumerate(value):
                 yield f"{j}.{k}", a
@@ -66,8 +75,10 @@ def save_prompt_cache(file_name, cache, metadata=None):
     when any, is kept under the metadata key ``PADDING_KEY`` (mlx-lm returns it with
     the user metadata)."""
     arrays, scalars = {}, []
+    padding = getattr(cache, "padding", None)
+    padded = padding is not None and any(padding)
     for i, c in enumerate(cache):
-        for j, value in _flat_state(c):
+        for j, value in _flat_state(c, padded):
             key = f"{i}.{j}"
             if value is None:
                 arrays[key] = mx.array([])
@@ -135,7 +146,7 @@ def _parse(arrays, info):
                        for p in user.pop(STATE_SLOTS_KEY, "").split(",") if p)
     cache = [_build_state(values, i, state_slots.get(i, 0)) if classes[i] == "ArraysCache"
              else _build_quantized(classes[i], values, i) if classes[i].startswith("Quantized")
-             else _build(classes[i], [values.get(f"{i}.{j}") for j in range(6)], i)
+             else _build(classes[i], [values.get(f"{i}.{j}") for j in range(8)], i)
              for i in range(len(classes))]
     padding = user.pop(PADDING_KEY, None)
     if padding is not None:
@@ -187,11 +198,12 @@ def _build(name, state, i):
         return c
     if name == "RotatingKVCache":
         keep, max_size, idx = state[3], state[4], state[5]
-        if keep:
-            raise ValueError(f"layer {i}: RotatingKVCache with keep={keep} (attention sink) "
-                             "is not supported")
-        c = RotatingKVCache(max_size)
-        if keys is not None:
+        c = RotatingKVCache(max_size, keep)
+        if keys is not None and keep and state[6] is None:
+            _load_sinks(c, keys, values, offset, idx)
+        elif keys is not None:
+            if keep:  # padded rows: each row's sinks were saved beside the ring
+                c.sink_keys, c.sink_values = state[6], state[7]
             # mlx-lm's ring: write index ``idx``; put it in time order, keep the window.
             n = keys.shape[2]
             order = lambda x: (x if idx == n else mx.concatenate([x[..., idx:, :], x[..., :idx, :]], 2)
@@ -201,3 +213,31 @@ def _build(name, state, i):
         return c
     raise ValueError(f"layer {i}: {name} caches are not supported "
                      "(KVCache, RotatingKVCache and ArraysCache only)")
+
+
+def _load_sinks(c, keys, values, offset, idx):
+    """Fill ``c`` (a ring that keeps ``c.keep`` sinks) from mlx-lm's layout: the sinks
+    at indices ``[0, keep)``, then a ring of the other slots with write index ``idx``."""
+    keep, M = c.keep, c.max_size
+    n = keys.shape[2]
+
+    def ordered(x):  # mlx-lm's ``_temporal_order``
+        if idx == n:
+            return x
+        if idx < offset:
+            return mx.concatenate([x[..., :keep, :], x[..., idx:, :], x[..., keep:idx, :]], 2)
+        return x[..., :idx, :]
+
+    keys, values = ordered(keys), ordered(values)
+    sinks = min(keep, offset)
+    pad = lambda x, m: mx.concatenate(
+        [x, mx.zeros((*x.shape[:2], m, x.shape[3]), x.dtype)], axis=2) if m else x
+    c.sink_keys = pad(keys[..., :sinks, :], keep - sinks)
+    c.sink_values = pad(values[..., :sinks, :], keep - sinks)
+    if offset <= M:  # the ring still holds every slot
+        c.load_ordered(keys, values, offset)
+        return
+    # The slots before the last ``M - keep`` are never seen again: zeros fill the ring.
+    tail = lambda x: mx.concatenate([mx.zeros((*x.shape[:2], keep, x.shape[3]), x.dtype),
+                                     x[..., -(M - keep):, :]], axis=2)
+    c.load_ordered(tail(keys), tail(values), offset)

@@ -21,6 +21,7 @@ and appending a chunk whose rows start at different columns (``update_shifted``)
 import mlx.core as mx
 
 from .protocol import FullSlotFrame
+from .sinks import capture_sinks, sink_ring_mask
 
 # Slots a cache allocates beyond those needed when the driver expects more: bounded,
 # so a huge ``max_tokens`` reserves nothing it has not generated yet, and large enough
@@ -51,6 +52,14 @@ def _shift_rows(old, new, shift):
     d = shift[:, None]
     idx = mx.where(j < d, n + j, mx.where(j < n + d, j - d, j))
     return mx.take_along_axis(mx.concatenate([old, new], axis=2), idx[:, None, :, None], axis=2)
+
+
+def update_kv(cache, keys, values, offset):
+    """``cache.update_and_fetch(keys, values)``, handing it the rows' ``offset`` when it
+    needs them (a ``RotatingKVCache`` that keeps sinks finds each row's by position)."""
+    if getattr(cache, "wants_offset", False):
+        return cache.update_and_fetch(keys, values, offset=offset)
+    return cache.update_and_fetch(keys, values)
 
 
 class KVCache(FullSlotFrame):
@@ -205,18 +214,61 @@ class KVCache(FullSlotFrame):
 
 
 class RotatingKVCache(KVCache):
-    """Cache of the last ``max_size`` slots, for sliding-window layers and ``max_kv_size``."""
+    """Cache of the last ``max_size`` slots, for sliding-window layers and ``max_kv_size``.
+
+    ``keep``: also keep each row's first ``keep`` tokens (attention sinks, mlx-lm's
+    ``max_kv_size`` caches keep 4; see ``sinks.py``): the keys returned are then the
+    sinks followed by the ring's, and ``update_and_fetch`` takes each row's ``offset``
+    (without it, rows are taken as unpadded, as in mlx-lm)."""
 
     def __init__(self, max_size, keep=0):
         super().__init__()
-        if keep:
-            raise ValueError(
-                "RotatingKVCache(keep>0) is not supported: batched rows keep no attention sink"
-            )
         if max_size < 1:
             raise ValueError(f"max_size must be positive, got {max_size}")
+        if not 0 <= keep < max_size:
+            raise ValueError(f"keep must be in [0, max_size={max_size}), got {keep}")
         self.max_size = max_size
-        self.keep = 0
+        self.keep = keep
+        self.sink_keys = self.sink_values = None  # (B, H, keep, D) when keep > 0
+
+    @property
+    def wants_offset(self):
+        """True when ``update_and_fetch`` needs the rows' ``offset`` (sinks kept)."""
+        return self.keep > 0
+
+    def reset(self):
+        super().reset()
+        self.sink_keys = self.sink_values = None
+
+    def _capture(self, keys, values, offset):
+        """Keep the sinks among the new columns (positions from ``offset``, or the
+        slots when None: unpadded rows)."""
+        if offset is None:
+            offset = mx.full((keys.shape[0],), self.size, mx.int32)
+        self.sink_keys = capture_sinks(self.sink_keys, keys, offset, self.keep)
+        self.sink_values = capture_sinks(self.sink_values, values, offset, self.keep)
+
+    def _with_sinks(self, kv):
+        if not self.keep:
+            return kv
+        return (mx.concatenate([self.sink_keys, kv[0]], axis=2),
+                mx.concatenate([self.sink_values, kv[1]], axis=2))
+
+    def make_mask(self, N, window_size=None, return_array=False):
+        """mlx-lm's mask for ``N`` queries of unpadded rows about to be written: None
+        or ``"causal"`` when no mask is needed (never with sinks), else a boolean
+        ``(N, K)`` array over the keys ``update_and_fetch`` will return."""
+        window = self.max_size if window_size is None else window_size
+        before = min(self.max_size - 1, self.size)
+        if not return_array and not self.keep:
+            if N == 1 and window >= self.max_size:
+                return None
+            if N > 1 and before + N <= window:
+                return "causal"
+        offset = mx.array([self.size], mx.int32)
+        mask = sink_ring_mask(self.key_slots(N), self.size, N, offset, self.max_size,
+                              self.keep, window if window < self.max_size else None)
+        return mask[0, 0]
 
     def _capacity(self, needed):
         return min(super()._capacity(needed), self.max_size)
@@ -250,7 +302,15 @@ class RotatingKVCache(KVCache):
             values = mx.concatenate([values[..., M - c :, :], values[..., : M - c, :]], axis=2)
         self.keys, self.values = keys, values
 
-    def update_and_fetch(self, keys, values):
+    def update_and_fetch(self, keys, values, offset=None):
+        """Append ``(B, H, L, D)`` keys/values; return the keys/values to attend (the
+        sinks first when ``keep``). ``offset``: ``(B,)`` position of each row's first
+        column, used to find the sinks."""
+        if self.keep:
+            self._capture(keys, values, offset)
+        return self._with_sinks(self._ring_update(keys, values))
+
+    def _ring_update(self, keys, values):
         M, S, L = self.max_size, self.size, keys.shape[2]
         if S + L <= M:
             self.allocate(S + L, keys, values)
@@ -280,18 +340,20 @@ class RotatingKVCache(KVCache):
         self._store_ring(keys, values, self.size)
         return keys, values
 
-    def update_shifted(self, keys, values, shift):
+    def update_shifted(self, keys, values, shift, offset=None):
+        if self.keep:
+            self._capture(keys, values, offset)
         old_k, old_v = self.ordered()
         M, S, L = self.max_size, self.size, keys.shape[2]
         keys = _shift_rows(old_k, keys, shift)
         values = _shift_rows(old_v, values, shift)
         if S + L <= M:
-            self.reset()
-            return self.update_and_fetch(keys, values)
+            KVCache.reset(self)  # the ring only: the sinks stay
+            return self._with_sinks(self._ring_update(keys, values))
         # The first n = min(S, max_size) shifted slots are the (moved) old ones.
         n = keys.shape[2] - L
-        return self._append_ordered(keys[..., :n, :], values[..., :n, :],
-                                    keys[..., n:, :], values[..., n:, :])
+        return self._with_sinks(self._append_ordered(keys[..., :n, :], values[..., :n, :],
+                                                     keys[..., n:, :], values[..., n:, :]))
 
     def key_slots(self, query_len):
         M, S, L = self.max_size, self.size, query_len
@@ -306,22 +368,39 @@ class RotatingKVCache(KVCache):
         return self.max_size if window is None else min(window, self.max_size)
 
     def layout_key(self):
-        return ("ring", self.max_size, self.size)
+        return ("ring", self.max_size, self.size, self.keep)
 
     @property
     def state(self):
+        """``[keys, values]`` of the ring (the sinks first when ``keep``, as mlx-lm's)."""
         if self.keys is None:
             return []
+        kv = (self.keys, self.values)
         if self.size < self.max_size:
-            return [self.keys[..., : self.size, :], self.values[..., : self.size, :]]
-        return [self.keys, self.values]
+            kv = (self.keys[..., : self.size, :], self.values[..., : self.size, :])
+        return list(self._with_sinks(kv))
 
     @state.setter
     def state(self, value):
         if not value:
-            self.keys = self.values = None
+            self.keys = self.values = self.sink_keys = self.sink_values = None
             return
-        self.keys, self.values = value
+        keys, values = value
+        if self.keep:
+            self.sink_keys, self.sink_values = keys[..., : self.keep, :], values[..., : self.keep, :]
+            keys, values = keys[..., self.keep :, :], values[..., self.keep :, :]
+        self.keys, self.values = keys, values
+
+    def filter(self, rows):
+        super().filter(rows)
+        if self.sink_keys is not None:
+            rows = mx.array(rows)
+            self.sink_keys, self.sink_values = self.sink_keys[rows], self.sink_values[rows]
+
+    @property
+    def nbytes(self):
+        sinks = 0 if self.sink_keys is None else self.sink_keys.nbytes + self.sink_values.nbytes
+        return super().nbytes + sinks
 
     def is_trimmable(self):
         return self.size < self.max_size
@@ -353,6 +432,21 @@ class RotatingKVCache(KVCache):
         keys = mx.concatenate([parts[0][0], parts[1][0]], axis=0)
         values = mx.concatenate([parts[0][1], parts[1][1]], axis=0)
         pads = (size - self.size, size - other.size)
+        if self.keep != other.keep:
+            raise ValueError("cannot merge rotating caches that keep different sink counts")
+        if self.keep:  # sinks are per row and by position: padding does not move them
+            self.sink_keys = mx.concatenate([self.sink_keys, other.sink_keys], axis=0)
+            self.sink_values = mx.concatenate([self.sink_values, other.sink_values], axis=0)
         self.size = size
         self._store_ring(keys, values, size)
         return pads
+
+
+# mlx-lm's ``make_prompt_cache(model, max_kv_size=N)`` keeps 4 sink tokens per row.
+MAX_KV_SINKS = 4
+
+
+def max_kv_cache(max_kv_size):
+    """The cache of a global attention layer bounded by ``max_kv_size`` (mlx-lm's: a ring
+    of that many slots that keeps each row's first ``MAX_KV_SINKS`` tokens)."""
+    return RotatingKVCache(max_kv_size, keep=min(MAX_KV_SINKS, max_kv_size - 1))

@@ -184,6 +184,8 @@ def to_quantized(cache, group_size=64, bits=8):
     ``KVCache`` or ``RotatingKVCache``; an already quantized cache is returned as is).
 
     mlx-lm's ``KVCache.to_quantized``; here rings (sliding-window layers) quantize too.
+    A ring's sinks (``keep``) are not kept: the quantized ring is a plain window
+    (mlx-lm refuses to quantize rotating caches at all; README, "Python API").
     """
     if isinstance(cache, QuantizedKVCache):
         return cache

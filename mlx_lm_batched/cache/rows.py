@@ -69,7 +69,7 @@ def _empty_like(c):
     if isinstance(c, QuantizedKVCache):
         return QuantizedKVCache(c.group_size, c.bits, c.max_size)
     if isinstance(c, RotatingKVCache):
-        return RotatingKVCache(c.max_size)
+        return RotatingKVCache(c.max_size, c.keep)
     return KVCache()
 
 
@@ -84,8 +84,11 @@ def _row_of_rotating(c, row, pad):
     M, n = c.max_size, c.size - pad
     keep = min(n, M)  # the ring's last slots that are this row's tokens
     keys, values = (x[row : row + 1, :, x.shape[2] - keep :] for x in c.ordered())
-    new = RotatingKVCache(M)
+    new = RotatingKVCache(M, c.keep)
     new.load_ordered(mx.contiguous(keys), mx.contiguous(values), n)
+    if c.keep:  # sinks are by position: the row's own, whatever its padding
+        new.sink_keys = mx.contiguous(c.sink_keys[row : row + 1])
+        new.sink_values = mx.contiguous(c.sink_values[row : row + 1])
     return new
 
 

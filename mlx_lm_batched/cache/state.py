@@ -22,9 +22,34 @@ class StateCache(FullSlotFrame):
     :class:`~.protocol.LayerCache`; the mask path treats it like a full cache of ``size``
     slots, so hybrid models share one mask between it and their attention layers)."""
 
-    def __init__(self, n=2):
+    def __init__(self, n=2, left_padding=None):
+        if left_padding is not None:
+            raise NotImplementedError(
+                "ArraysCache(left_padding=...) is not supported: a batch's padding lives in "
+                "its PromptCache; use PromptCache(caches, padding=left_padding)")
         self.arrays = [None] * n
         self.size = 0
+
+    @property
+    def cache(self):
+        """The state arrays (mlx-lm's ``ArraysCache.cache``)."""
+        return self.arrays
+
+    @cache.setter
+    def cache(self, value):
+        self.arrays = list(value)
+
+    def make_mask(self, N):
+        """mlx-lm's state mask for ``N`` new columns: None, rows here are never padded
+        inside a layer cache (the ``PromptCache`` records padding)."""
+        return None
+
+    def extract(self, idx):
+        """Row ``idx`` as a one-row cache of the same kind (mlx-lm's ``extract``)."""
+        new = type(self)(len(self))
+        new.arrays = [None if a is None else a[idx : idx + 1] for a in self.arrays]
+        new.size = self.size
+        return new
 
     def __getitem__(self, i):
         return self.arrays[i]
@@ -70,6 +95,12 @@ class StateCache(FullSlotFrame):
         if not value:
             self.reset()
             return
+        if len(value) == 3 and isinstance(value[0], (list, tuple)):
+            # mlx-lm's ArraysCache state: (arrays, left_padding, lengths)
+            if value[1] is not None or value[2] is not None:
+                raise NotImplementedError("an ArraysCache state with left_padding or lengths "
+                                          "is not supported: use a PromptCache's padding")
+            value = value[0]
         self.arrays = list(value)
 
     def is_trimmable(self):

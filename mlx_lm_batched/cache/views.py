@@ -86,7 +86,7 @@ def has_rows_view(cache, slots):
     prefill does not wrap (``slots <= max_size``: no slot is overwritten, so the ring
     holds its slots in order, as a full cache does)."""
     if type(cache) is RotatingKVCache:
-        return slots <= cache.max_size
+        return slots <= cache.max_size and not cache.keep  # sinks are found by offset
     return type(cache) in (KVCache, StateCache)
 
 
@@ -107,8 +107,22 @@ class ShiftedView:
     def __init__(self, cache, shift):
         self.cache, self.shift = cache, shift
 
-    def update_and_fetch(self, keys, values):
+    def update_and_fetch(self, keys, values, offset=None):
+        if self.wants_offset:
+            return self.cache.update_shifted(keys, values, self.shift, offset)
         return self.cache.update_shifted(keys, values, self.shift)
+
+    @property
+    def wants_offset(self):
+        return getattr(self.cache, "wants_offset", False)
+
+    @property
+    def keep(self):
+        return getattr(self.cache, "keep", 0)
+
+    @property
+    def max_size(self):
+        return self.cache.max_size
 
     @property
     def size(self):

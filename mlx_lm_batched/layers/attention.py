@@ -7,6 +7,7 @@ import mlx.nn as nn
 
 from . import cpu_ops
 from .quantized_attention import quantized_attention
+from ..cache.kv import update_kv
 
 
 def scaled_dot_product_attention(q, k, v, scale, mask, softcap=None, sinks=None):
@@ -138,7 +139,7 @@ class Attention(nn.Module):
             v = self.v_norm(v)
         v = v.transpose(0, 2, 1, 3)
         if cache is not None:
-            k, v = cache.update_and_fetch(k, v)
+            k, v = update_kv(cache, k, v, offset)
         return self._attend(q, k, v, mask, attention, output_gate)
 
     def _attend(self, q, k, v, mask, attention, output_gate=None):

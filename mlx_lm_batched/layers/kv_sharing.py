@@ -15,6 +15,7 @@ the masks cover those), :func:`layer_inputs` in its layer loop and
 :func:`drop_shared_kv_weights` in ``sanitize``.
 """
 
+from ..cache.kv import update_kv
 from .attention import Attention
 
 
@@ -81,8 +82,14 @@ class KVShare:
         self.cache = cache
         self.kv = None
 
-    def update_and_fetch(self, keys, values):
-        self.kv = (keys, values) if self.cache is None else self.cache.update_and_fetch(keys, values)
+    @property
+    def wants_offset(self):
+        """Whether the source cache takes the rows' ``offset`` (a ring keeping sinks)."""
+        return getattr(self.cache, "wants_offset", False)
+
+    def update_and_fetch(self, keys, values, offset=None):
+        self.kv = (keys, values) if self.cache is None else update_kv(self.cache, keys, values,
+                                                                      offset)
         return self.kv
 
     def fetch(self):

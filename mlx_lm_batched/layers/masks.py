@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from ..cache.sinks import sink_ring_mask
+
 
 @dataclass(frozen=True)
 class BlockSparse:
@@ -134,7 +136,13 @@ def masks_for_layers(caches, windows, query_len, offset, chunks=None, block_spar
         else:
             window = cache.effective_window(window)
             key = (cache.layout_key(), window, chunk, pattern)
-            if key not in built:
+            if key not in built and getattr(cache, "keep", 0):
+                if chunk is not None or pattern is not None:
+                    raise NotImplementedError("a RotatingKVCache with keep>0 (attention sinks) "
+                                              "serves plain or sliding-window attention only")
+                built[key] = sink_ring_mask(cache.key_slots(query_len), cache.size, query_len,
+                                            offset, cache.max_size, cache.keep, window)
+            elif key not in built:
                 built[key] = attention_mask(cache.key_slots(query_len), cache.size, query_len,
                                             offset, window, chunk, pattern)
         masks.append(built[key])

@@ -15,6 +15,7 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..cache.kv import update_kv
 from .attention import scaled_dot_product_attention
 from .norms import RMSNorm
 
@@ -140,7 +141,7 @@ class MultiHeadLatentAttention(nn.Module):
         # takes; one call over every slot gives the same result.
         queries, keys, values, _ = self.project(x, offset)
         if cache is not None:
-            keys, values = cache.update_and_fetch(keys, values)
+            keys, values = update_kv(cache, keys, values, offset)
         return self.output(scaled_dot_product_attention(queries, keys, values, self.scale, mask),
                            x)
 

@@ -5,7 +5,7 @@ runs the stack and the head."""
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..cache.kv import KVCache, RotatingKVCache
+from ..cache.kv import KVCache, RotatingKVCache, max_kv_cache
 from .step import resolve_masks, resolve_offset
 
 
@@ -121,7 +121,10 @@ class CausalLM(nn.Module):
         caches = []
         for w, c in zip(self.layer_windows, chunks):
             bounds = [b for b in (w, c, max_kv_size) if b is not None]
-            caches.append(RotatingKVCache(min(bounds)) if bounds else KVCache())
+            if w is None and c is None and max_kv_size is not None:
+                caches.append(max_kv_cache(max_kv_size))  # mlx-lm's: keeps 4 sinks
+            else:
+                caches.append(RotatingKVCache(min(bounds)) if bounds else KVCache())
         return caches
 
     def sanitize(self, weights):

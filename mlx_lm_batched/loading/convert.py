@@ -1,10 +1,10 @@
 """Convert a Hugging Face model (directory or repo) or a GGUF file to an MLX directory
 (the command line is ``cli/convert.py``).
 
-The output keeps Hugging Face weight names and writes ``config.json`` (with
-mlx-lm's ``quantization`` entry when quantized), ``model.safetensors`` and the
-tokenizer files, so it loads here, in mlx-lm, and (when saved as floats) in
-transformers.
+The output holds mlx-lm's weight names (Hugging Face's where they agree; see
+``mlx_lm_layout.py``) and writes ``config.json`` (with mlx-lm's ``quantization`` entry
+when quantized, and the top-level keys mlx-lm reads), ``model.safetensors`` and the
+tokenizer files, so it loads here and in mlx-lm.
 """
 
 import json
@@ -23,6 +23,7 @@ from .load import (
     load_weights,
     model_from_weights,
 )
+from .mlx_lm_layout import mlx_lm_config, mlx_lm_weights
 from .save import TOKENIZER_FILES, save_weights
 
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
@@ -112,8 +113,8 @@ def convert(
     if "quantization" in config:
         config["quantization_config"] = config["quantization"]
     out.mkdir(parents=True, exist_ok=True)
-    save_weights(out, dict(tree_flatten(model.parameters())))
+    save_weights(out, mlx_lm_weights(config.get("model_type"), dict(tree_flatten(model.parameters()))))
     with open(out / "config.json", "w") as f:
-        json.dump(dict(sorted(config.items())), f, indent=2)
+        json.dump(dict(sorted(mlx_lm_config(config).items())), f, indent=2)
     write_tokenizer(out)
     return out

@@ -15,6 +15,7 @@ import mlx.nn as nn
 from ..models import get_model_module, resolve_model_type
 from .config_checks import check_config_fields
 from .dequantize import _dequantize_dtype, cast_floats, dequantize_model
+from .mlx_lm_layout import from_mlx_lm_weights
 
 HUB_PATTERNS = [
     "*.json",
@@ -212,7 +213,7 @@ def model_from_weights(config, weights, strict=True, lazy=False, source="config.
         raise ModelLoadError(f"{source}: not a valid '{config['model_type']}' config: "
                              f"{type(e).__name__}: {_one_line(e)}") from None
     try:
-        weights = model.sanitize(weights)
+        weights = from_mlx_lm_weights(config.get("model_type"), model.sanitize(weights))
         qconfig = quantization_config(config)
         if qconfig is not None:
             quantize_like(model, weights, qconfig)

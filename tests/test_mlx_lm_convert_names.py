@@ -1,0 +1,57 @@
+"""``convert`` writes what mlx-lm 0.32 loads (weight names and the config keys it reads),
+checked by loading the output with ``mlx_lm.utils.load_model`` and comparing its logits
+with this package's; the output (mlx-lm names) still loads here."""
+
+import importlib
+from pathlib import Path
+
+import mlx.core as mx
+import mlx_lm.utils
+import pytest
+from mlx.utils import tree_flatten
+
+from arch_harness import build_hf_model, save_hf_model
+from mlx_lm_batched.convert import convert
+from mlx_lm_batched.loading.load import load_model
+
+# (test module holding the tiny config, family name there)
+CASES = {
+    "mixtral": ("test_arch_moe", "mixtral"),  # experts stacked into switch_mlp
+    "qwen3_moe": ("test_arch_moe", "qwen3_moe"),  # num_experts (transformers 5 renamed it)
+    "gemma4_text": ("test_arch_gemma4", "gemma4_text"),  # global_head_dim, rope keys
+    "gemma4": ("test_arch_gemma4", "gemma4"),  # the language_model. prefix
+}
+PROMPT = [[1, 9, 3, 11, 40]]  # no multimodal placeholder ids (5, 6, 7)
+
+
+def converted(tmp_path, module, family):
+    config, options = importlib.import_module(module).FAMILIES[family]
+    hf = build_hf_model(options.get("model_type", family), config)
+    save_hf_model(hf, tmp_path / "hf", "transformers5", options.get("saved_model_type"))
+    return convert(str(tmp_path / "hf"), str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_converted_model_loads_in_mlx_lm_with_our_logits(tmp_path, name):
+    out = converted(tmp_path, *CASES[name])
+    ours = load_model(Path(out))
+    ours = ours[0] if isinstance(ours, tuple) else ours
+    theirs, _ = mlx_lm.utils.load_model(Path(out))
+    x = mx.array(PROMPT)
+    worst = float(mx.abs(theirs(x) - ours(x)).max())
+    assert worst < 1e-4, (name, worst)
+
+
+def test_gemma4_experts_are_written_as_mlx_lms_switch_glu_and_load_back(tmp_path):
+    out = converted(tmp_path, "test_arch_gemma4", "gemma4_text_moe")
+    names = list(mx.load(str(Path(out) / "model.safetensors")))
+    assert any(".experts.switch_glu.gate_proj." in n for n in names)
+    assert not any(".experts.gate_proj." in n for n in names)
+    model = load_model(Path(out))
+    model = model[0] if isinstance(model, tuple) else model
+    params = dict(tree_flatten(model.parameters()))
+    assert any(".experts.gate_proj." in n for n in params)  # this package's own names
+    source = load_model(tmp_path / "hf")  # the Hugging Face checkpoint itself
+    source = source[0] if isinstance(source, tuple) else source
+    x = mx.array(PROMPT)
+    assert mx.allclose(model(x), source(x), atol=1e-5).item()
