@@ -18,6 +18,7 @@ column, for all rows at once, gives the first sampled token.
 import mlx.core as mx
 
 from ..cache.views import ShiftedView, has_rows_view, rows_view
+from ..layers.lora import adapter_rows
 from .prefill_plan import plan_prefill_groups
 
 
@@ -73,7 +74,8 @@ class PrefillJob:
         kwargs = {}
         if self.embeddings is not None:
             kwargs["input_embeddings"] = self.embeddings[rows, cols]
-        return self.engine.model(tokens[rows, cols], offset=offset, cache=cache, **kwargs)
+        with adapter_rows(self.engine.adapter_slots(rows)):
+            return self.engine.model(tokens[rows, cols], offset=offset, cache=cache, **kwargs)
 
     def _fed_up_to(self, end, rows=None):
         """Rows ``rows`` (all by default) have fed every column before ``end``."""

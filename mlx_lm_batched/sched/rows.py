@@ -43,6 +43,7 @@ class Row:
     sampling: Any  # its engine.sampling.RowSampler
     matcher: Any
     cut_at_segments: bool = False  # prefill stops at every segment end
+    adapter: int = -1  # adapter slot (layers.lora; -1: the model's default)
     done: int = 0  # prompt tokens fed
     generated: int = 0
 

@@ -1,0 +1,152 @@
+"""LoRA and DoRA adapters (mlx-lm's format): equal to mlx-lm's on the same weights, fused,
+from the CLIs, and several adapters per row of one batch.
+
+Adapters are made with mlx-lm's own utilities on the SmolLM2 fixture
+(``linear_to_lora_layers``, random non-zero ``lora_b`` and DoRA magnitudes, saved as its
+trainer saves them: the trainable parameters and ``adapter_config.json``)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx.utils import tree_flatten
+
+from mlx_lm_batched import load
+from mlx_lm_batched.loading.adapters import attach_adapters, load_adapter
+from mlx_lm_batched.sched.generator import BatchGenerator
+
+PROMPTS = ["The capital of France is", "Once upon a time, a small robot", "def add(a, b):"]
+TOKENS = 6
+
+
+def make_adapter(model_dir, out, kind, seed, keys=("self_attn.q_proj", "self_attn.v_proj",
+                                                  "mlp.down_proj"), rank=4, num_layers=3):
+    """An mlx-lm adapter directory: mlx-lm's LoRA/DoRA layers with random non-zero weights."""
+    import mlx_lm
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    model, _ = mlx_lm.load(str(model_dir))
+    model.freeze()
+    params = {"rank": rank, "scale": 8.0, "dropout": 0.0, "keys": list(keys)}
+    linear_to_lora_layers(model, num_layers, params, use_dora=(kind == "dora"))
+    mx.random.seed(seed)
+    update = []
+    for name, v in tree_flatten(model.trainable_parameters()):
+        if name.endswith("lora_b"):
+            update.append((name, 0.05 * mx.random.normal(v.shape)))
+        elif name.endswith(".m"):
+            update.append((name, v * (1 + 0.1 * mx.random.normal(v.shape))))
+    model.load_weights(update, strict=False)
+    os.makedirs(out, exist_ok=True)
+    mx.save_safetensors(os.path.join(out, "adapters.safetensors"),
+                        dict(tree_flatten(model.trainable_parameters())))
+    with open(os.path.join(out, "adapter_config.json"), "w") as f:
+        json.dump({"fine_tune_type": kind, "num_layers": num_layers, "lora_parameters": params}, f)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def smol_dir(float_dirs):
+    return float_dirs["smollm2"]
+
+
+@pytest.fixture(scope="module")
+def adapters(smol_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapters")
+    return {"lora": make_adapter(smol_dir, root / "lora", "lora", 1),
+            "dora": make_adapter(smol_dir, root / "dora", "dora", 2,
+                                 keys=("self_attn.k_proj", "mlp.up_proj"), rank=2)}
+
+
+def greedy(model, tokenizer, prompt, n=TOKENS):
+    """mlx-lm's or our generate_step driven greedily: n tokens."""
+    from mlx_lm.generate import generate_step
+
+    out = []
+    for (tok, _), _ in zip(generate_step(mx.array(tokenizer.encode(prompt)), model), range(n)):
+        out.append(int(tok))
+    return out
+
+
+def _quantize(model):
+    nn.quantize(model, group_size=64, bits=4,
+                class_predicate=lambda p, m: isinstance(m, nn.Linear) and m.weight.shape[1] % 64 == 0)
+    return model
+
+
+@pytest.mark.parametrize("kind,quantized", [("lora", False), ("dora", False), ("lora", True),
+                                            ("dora", True)])
+def test_adapter_equals_mlx_lm(smol_dir, adapters, kind, quantized):
+    """Logits and greedy tokens equal mlx-lm's ``load(..., adapter_path=...)`` (float and
+    4-bit base weights), and the adapter changes the model."""
+    import mlx_lm
+    from mlx_lm.tuner.utils import load_adapters
+
+    path = adapters[kind]
+    if quantized:
+        ref, tok = mlx_lm.load(str(smol_dir))
+        load_adapters(_quantize(ref), path)
+        ours, _ = load(str(smol_dir))
+        load_adapter(_quantize(ours), path)
+    else:
+        ref, tok = mlx_lm.load(str(smol_dir), adapter_path=path)
+        ours, _ = load(str(smol_dir), adapter_path=path)
+    base, _ = load(str(smol_dir))
+    x = mx.array([tok.encode(PROMPTS[0])])
+    a, b = ref(x), ours(x)
+    assert mx.abs(a - b).max().item() < 2e-3
+    assert mx.abs(a - base(x)).max().item() > 0.5  # the adapter matters
+    assert greedy(ours, tok, PROMPTS[1]) == greedy(ref, tok, PROMPTS[1])
+
+
+def test_rows_with_different_adapters_equal_each_alone(smol_dir, adapters):
+    """One batch: rows on the LoRA adapter, the DoRA adapter and none, joining at
+    different steps; each row's tokens and logprobs equal its adapter's model alone."""
+    model, tok = load(str(smol_dir))
+    attach_adapters(model, [adapters["lora"], adapters["dora"]])
+    solo = {0: load(str(smol_dir))[0], 1: load(str(smol_dir), adapter_path=adapters["lora"])[0],
+            2: load(str(smol_dir), adapter_path=adapters["dora"])[0]}
+    rows = [(PROMPTS[0], 1), (PROMPTS[1], 0), (PROMPTS[2], 2), (PROMPTS[0], 2), (PROMPTS[1], 1)]
+    gen = BatchGenerator(model, max_tokens=TOKENS, prefill_batch_size=3)
+    uids = gen.insert([tok.encode(p) for p, _ in rows[:3]], adapters=[a for _, a in rows[:3]])
+    got = {}
+    step = 0
+    while True:
+        if step == 2:  # rows joining the running batch
+            uids += gen.insert([tok.encode(p) for p, _ in rows[3:]],
+                               adapters=[a for _, a in rows[3:]])
+        _, responses = gen.next()
+        step += 1
+        if not responses and step > 2 and not gen._rows:
+            break
+        for r in responses:
+            got.setdefault(r.uid, []).append((r.token, r.logprobs))
+    for uid, (prompt, slot) in zip(uids, rows):
+        ref = BatchGenerator(solo[slot], max_tokens=TOKENS)
+        (ruid,) = ref.insert([tok.encode(prompt)])
+        want = []
+        while len(want) < TOKENS:
+            want += [(r.token, r.logprobs) for r in ref.next()[1] if r.uid == ruid]
+        assert [t for t, _ in got[uid]] == [t for t, _ in want], (prompt, slot)
+        for (_, lp), (_, rlp) in zip(got[uid], want):
+            assert mx.abs(lp - rlp).max().item() < 1e-3
+
+
+def test_bad_adapters_are_refused(smol_dir, adapters, tmp_path):
+    model, tok = load(str(smol_dir))
+    with pytest.raises(ValueError, match="no adapter_config.json"):
+        load_adapter(model, str(tmp_path))
+    gen = BatchGenerator(model)
+    with pytest.raises(ValueError, match="slot 1 is not one of this model's 1"):
+        gen.insert([tok.encode("hi")], adapters=[1])
+    bad = tmp_path / "bad"
+    make_adapter(smol_dir, bad, "lora", 3)
+    cfg = json.loads((bad / "adapter_config.json").read_text())
+    cfg["lora_parameters"] = {"rank": 4, "alpha": 16}
+    (bad / "adapter_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="'scale', not 'alpha'"):
+        load(str(smol_dir), adapter_path=str(bad))
