@@ -18,7 +18,8 @@ CONTRACT = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importl
 # start their command lines under ``python -m``).
 SHIMS = ["generate", "utils", "sample_utils", "tokenizer_utils", "convert", "gguf",
          "generate_utils", "demo_models", "models/base", "models/cache", "models/ssm",
-         "models/gated_delta", "models/mla", "chat", "cache_prompt", "benchmark", "run_batch"]
+         "models/gated_delta", "models/mla", "chat", "cache_prompt", "benchmark", "run_batch",
+         "fuse"]
 
 
 def layer_modules():

@@ -150,3 +150,36 @@ def test_bad_adapters_are_refused(smol_dir, adapters, tmp_path):
     (bad / "adapter_config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="'scale', not 'alpha'"):
         load(str(smol_dir), adapter_path=str(bad))
+
+
+def run_module(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("kind", ["lora", "dora"])
+def test_fuse_writes_a_model_equal_here_and_in_mlx_lm(smol_dir, adapters, kind, tmp_path):
+    """``python -m mlx_lm_batched.fuse`` (mlx-lm's flags): the fused directory loads here
+    and in mlx-lm with equal logits, equal to the unfused adapter's."""
+    import mlx_lm
+
+    out = tmp_path / "fused"
+    proc = run_module("mlx_lm_batched.fuse", "--model", str(smol_dir), "--adapter-path",
+                      adapters[kind], "--save-path", str(out))
+    assert proc.returncode == 0, proc.stderr
+    ours, tok = load(str(out))
+    ref, _ = mlx_lm.load(str(out))
+    unfused, _ = load(str(smol_dir), adapter_path=adapters[kind])
+    x = mx.array([tok.encode(PROMPTS[2])])
+    a = ours(x)
+    assert mx.abs(a - ref(x)).max().item() < 1e-4
+    assert mx.abs(a - unfused(x)).max().item() < 2e-3
+
+
+def test_fuse_refuses_gguf_export_in_one_line(smol_dir, adapters, tmp_path):
+    proc = run_module("mlx_lm_batched.fuse", "--model", str(smol_dir), "--adapter-path",
+                      adapters["lora"], "--save-path", str(tmp_path / "f"), "--export-gguf")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "error: --export-gguf is not supported by mlx_lm_batched yet: save the fused model "
+        "and convert it with llama.cpp's convert_hf_to_gguf.py"]
