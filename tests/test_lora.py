@@ -261,3 +261,50 @@ def test_chat_with_an_adapter(smol_dir, adapters):
         if chat.proc.poll() is None:
             chat.proc.kill()
         os.close(chat.fd)
+
+
+def test_server_serves_several_adapters_in_one_batch(smol_dir, adapters):
+    """``--adapters NAME=PATH ...``: ``/v1/models`` lists them; concurrent requests on the
+    base model and each adapter (one running batch) each equal that adapter's model
+    alone; a prefix cached under one adapter is never reused under another."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+    from mlx_lm_batched import batch_generate
+    from server_harness import ServerProcess
+
+    srv = ServerProcess(smol_dir, "--served-model-name", "smol", "--adapters",
+                        f"lo={adapters['lora']}", f"do={adapters['dora']}")
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", timeout=120,
+                               max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["smol", "lo", "do"]
+        jobs = [(name, p) for p in PROMPTS[:2] for name in ("smol", "lo", "do")]
+
+        def complete(job):
+            r = client.completions.create(model=job[0], prompt=job[1], max_tokens=TOKENS,
+                                          temperature=0)
+            return r.model, r.choices[0].text, r.usage
+
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            got = list(pool.map(complete, jobs))
+        _, tok = load(str(smol_dir))
+        for name, path in (("smol", None), ("lo", adapters["lora"]), ("do", adapters["dora"])):
+            model = load(str(smol_dir), adapter_path=path)[0]
+            want = batch_generate(model, tok, PROMPTS[:2], max_tokens=TOKENS).texts
+            mine = [text for (n, _), (m, text, _) in zip(jobs, got) if n == name]
+            assert [m for (n, _), (m, _, _) in zip(jobs, got) if n == name] == [name, name]
+            assert mine == want, name
+        # The same prompt again on each name: cached under its own adapter only.
+        again = [complete((name, PROMPTS[0])) for name in ("smol", "lo", "do")]
+        assert [t for _, t, _ in again] == [t for (n, p), (_, t, _) in zip(jobs, got)
+                                            if p == PROMPTS[0]]
+        assert again[1][2].prompt_tokens_details.cached_tokens > 0  # reused under lo
+        fresh = complete(("lo", "A prompt no other adapter has seen before, with words"))
+        other = complete(("do", "A prompt no other adapter has seen before, with words"))
+        assert fresh[2].prompt_tokens_details.cached_tokens == 0
+        assert other[2].prompt_tokens_details.cached_tokens == 0  # lo's cache is not do's
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="nope", prompt="hi", max_tokens=1)
+    finally:
+        srv.stop()

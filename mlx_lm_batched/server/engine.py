@@ -289,7 +289,7 @@ class Engine:
         stops = row_stops(params, self.tokenizer)
         for i, prompt in enumerate(prompts):
             for j in range(params.n):
-                cache, rest = self._fetch_prefix(prompt)
+                cache, rest = self._fetch_prefix(prompt, job.spec.adapter)
                 if j == 0:
                     cached += len(prompt) - len(rest)
                 rests.append(rest)
@@ -304,7 +304,7 @@ class Engine:
                 states.append(RowState(job, i * params.n + j, self.tokenizer, params.stop))
         uids = self.gen.insert(rests, max_tokens=[max_tokens[k // params.n] for k in range(len(rests))],
                                caches=caches, all_tokens=prefixes, samplers=samplers,
-                               logits_processors=procs,
+                               logits_processors=procs, adapters=[job.spec.adapter] * len(rests),
                                **({} if stops is None else {"stop_sequences": [stops] * len(rests)}))
         for uid, state in zip(uids, states):
             state.uid = uid
@@ -335,11 +335,11 @@ class Engine:
         job.reserved = need
         self._reserved += need
 
-    def _fetch_prefix(self, prompt):
-        """(cache copy or None, tokens still to prefill)."""
+    def _fetch_prefix(self, prompt, adapter=0):
+        """(cache copy or None, tokens still to prefill) of a row on adapter slot ``adapter``."""
         if not self.config.prompt_cache_size:
             return None, list(prompt)
-        return self.prefix.fetch_nearest_cache(self.model, prompt)
+        return self.prefix.fetch_nearest_cache(self.model, prompt, adapter)
 
     def _cancel_job(self, job):
         job.cancelled = True
@@ -395,9 +395,9 @@ class Engine:
             caches = self.gen.remove([r.uid], return_prompt_caches=True)
             if r.uid in caches:
                 cache, tokens = caches[r.uid]
-                self._store_prefix(r.uid, tokens, cache)
+                self._store_prefix(r.uid, tokens, cache, job.spec.adapter)
         elif r.finish_reason is not None and r.prompt_cache is not None:
-            self._store_prefix(r.uid, r.all_tokens, r.prompt_cache)
+            self._store_prefix(r.uid, r.all_tokens, r.prompt_cache, job.spec.adapter)
         if text or entries:
             job.send(Delta(row.index, text, entries))
         if finish is not None:
@@ -406,10 +406,11 @@ class Engine:
             if all(x.uid not in self._rows for x in job.rows):
                 self._end_job(job)
 
-    def _store_prefix(self, uid, tokens, cache):
-        """Keep row ``uid``'s cache of ``tokens`` for later prompts that share a prefix."""
+    def _store_prefix(self, uid, tokens, cache, adapter=0):
+        """Keep row ``uid``'s cache of ``tokens`` (made on adapter slot ``adapter``) for
+        later prompts on that adapter that share a prefix."""
         if self.config.prompt_cache_size and tokens:
-            self.prefix.insert_cache(self.model, tokens, cache)
+            self.prefix.insert_cache(self.model, tokens, cache, adapter=adapter)
 
     def _fail_all(self, message):
         jobs = {id(r.job): r.job for r in self._rows.values()}
