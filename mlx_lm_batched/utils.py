@@ -1,6 +1,7 @@
 """mlx-lm's ``mlx_lm.utils``: loading, saving and sharded loading under the names code
 written for mlx-lm imports (``loading/``, ``parallel/``)."""
 
+from .loading.adapters import load_adapters
 from .loading.dequantize import cast_floats, dequantize_model
 from .loading.load import (
     ModelLoadError,
@@ -23,6 +24,6 @@ from .loading.save import (
 from .parallel.load import sharded_load
 
 __all__ = ["ModelLoadError", "cast_floats", "common_prefix_len", "dequantize_model",
-           "get_model_path", "get_total_parameters", "load", "load_config", "load_model",
+           "get_model_path", "get_total_parameters", "load", "load_adapters", "load_config", "load_model",
            "load_tokenizer", "load_weights", "model_from_weights", "quantize_model", "save",
            "save_config", "save_model", "sharded_load"]

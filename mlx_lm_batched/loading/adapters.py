@@ -126,7 +126,7 @@ def attach_adapters(model, paths, default_slot=0):
     return adapters
 
 
-def load_adapter(model, path):
+def load_adapters(model, path):
     """mlx-lm's ``load_adapters``: apply the adapter in ``path`` to every row of
     ``model`` (LoRA/DoRA as slot 1 by default; a full fine-tune's weights replace the
     model's, checked by name and shape)."""

@@ -13,7 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..models import get_model_module, resolve_model_type
-from .adapters import load_adapter
+from .adapters import load_adapters
 from .config_checks import check_config_fields
 from .dequantize import _dequantize_dtype, cast_floats, dequantize_model
 
@@ -368,7 +368,7 @@ def load(
                 config["eos_token_id"] = eos
         tokenizer = _load_tokenizer(model_path, tokenizer_config, config.get("eos_token_id"))
     if adapter_path is not None:
-        load_adapter(model, adapter_path)
+        load_adapters(model, adapter_path)
     return (model, tokenizer, config) if return_config else (model, tokenizer)
 
 

@@ -186,9 +186,9 @@ def _serve(argv):
     model, tokenizer = _load(path, group)
     try:
         if args.adapter_path:
-            from ..loading.adapters import load_adapter
+            from ..loading.adapters import load_adapters
 
-            load_adapter(model, args.adapter_path)
+            load_adapters(model, args.adapter_path)
         if adapter_names:
             from ..loading.adapters import attach_adapters
 
