@@ -81,8 +81,8 @@ def test_chat_repl_reuses_the_conversation_cache():
 
 
 def test_chat_rejects_bad_flags_in_one_line():
-    proc = subprocess.run([sys.executable, "-m", "mlx_lm_batched.chat", "--adapter-path", "x"],
+    proc = subprocess.run([sys.executable, "-m", "mlx_lm_batched.chat", "--max-kv-size", "0"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: --adapter-path is not supported by mlx_lm_batched yet (LoRA adapters)"]
+        "error: --max-kv-size must be at least 1, got 0"]

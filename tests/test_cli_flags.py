@@ -48,7 +48,7 @@ def test_sampling_flags_and_verbose_true(float_dirs):
 
 
 @pytest.mark.parametrize("flag", [
-    ["--adapter-path", "x"], ["--image", "a.png"], ["-qa"],
+    ["--image", "a.png"], ["-qa"],
 ])
 def test_missing_features_are_one_line(flag):
     proc = base.run_cli("--prompt", "hi", *flag)

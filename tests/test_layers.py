@@ -25,7 +25,7 @@ ALIAS_MODULES = sorted(t for t, m in MODEL_TYPES.items() if t != m)
 SHIMS = ["generate", "utils", "sample_utils", "tokenizer_utils", "convert", "gguf",
          "generate_utils", "demo_models", "models/base", "models/cache", "models/ssm",
          "models/gated_delta", "models/mla", "models/rope_utils", "models/switch_layers",
-         "models/activations", "chat", "cache_prompt", "benchmark", "run_batch"] + [
+         "models/activations", "chat", "cache_prompt", "benchmark", "run_batch", "fuse"] + [
              f"models/{t}" for t in ALIAS_MODULES]
 
 

@@ -22,7 +22,6 @@ TEMPLATE_SUFFIXES = (".jinja", ".j2", ".txt")
 
 # mlx-lm flags whose features mlx_lm_batched does not have yet: dest -> (flag, feature).
 UNSUPPORTED = {
-    "adapter_path": ("--adapter-path", "LoRA adapters"),
     "quantize_activations": ("--quantize-activations/-qa", "activation quantization"),
     "image": ("--image", "image inputs"),
 }
@@ -144,8 +143,9 @@ def build_parser():
                    help="group size of the KV cache quantization")
     p.add_argument("--quantized-kv-start", type=int, default=5000,
                    help="quantize a batch's KV cache once it holds this many slots")
+    p.add_argument("--adapter-path", default=None,
+                   help="a LoRA/DoRA adapter directory in mlx-lm's format (every row)")
     # mlx-lm flags whose features are missing: parsed, then rejected by check_args.
-    p.add_argument("--adapter-path", default=None, help=argparse.SUPPRESS)
     p.add_argument("--quantize-activations", "-qa", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--image", nargs="+", default=[], help=argparse.SUPPRESS)
     return p

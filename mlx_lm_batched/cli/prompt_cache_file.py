@@ -32,6 +32,13 @@ def load_cache_file(args):
     elif saved_model is not None and args.model != saved_model:
         raise CliError(f"--model '{args.model}' differs from the model the prompt cache was made "
                        f"with ('{saved_model}')")
+    saved_adapter = metadata.get("adapter_path")
+    adapter = getattr(args, "adapter_path", None)
+    if (saved_adapter or adapter) and saved_adapter != (None if adapter is None else str(adapter)):
+        # The cached keys and values depend on the adapter: another one would continue
+        # them silently wrong.
+        raise CliError(f"--adapter-path '{adapter}' differs from the adapter the prompt cache "
+                       f"was made with ('{saved_adapter}')")
     try:
         tokenizer_config = json.loads(metadata.get("tokenizer_config", "{}"))
     except ValueError:

@@ -18,6 +18,7 @@ from ..cache.prompt_cache import as_prompt_cache
 from ..cache.quantized import (QuantizedKVCache, check_kv_quantization, quantize_prompt_cache,
                                to_quantized)
 from ..cache.rows import cache_nbytes, extract_row
+from ..layers.lora import adapter_rows
 from ..layers.step import StepAttention
 from ..models.context import context_length
 from .kv_budget import check_kv_fits
@@ -35,10 +36,12 @@ class BatchEngine:
     ``sampling``: a :class:`~.sampling.SharedSampling` (default: greedy) or
     :class:`~.sampling.RowSampling`. ``row_ids``: a label per row, kept in row order.
     ``kv_quant``: a :class:`KVQuantization` (quantized KV caches) or None.
+    ``adapters``: each row's adapter slot (``layers.lora``; -1: the model's default), kept
+    in row order like ``row_ids`` and handed to every model call; None: all default.
     """
 
     def __init__(self, model, prompt_cache=None, *, max_kv_size=None, prefill_step_size=2048,
-                 sampling=None, row_ids=None, kv_quant=None):
+                 sampling=None, row_ids=None, kv_quant=None, adapters=None):
         self.model = model
         self.kv_quant = kv_quant
         self.sampling = sampling if sampling is not None else SharedSampling()
@@ -47,6 +50,7 @@ class BatchEngine:
         self.cache = as_prompt_cache(prompt_cache)
         self.prefill_step_size = max(1, int(prefill_step_size))
         self.row_ids = None if row_ids is None else list(row_ids)
+        self.adapters = None if adapters is None else [int(a) for a in adapters]
         self.decode_reserve = 0  # expected decode steps (sizes the caches)
         self._decode_groups = None  # decode attention row groups (``_plan_decode_groups``)
         self.rows_changed()
@@ -119,9 +123,20 @@ class BatchEngine:
         kwargs = {}
         if self._decode_groups:
             kwargs["attention"] = StepAttention(row_groups=self._decode_groups)
-        logits = self.model(tokens[:, None], offset=self.offset, cache=self.cache, **kwargs)
+        with adapter_rows(self.adapter_slots()):
+            logits = self.model(tokens[:, None], offset=self.offset, cache=self.cache, **kwargs)
         self.quantize_caches()
         return self.sampling.sample(logits[:, -1, :])
+
+    def adapter_slots(self, rows=slice(None)):
+        """The adapter slot of each row in ``rows`` as an ``(B,)`` array, or None when
+        every row is on the model's default (see ``layers.lora.adapter_rows``)."""
+        if self.adapters is None:
+            return None
+        picked = self.adapters[rows]
+        if all(a < 0 for a in picked):
+            return None
+        return mx.array(picked, dtype=mx.int32)
 
     def quantize_caches(self):
         """After a model call: quantize the key/value caches that hold at least
@@ -171,6 +186,8 @@ class BatchEngine:
         self.sampling.filter(keep)
         if self.row_ids is not None:
             self.row_ids = [self.row_ids[i] for i in keep]
+        if self.adapters is not None:
+            self.adapters = [self.adapters[i] for i in keep]
         self.rows_changed()
 
     def extend(self, other):
@@ -181,11 +198,15 @@ class BatchEngine:
         side with fewer slots); sampling state and row labels follow. ``other`` must not
         be used afterwards (its arrays are shared).
         """
+        mine, theirs = self.rows, other.rows
         self._match_quantization(other.cache)
         self.cache.extend(other.cache)
         self.sampling.extend(other.sampling)
         if self.row_ids is not None or other.row_ids is not None:
             self.row_ids = (self.row_ids or []) + (other.row_ids or [])
+        if self.adapters is not None or other.adapters is not None:
+            self.adapters = ((self.adapters if self.adapters is not None else [-1] * mine)
+                             + (other.adapters if other.adapters is not None else [-1] * theirs))
         self.decode_reserve = max(self.decode_reserve, other.decode_reserve)
         self.rows_changed()
 

@@ -20,6 +20,7 @@ also keep their prompt tokens' log-probabilities from each call's logits
 import mlx.core as mx
 
 from ..cache.views import ShiftedView, has_rows_view, rows_view
+from ..layers.lora import adapter_rows
 from .prefill_plan import plan_prefill_groups
 from .prompt_scores import PromptScores
 
@@ -78,7 +79,8 @@ class PrefillJob:
         kwargs = {}
         if self.embeddings is not None:
             kwargs["input_embeddings"] = self.embeddings[rows, cols]
-        logits = self.engine.model(tokens[rows, cols], offset=offset, cache=cache, **kwargs)
+        with adapter_rows(self.engine.adapter_slots(rows)):
+            logits = self.engine.model(tokens[rows, cols], offset=offset, cache=cache, **kwargs)
         if self.scores is not None:  # unscored calls leave the logits unevaluated
             self.scores.add(logits, rows.start or 0, cols.start)
         return logits

@@ -23,6 +23,7 @@ accepted drafts as ``(token, logprobs)`` pairs, which come before its next token
 
 import mlx.core as mx
 
+from ..layers.lora import adapter_rows
 from ..models.context import model_vocab_size
 from ..sampling.rejection import greedy_accept, rejection_accept
 from ..sampling.samplers import BatchSampler, greedy_sampler
@@ -300,7 +301,8 @@ class SpeculativeEngine:
         vocab = self.vocab
         drafts, q = self.drafter.draft(y, K, groups, vocab)
         feed = mx.concatenate([y[:, None].astype(mx.int32), drafts.astype(mx.int32)], axis=1)
-        logits = target.model(feed, offset=target.offset, cache=target.cache)
+        with adapter_rows(target.adapter_slots()):
+            logits = target.model(feed, offset=target.offset, cache=target.cache)
         logits = logits.astype(mx.float32)
         if vocab is None:
             vocab = logits.shape[-1]

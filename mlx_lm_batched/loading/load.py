@@ -13,6 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..models import get_model_module, resolve_model_type
+from .adapters import load_adapters
 from .config_checks import check_config_fields
 from .dequantize import _dequantize_dtype, cast_floats, dequantize_model
 from .mlx_lm_layout import from_mlx_lm_weights
@@ -351,12 +352,15 @@ def load(
     missing path, a ``config.json`` that is not a JSON object, lacks
     ``model_type`` or a required key, or has a wrongly typed value, for truncated
     or corrupt ``.safetensors`` files, missing or misshapen weights and an
-    unloadable tokenizer; ``TypeError`` for arguments of the wrong type;
-    ``NotImplementedError`` for ``adapter_path``.
+    unloadable tokenizer and a malformed adapter; ``TypeError`` for arguments of
+    the wrong type.
+
+    ``adapter_path``: a directory in mlx-lm's adapter format (``adapter_config.json`` +
+    ``adapters.safetensors``: LoRA, DoRA or a full fine-tune, see ``loading.adapters``),
+    applied to every row; ``dequantize``/``dtype`` apply to the base weights first.
     """
-    if adapter_path is not None:
-        raise NotImplementedError("adapters (LoRA) are not supported yet: "
-                                  "fuse the adapter into the weights first (mlx_lm.fuse)")
+    if adapter_path is not None and not isinstance(adapter_path, (str, os.PathLike)):
+        raise TypeError(f"adapter_path must be a directory path, got {type(adapter_path).__name__}")
     if not isinstance(path_or_hf_repo, (str, os.PathLike)):
         raise TypeError(f"path_or_hf_repo must be a path or a repo id string, "
                         f"got {type(path_or_hf_repo).__name__}")
@@ -388,6 +392,8 @@ def load(
             if eos is not None:
                 config["eos_token_id"] = eos
         tokenizer = _load_tokenizer(model_path, tokenizer_config, config.get("eos_token_id"))
+    if adapter_path is not None:
+        load_adapters(model, adapter_path)
     return (model, tokenizer, config) if return_config else (model, tokenizer)
 
 

@@ -32,6 +32,7 @@ from ..engine.batch_engine import BatchEngine, KVQuantization
 from ..engine.prefill_plan import left_pad
 from ..engine.sampling import RowSampler, RowSampling, TokenContext
 from ..engine.speculative import SpeculativeEngine, check_num_draft_tokens, make_drafter
+from ..layers.lora import adapter_slot_count
 from ..sampling.samplers import greedy_sampler
 from ..sampling.stop_sequences import StopSequences
 from .rows import Batch, PromptResponse, Response, Row
@@ -82,6 +83,7 @@ class BatchGenerator:
         self.return_logprobs = return_logprobs
         self.return_caches = return_caches
         self.token_hook = token_hook
+        self._adapter_slots = adapter_slot_count(model)
         self.speculative = None
         if draft_model is not None or prompt_lookup:
             if self.kv_quant is not None:
@@ -123,7 +125,8 @@ class BatchGenerator:
 
     # Inserting and removing rows
     def insert(self, prompts, max_tokens=None, caches=None, all_tokens=None, samplers=None,
-               logits_processors=None, stop_sequences=None, seeds=None, prompt_logprobs=None):
+               logits_processors=None, stop_sequences=None, seeds=None, prompt_logprobs=None,
+               adapters=None):
         """Queue token prompts; returns their uids. ``caches[i]`` (a prompt cache from
         an earlier turn, or None) holds ``all_tokens[i]``; the prompt continues it.
 
@@ -136,10 +139,14 @@ class BatchGenerator:
         sampler (its own or the generator's, made by ``make_sampler``) is copied with
         ``seeded(seed)``, so its tokens do not depend on the other rows. A custom
         sampler callable cannot be seeded (``ValueError``); greedy rows ignore the seed.
+
+        ``adapters[i]``: the adapter slot of row ``i`` on a model with several adapters
+        (``loading.adapters.attach_adapters``: 0 the base model, ``k`` the k-th adapter;
+        None: the model's default). Rows with different adapters share batches.
         """
         return self.insert_segments([[p] for p in prompts], max_tokens, caches, all_tokens,
                                     samplers, logits_processors, stop_sequences, seeds,
-                                    prompt_logprobs)
+                                    prompt_logprobs, adapters)
 
     def _seeded(self, sampler, seed, uid):
         sampler = sampler or self.sampler
@@ -152,7 +159,7 @@ class BatchGenerator:
 
     def insert_segments(self, segments, max_tokens=None, caches=None, all_tokens=None,
                         samplers=None, logits_processors=None, stop_sequences=None, seeds=None,
-                        prompt_logprobs=None):
+                        prompt_logprobs=None, adapters=None):
         """Like :meth:`insert` with each prompt given as a list of segments: prefill
         reports ``end_of_segment`` (and the cache can be extracted) at each segment end."""
         n = len(segments)
@@ -165,10 +172,15 @@ class BatchGenerator:
             "stop_sequences": stop_sequences or [self._default_stops] * n,
             "seeds": seeds or [None] * n,
             "prompt_logprobs": prompt_logprobs or [None] * n,
+            "adapters": adapters or [None] * n,
         }
         for name, values in options.items():
             if len(values) != n:
                 raise ValueError(f"{name} must have one entry per prompt: expected {n}, got {len(values)}")
+        for a in options["adapters"]:
+            if a is not None and (not isinstance(a, int) or not 0 <= a < self._adapter_slots):
+                raise ValueError(f"adapters: slot {a!r} is not one of this model's "
+                                 f"{self._adapter_slots} (0: the base, 1..: its adapters)")
         uids = list(range(self._uid_count, self._uid_count + n))
         rows = []
         for i, (uid, segs) in enumerate(zip(uids, segments)):
@@ -196,7 +208,8 @@ class BatchGenerator:
                                  f">= 0, got {top!r}")
             rows.append(Row(uid, prompt, ends, m, options["caches"][i], held, sampling,
                             (stops if stops is not None else self._default_stops).matcher(),
-                            cut_at_segments=several, prompt_logprobs=top))
+                            cut_at_segments=several, prompt_logprobs=top,
+                            adapter=-1 if options["adapters"][i] is None else options["adapters"][i]))
         self._queue.extend(rows)
         self._rows.update((r.uid, r) for r in rows)
         self._uid_count += n
@@ -290,7 +303,8 @@ class BatchGenerator:
         sampling = RowSampling([r.sampling for r in rows], self.return_logprobs, self.token_hook)
         engine = BatchEngine(self.model, cache, max_kv_size=self.max_kv_size,
                              prefill_step_size=self.prefill_step_size, sampling=sampling,
-                             row_ids=[r.uid for r in rows], kv_quant=self.kv_quant)
+                             row_ids=[r.uid for r in rows], kv_quant=self.kv_quant,
+                             adapters=[r.adapter for r in rows])
         if self.speculative is not None:
             draft_model, k, lookup = self.speculative
             engine = SpeculativeEngine(engine, make_drafter(

@@ -25,13 +25,16 @@ from ..cache.prompt_cache import can_trim_prompt_cache, trim_prompt_cache
 CACHE_TYPES = ("assistant", "user", "system")  # eviction order: assistant turns go first
 
 
-def _model_key(model):
-    """Entries are per model; ``nn.Module`` is a dict (unhashable), so key by identity."""
+def _model_key(model, adapter=0):
+    """Entries are per model and adapter slot (``layers.lora``: the same tokens give other
+    keys and values under another adapter); ``nn.Module`` is a dict (unhashable), so key
+    by identity."""
     try:
         hash(model)
-        return model
+        key = model
     except TypeError:
-        return ("id", id(model))
+        key = ("id", id(model))
+    return key if not adapter else (key, "adapter", int(adapter))
 
 
 def _common_prefix(a, b):
@@ -95,7 +98,7 @@ class LRUPromptCache:
                 found.append((_common_prefix(entry[0], tokens), k, entry))
         return found
 
-    def fetch_nearest_cache(self, model, tokens):
+    def fetch_nearest_cache(self, model, tokens, adapter=0):
         """A copy of the cache covering the longest prefix of ``tokens``, and the rest.
 
         At least one token is always left to process. Returns ``(None, tokens)`` when
@@ -107,7 +110,7 @@ class LRUPromptCache:
         query = np.asarray(tokens, dtype=np.int64)
         limit = len(tokens) - 1  # tokens a cache may cover
         best = None  # (usable prefix, entry key, entry, trim)
-        for common, k, entry in self._candidates(_model_key(model), query):
+        for common, k, entry in self._candidates(_model_key(model, adapter), query):
             stored = len(entry[0])
             if stored == common and stored <= limit:
                 usable, trim = stored, 0  # the entry is a prefix of the prompt
@@ -127,14 +130,14 @@ class LRUPromptCache:
             trim_prompt_cache(cache, trim)
         return cache, tokens[usable:]
 
-    def insert_cache(self, model, tokens, prompt_cache, *, cache_type="assistant"):
+    def insert_cache(self, model, tokens, prompt_cache, *, cache_type="assistant", adapter=0):
         """Store ``prompt_cache`` (one row) as the cache of ``tokens``; evict to the bounds.
 
         A trimmable cache makes its stored prefixes redundant: they are dropped.
         """
         if cache_type not in CACHE_TYPES:
             raise ValueError(f"cache_type must be one of {CACHE_TYPES}, got {cache_type!r}")
-        key = _model_key(model)
+        key = _model_key(model, adapter)
         tokens = tuple(int(t) for t in tokens)
         compact(prompt_cache)
         k = (key, tokens)

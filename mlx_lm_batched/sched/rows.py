@@ -47,6 +47,7 @@ class Row:
     matcher: Any
     cut_at_segments: bool = False  # prefill stops at every segment end
     prompt_logprobs: Optional[int] = None  # score the prompt, with this many alternatives
+    adapter: int = -1  # adapter slot (layers.lora; -1: the model's default)
     done: int = 0  # prompt tokens fed
     generated: int = 0
 

@@ -92,7 +92,29 @@ def build_parser():
     p.add_argument("--prompt-lookup", action="store_true",
                    help="speculative decoding without a draft model: draft the tokens that "
                    "followed the row's last n-gram earlier in its prompt or output")
+    p.add_argument("--adapter-path", default=None,
+                   help="a LoRA/DoRA adapter directory (mlx-lm's format) applied to every request")
+    p.add_argument("--adapters", nargs="+", default=[], metavar="NAME=PATH",
+                   help="LoRA/DoRA adapters served beside the base model: a request's 'model' "
+                   "NAME picks one; rows with different adapters share the running batch")
     return p
+
+
+def _adapter_specs(args, parser):
+    """``--adapters NAME=PATH ...`` as ``(names, paths)``, checked."""
+    names, paths = [], []
+    for item in args.adapters:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            parser.error(f"--adapters takes NAME=PATH entries, got {item!r}")
+        if name in names:
+            parser.error(f"--adapters: the name {name!r} is given twice")
+        names.append(name)
+        paths.append(path)
+    if names and args.adapter_path:
+        parser.error("--adapter-path and --adapters: pass one (--adapters NAME=PATH serves "
+                     "the base model beside each adapter)")
+    return names, paths
 
 
 def _group(args, parser):
@@ -156,7 +178,23 @@ def _serve(argv):
                      "(quantized caches cannot rewind rows)")
     if (args.draft_model or args.prompt_lookup) and group is not None:
         parser.error("--draft-model/--prompt-lookup cannot be combined with --distributed yet")
+    adapter_names, adapter_paths = _adapter_specs(args, parser)
+    if (adapter_names or args.adapter_path) and group is not None:
+        parser.error("--adapters/--adapter-path cannot be combined with --distributed yet")
+    if name in adapter_names:
+        parser.error(f"--adapters: the name {name!r} is the base model's")
     model, tokenizer = _load(path, group)
+    try:
+        if args.adapter_path:
+            from ..loading.adapters import load_adapters
+
+            load_adapters(model, args.adapter_path)
+        if adapter_names:
+            from ..loading.adapters import attach_adapters
+
+            attach_adapters(model, adapter_paths)
+    except (ValueError, OSError) as e:
+        parser.error(f"adapters: {e}")
     draft_model = load(args.draft_model)[0] if args.draft_model else None
     if group is not None and group.rank() != 0:
         from .replay import run_follower
@@ -188,7 +226,7 @@ def _serve(argv):
     app = create_app(engine, ServerConfig(
         model_id=name, model_path=path, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
         max_tokens=args.max_tokens_limit, max_n=args.max_n, default_temperature=args.temp,
-        tool_parser=args.tool_call_parser))
+        tool_parser=args.tool_call_parser, adapters=tuple(adapter_names)))
 
     import uvicorn
 

@@ -97,7 +97,8 @@ async def serve_messages(engine, config, data, model_name, grammar_ready):
     req = parse(ChatCompletionRequest, chat_request(data))
     params = generation_params(req, config, config.default_temperature)
     spec = JobSpec(params, messages=chat_messages(req),
-                   tools=tools_for_prompt(req.tools, req.tool_choice))
+                   tools=tools_for_prompt(req.tools, req.tool_choice),
+                   adapter=config.adapter_slot(model_name))
     await grammar_ready(params)
     events = asyncio.Queue()
     job = engine.submit(spec, asyncio.get_running_loop(), events)

@@ -41,6 +41,12 @@ class ServerConfig:
     max_n: int = 8
     default_temperature: float = 0.0
     tool_parser: Optional[str] = None  # a tool_parsers family name; None: from the template
+    adapters: tuple = ()  # model names of the adapters, slots 1..n (``--adapters``)
+
+    def adapter_slot(self, name):
+        """The adapter slot a request's ``model`` name picks: 0 for the base model (or no
+        name), ``k`` for the k-th adapter (names are checked by the routes first)."""
+        return self.adapters.index(name) + 1 if name in self.adapters else 0
 
 
 def _accepted_names(config):
@@ -53,7 +59,7 @@ def _accepted_names(config):
 def create_app(engine, config):
     """The FastAPI app serving ``engine`` (an :class:`~.engine.Engine`, already started)."""
     app = FastAPI(title="mlx_lm_batched", docs_url=None, redoc_url=None, openapi_url=None)
-    names = _accepted_names(config)
+    names = _accepted_names(config) | set(config.adapters)
     created = int(time.time())
 
     @app.exception_handler(APIError)
@@ -72,8 +78,10 @@ def create_app(engine, config):
 
     def check_model(name):
         if name is not None and name not in names:
+            served = ", ".join(f"'{n}'" for n in (config.model_id, *config.adapters))
             raise APIError(404, f"The model '{name}' does not exist; this server serves "
-                           f"'{config.model_id}'.", "model", "model_not_found")
+                           f"{served}.", "model", "model_not_found")
+        return name if name in config.adapters else config.model_id
 
     async def _grammar_ready(params):
         # The grammar engine's view of the vocabulary takes seconds to build once per
@@ -89,8 +97,10 @@ def create_app(engine, config):
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": config.model_id, "object": "model",
-                                            "created": created, "owned_by": "mlx_lm_batched"}]}
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "mlx_lm_batched",
+             **({"parent": config.model_id} if name != config.model_id else {})}
+            for name in (config.model_id, *config.adapters)]}
 
     @app.get("/metrics")
     async def metrics():
@@ -99,41 +109,42 @@ def create_app(engine, config):
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req = parse(ChatCompletionRequest, await read_json(request, config.max_body_bytes))
-        check_model(req.model)
+        name = check_model(req.model)
         params = generation_params(req, config, config.default_temperature)
         messages, kwargs = chat_messages(req), dict(req.chat_template_kwargs or {})
         output = chat_output(engine.tokenizer, messages, req.tools, req.tool_choice, kwargs,
                              config.tool_parser)
         spec = JobSpec(params, messages=messages, tools=output.tools_for_template,
-                       template_kwargs=kwargs, output=output)
+                       template_kwargs=kwargs, output=output, adapter=config.adapter_slot(name))
         await _grammar_ready(params)
-        return await serve(engine, spec, "chat", config.model_id, request)
+        return await serve(engine, spec, "chat", name, request)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         req = parse(CompletionRequest, await read_json(request, config.max_body_bytes))
-        check_model(req.model)
+        name = check_model(req.model)
         params = generation_params(req, config, config.default_temperature)
         prompt = req.prompt
         several = isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))
-        spec = JobSpec(params, prompts=list(prompt) if several else [prompt])
+        spec = JobSpec(params, prompts=list(prompt) if several else [prompt],
+                       adapter=config.adapter_slot(name))
         if len(spec.prompts) * params.n > config.max_n:
             raise APIError(400, f"{len(spec.prompts)} prompts times n={params.n} is over this "
                            f"server's limit of {config.max_n} choices.", "prompt", "invalid_value")
         await _grammar_ready(params)
-        return await serve(engine, spec, "text", config.model_id, request)
+        return await serve(engine, spec, "text", name, request)
 
     @app.post("/v1/messages")
     async def anthropic_messages(request: Request):
         data = await read_json(request, config.max_body_bytes)
-        check_model(data.get("model") if isinstance(data, dict) else None)
-        return await serve_messages(engine, config, data, config.model_id, _grammar_ready)
+        name = check_model(data.get("model") if isinstance(data, dict) else None)
+        return await serve_messages(engine, config, data, name, _grammar_ready)
 
     @app.post("/v1/responses")
     async def openai_responses(request: Request):
         data = await read_json(request, config.max_body_bytes)
-        check_model(data.get("model") if isinstance(data, dict) else None)
-        return await serve_responses(engine, config, data, config.model_id, _grammar_ready)
+        name = check_model(data.get("model") if isinstance(data, dict) else None)
+        return await serve_responses(engine, config, data, name, _grammar_ready)
 
     add_tokenize_routes(app, engine, config, check_model)
     paths = [r.path for r in app.routes]

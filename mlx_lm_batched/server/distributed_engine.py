@@ -41,15 +41,15 @@ class DistributedEngine(Engine):
     def _new_generator(self):
         return ReplayGenerator(self.model, self.group, self.recorder, **self.generator_options())
 
-    def _fetch_prefix(self, prompt):
-        cache, rest = super()._fetch_prefix(prompt)
+    def _fetch_prefix(self, prompt, adapter=0):
+        cache, rest = super()._fetch_prefix(prompt, adapter)
         if cache is not None:
             self.recorder.fetched(prompt, len(prompt) - len(rest), cache)
         return cache, rest
 
-    def _store_prefix(self, uid, tokens, cache):
+    def _store_prefix(self, uid, tokens, cache, adapter=0):
         if self.config.prompt_cache_size and tokens:
-            super()._store_prefix(uid, tokens, cache)
+            super()._store_prefix(uid, tokens, cache, adapter)
             self.recorder.add("store", int(uid), len(tokens), len(self.prefix))
 
     def _idle_wait(self):

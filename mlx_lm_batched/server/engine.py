@@ -297,7 +297,8 @@ class Engine:
         stops = row_stops(params, self.tokenizer)
         for i, prompt in enumerate(prompts):
             for j in range(params.n):
-                cache, rest = (None, list(prompt)) if score else self._fetch_prefix(prompt)
+                cache, rest = ((None, list(prompt)) if score
+                               else self._fetch_prefix(prompt, job.spec.adapter))
                 if j == 0:
                     cached += len(prompt) - len(rest)
                 rests.append(rest)
@@ -322,7 +323,8 @@ class Engine:
         uids = self.gen.insert(rests, max_tokens=[max(1, max_tokens[k // params.n])
                                                   for k in range(len(rests))],
                                caches=caches, all_tokens=prefixes, samplers=samplers,
-                               logits_processors=procs, **extra)
+                               logits_processors=procs, adapters=[job.spec.adapter] * len(rests),
+                               **extra)
         for uid, state in zip(uids, states):
             state.uid = uid
             self._rows[uid] = state
@@ -352,11 +354,11 @@ class Engine:
         job.reserved = need
         self._reserved += need
 
-    def _fetch_prefix(self, prompt):
-        """(cache copy or None, tokens still to prefill)."""
+    def _fetch_prefix(self, prompt, adapter=0):
+        """(cache copy or None, tokens still to prefill) of a row on adapter slot ``adapter``."""
         if not self.config.prompt_cache_size:
             return None, list(prompt)
-        return self.prefix.fetch_nearest_cache(self.model, prompt)
+        return self.prefix.fetch_nearest_cache(self.model, prompt, adapter)
 
     def _cancel_job(self, job):
         job.cancelled = True
@@ -414,9 +416,9 @@ class Engine:
             caches = self.gen.remove([r.uid], return_prompt_caches=True)
             if r.uid in caches:
                 cache, tokens = caches[r.uid]
-                self._store_prefix(r.uid, tokens, cache)
+                self._store_prefix(r.uid, tokens, cache, job.spec.adapter)
         elif r.finish_reason is not None and r.prompt_cache is not None:
-            self._store_prefix(r.uid, r.all_tokens, r.prompt_cache)
+            self._store_prefix(r.uid, r.all_tokens, r.prompt_cache, job.spec.adapter)
         if text or entries:
             job.send(Delta(row.index, text, entries))
         if finish is not None:
@@ -438,10 +440,11 @@ class Engine:
         if all(x.uid not in self._rows for x in row.job.rows):
             self._end_job(row.job)
 
-    def _store_prefix(self, uid, tokens, cache):
-        """Keep row ``uid``'s cache of ``tokens`` for later prompts that share a prefix."""
+    def _store_prefix(self, uid, tokens, cache, adapter=0):
+        """Keep row ``uid``'s cache of ``tokens`` (made on adapter slot ``adapter``) for
+        later prompts on that adapter that share a prefix."""
         if self.config.prompt_cache_size and tokens:
-            self.prefix.insert_cache(self.model, tokens, cache)
+            self.prefix.insert_cache(self.model, tokens, cache, adapter=adapter)
 
     def _fail_all(self, message):
         jobs = {id(r.job): r.job for r in self._rows.values()}

@@ -17,6 +17,7 @@ class JobSpec:
     prompts: Optional[List[Any]] = None
     template_kwargs: Dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs
     output: Any = None  # tool_calls.ChatOutput of a chat request
+    adapter: int = 0  # the adapter slot the request's model name picks (0: the base model)
 
 
 def _encode(spec, tokenizer):
