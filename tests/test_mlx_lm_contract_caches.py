@@ -14,6 +14,7 @@ from mlx_lm.generate import generate_step as mlx_generate_step
 from conftest import corpus_prompts
 from mlx_lm_batched.engine.batch_engine import BatchEngine
 from mlx_lm_batched.generate import generate_step
+from mlx_lm_batched.models.base import create_attention_mask
 from mlx_lm_batched.models.cache import (ArraysCache, CacheList, ChunkedKVCache, KVCache,
                                          RotatingKVCache,
                                          load_prompt_cache, make_prompt_cache,
@@ -45,9 +46,12 @@ def test_sink_cache_and_make_mask_match_mlx_lm_attention():
             ref_mask = ref.make_mask(L)  # before the write, as mlx-lm's models do
             want = attend(q, *ref.update_and_fetch(k, v), ref_mask)
             mask = ours.make_mask(L)
+            api_mask = create_attention_mask(mx.zeros((3, L, 4)), ours)  # mlx-lm model code's call
             keys, values = ours.update_and_fetch(k, v)
             got = attend(q, keys, values, mask)
             assert mx.allclose(got, want, atol=1e-6).item(), (max_size, keep, ours.size)
+            got = attend(q, keys, values, api_mask)
+            assert mx.allclose(got, want, atol=1e-6).item(), ("api", max_size, keep, ours.size)
             if keep:  # the sinks' duplicates must be hidden: always an (L, K) array
                 assert mask.shape == (L, keys.shape[2]), (mask.shape, keys.shape)
             else:  # mlx-lm's None for one query (the ring is the window)

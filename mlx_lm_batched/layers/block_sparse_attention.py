@@ -102,7 +102,7 @@ class BlockSparseAttention(Attention):
         v = v.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         index_keys = self.indexer.keys(x, offset)
         if cache is not None:
-            k, v, index_keys = cache_with_index_keys(cache, k, v, index_keys)
+            k, v, index_keys = cache_with_index_keys(cache, k, v, index_keys, offset)
         keep = self.indexer.select(x, index_keys, mask, offset)
         if keep is not mask:
             keep = mx.repeat(keep, self.n_heads // self.indexer.heads, axis=1)

@@ -32,8 +32,14 @@ def create_attention_mask(h, cache=None, window_size=None, return_array=False):
     (unless a window and a cache); ``"causal"`` for several queries unless a window
     applies (with a cache, or cutting into the queries) or ``return_array``; else a
     boolean ``(N, S)`` array from the one mask path (``(B, 1, N, S)`` only when the
-    cache's rows need different masks)."""
+    cache's rows need different masks). A rotating cache answers for itself
+    (``RotatingKVCache.make_mask``), as in mlx-lm."""
     N = h.shape[1]
+    if cache is not None and getattr(cache, "max_size", None) is not None:
+        # A ring (with or without sink tokens): which keys a query sees depends on the
+        # ring's state (mlx-lm's rule), which only the cache knows. No package model
+        # calls this function: it serves mlx-lm-style code, whose rows are unpadded.
+        return cache.make_mask(N, window_size=window_size, return_array=return_array)
     before = 0 if cache is None else int(getattr(cache, "size", 0) or 0)
     if N == 1 and (window_size is None or cache is None):
         return None

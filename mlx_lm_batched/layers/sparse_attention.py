@@ -22,11 +22,12 @@ view and file works unchanged; it costs ``1 / heads`` more cache memory.
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..cache.kv import update_kv
 from .attention import scaled_dot_product_attention
 from .mla import MultiHeadLatentAttention
 
 
-def cache_with_index_keys(cache, keys, values, index_keys):
+def cache_with_index_keys(cache, keys, values, index_keys, offset):
     """Write ``keys``/``values`` ``(B, H, L, D)`` and the indexer's keys (stored as one
     extra head, padded to one width) to ``cache``; return the keys, values and indexer
     keys it holds for this step."""
@@ -36,7 +37,7 @@ def cache_with_index_keys(cache, keys, values, index_keys):
         t, [(0, 0)] * 3 + [(0, width - t.shape[-1])])
     packed_k = mx.concatenate([pad(keys), pad(index_keys.astype(keys.dtype))], axis=1)
     packed_v = mx.concatenate([values, mx.zeros_like(values[:, :1])], axis=1)
-    packed_k, packed_v = cache.update_and_fetch(packed_k, packed_v)
+    packed_k, packed_v = update_kv(cache, packed_k, packed_v, offset)
     return packed_k[:, :H, :, :dk], packed_v[:, :H], packed_k[:, H:, :, :di]
 
 
@@ -98,7 +99,8 @@ class SparseLatentAttention(MultiHeadLatentAttention):
         queries, keys, values, q_resid = self.project(x, offset)
         index_keys = self.indexer.keys(x, offset)
         if cache is not None:
-            keys, values, index_keys = cache_with_index_keys(cache, keys, values, index_keys)
+            keys, values, index_keys = cache_with_index_keys(cache, keys, values, index_keys,
+                                                             offset)
         mask = self.indexer.select(x, q_resid, index_keys, mask, offset)
         out = scaled_dot_product_attention(queries, keys, values, self.scale, mask)
         return self.output(out, x)

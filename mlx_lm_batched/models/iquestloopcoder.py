@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..cache.kv import update_kv
 from ..layers.attention import Attention, scaled_dot_product_attention
 from ..layers.stack import DecoderStack
 from .llama import Model as LlamaModel
@@ -79,7 +80,7 @@ class LoopStack(DecoderStack):
         for layer, m, c in zip(self.layers, masks[:n], cache[:n]):
             q, k, v = _qkv(layer.self_attn, layer.input_layernorm(h), offset)
             if c is not None:
-                k, v = c.update_and_fetch(k, v)
+                k, v = update_kv(c, k, v, offset)
             first.append((k, v))
             h = h + layer.self_attn.o_proj(_merge(_attend(layer.self_attn, q, k, v, m)))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
@@ -89,7 +90,7 @@ class LoopStack(DecoderStack):
             g = gate(q)
             global_out = _attend(a, q, *first[i], masks[i])
             if c is not None:
-                k, v = c.update_and_fetch(k, v)
+                k, v = update_kv(c, k, v, offset)
             local_out = _attend(a, q, k, v, masks[n + i])
             h = h + a.o_proj(_merge(g * global_out + (1 - g) * local_out))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
