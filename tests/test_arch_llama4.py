@@ -10,14 +10,15 @@ Plus the chunk mask of the one mask path on its own, and the per-layer kinds
 import mlx.core as mx
 import numpy as np
 import pytest
+from arch_harness import VOCAB, run_family
 from transformers import Llama4Config, Llama4TextConfig
 
-from arch_harness import VOCAB, run_family
-from mlx_lm_batched.models import llama4, llama4_text
+from mlx_lm_batched.cache.kv import KVCache
+from mlx_lm_batched.cache.rotating import RotatingKVCache
 from mlx_lm_batched.layers import masks
-from mlx_lm_batched.cache.kv import KVCache, RotatingKVCache
 from mlx_lm_batched.layers.mlp import MLP
 from mlx_lm_batched.layers.moe import InputScaledMoE
+from mlx_lm_batched.models import llama4, llama4_text
 
 # Scout's RoPE scaling (llama3 type with equal low/high frequency factors: a step
 # between scaled and unscaled frequencies), its context shrunk to the test lengths.
@@ -137,11 +138,11 @@ def test_4bit_conversion_of_the_multimodal_checkpoint_batches_exactly(tmp_path):
     """``convert --quantize`` of the multimodal checkpoint writes the language model
     only (vision weights dropped, experts quantized) and the loaded 4-bit model gives
     each padded row the logits and greedy tokens of that prompt alone."""
+    from arch_harness import build_hf_model, greedy_tokens, make_prompts, save_hf_model
     from safetensors import safe_open
 
-    from arch_harness import build_hf_model, greedy_tokens, make_prompts, save_hf_model
-    from mlx_lm_batched.engine.prefill_plan import left_pad
     from mlx_lm_batched.convert import convert
+    from mlx_lm_batched.engine.prefill_plan import left_pad
     from mlx_lm_batched.layers.moe import QuantizedSwitchLinear
     from mlx_lm_batched.utils import load_model
 

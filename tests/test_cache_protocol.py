@@ -5,10 +5,11 @@ import inspect
 
 import pytest
 
-from mlx_lm_batched.cache.kv import KVCache, RotatingKVCache
+from mlx_lm_batched.cache.kv import KVCache
 from mlx_lm_batched.cache.protocol import KVLayerCache, LayerCache
 from mlx_lm_batched.cache.quantized import QuantizedKVCache
 from mlx_lm_batched.cache.ragged import RaggedStateCache
+from mlx_lm_batched.cache.rotating import RotatingKVCache
 from mlx_lm_batched.cache.state import StateCache
 
 CACHES = {

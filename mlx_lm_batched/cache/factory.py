@@ -2,8 +2,9 @@
 
 import inspect
 
-from .kv import KVCache, max_kv_cache
+from .kv import KVCache
 from .prompt_cache import PromptCache
+from .rotating import max_kv_cache
 
 
 def make_prompt_cache(model, max_kv_size=None):

@@ -8,9 +8,10 @@ import os
 
 import mlx.core as mx
 
-from .kv import KVCache, RotatingKVCache
+from .kv import KVCache
 from .prompt_cache import PromptCache, batch_rows
 from .quantized import QuantizedKVCache
+from .rotating import RotatingKVCache
 from .state import StateCache
 
 PADDING_KEY = "mlx_lm_batched_padding"  # user-metadata key of the rows' padding

@@ -16,7 +16,8 @@ import copy
 
 import mlx.core as mx
 
-from .kv import KVCache, RotatingKVCache
+from .kv import KVCache
+from .rotating import RotatingKVCache
 
 BITS = (2, 3, 4, 5, 6, 8)
 GROUP_SIZES = (32, 64, 128)

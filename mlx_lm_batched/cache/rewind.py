@@ -11,7 +11,8 @@ minus padding), so the mask and RoPE see exactly the row alone.
 
 import mlx.core as mx
 
-from .kv import KVCache, RotatingKVCache
+from .kv import KVCache
+from .rotating import RotatingKVCache
 
 
 def can_rewind_rows(cache):

@@ -11,9 +11,10 @@ import copy
 
 import mlx.core as mx
 
-from .kv import KVCache, RotatingKVCache
+from .kv import KVCache
 from .protocol import LayerCache
 from .quantized import QuantizedKVCache
+from .rotating import RotatingKVCache
 from .state import StateCache
 
 

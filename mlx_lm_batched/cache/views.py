@@ -4,7 +4,8 @@ driver needs it (a group of rows, or rows that start at different columns)."""
 
 import mlx.core as mx
 
-from .kv import KVCache, RotatingKVCache
+from .kv import KVCache
+from .rotating import RotatingKVCache
 from .state import StateCache
 
 

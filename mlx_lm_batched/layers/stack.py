@@ -5,7 +5,8 @@ runs the stack and the head."""
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..cache.kv import KVCache, RotatingKVCache, max_kv_cache
+from ..cache.kv import KVCache
+from ..cache.rotating import RotatingKVCache, max_kv_cache
 from .step import resolve_masks, resolve_offset
 
 

@@ -10,14 +10,15 @@ from ..cache.compat import (
 )
 from ..cache.factory import make_prompt_cache
 from ..cache.files import load_prompt_cache, save_prompt_cache
-from ..cache.kv import KVCache, RotatingKVCache
-from ..cache.quantized import QuantizedKVCache
+from ..cache.kv import KVCache
 from ..cache.prompt_cache import (
     PromptCache,
     as_prompt_cache,
     can_trim_prompt_cache,
     trim_prompt_cache,
 )
+from ..cache.quantized import QuantizedKVCache
+from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..cache.views import RowsView, ShiftedView
 from ..layers.mlx_lm_api import create_attention_mask

@@ -9,7 +9,8 @@ from typing import List, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..cache.kv import KVCache, RotatingKVCache
+from ..cache.kv import KVCache
+from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers import masks as masks_lib
 from ..layers.attention import Attention

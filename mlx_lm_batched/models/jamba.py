@@ -5,7 +5,8 @@ attention layers without RoPE every ``attn_layer_period``, and a softmax top-k M
 from dataclasses import dataclass
 from typing import Optional
 
-from ..cache.kv import KVCache, RotatingKVCache
+from ..cache.kv import KVCache
+from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers.attention import Attention
 from ..layers.mlp import MLP

@@ -4,7 +4,8 @@ layers with QK-norm (``KVCache``), each followed by a SwiGLU MLP."""
 from dataclasses import dataclass
 from typing import Optional
 
-from ..cache.kv import KVCache, RotatingKVCache
+from ..cache.kv import KVCache
+from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers.attention import Attention
 from ..layers.mlp import MLP

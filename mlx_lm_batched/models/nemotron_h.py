@@ -7,7 +7,8 @@ from typing import Optional
 
 import mlx.nn as nn
 
-from ..cache.kv import KVCache, RotatingKVCache
+from ..cache.kv import KVCache
+from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers import masks as masks_lib
 from ..layers.attention import Attention

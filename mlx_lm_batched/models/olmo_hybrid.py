@@ -15,7 +15,8 @@ from typing import List, Optional
 
 import mlx.core as mx
 
-from ..cache.kv import KVCache, RotatingKVCache
+from ..cache.kv import KVCache
+from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers.attention import Attention
 from ..layers.blocks import SandwichBlock

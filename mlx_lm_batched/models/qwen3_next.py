@@ -8,7 +8,8 @@ from typing import List, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..cache.kv import KVCache, RotatingKVCache
+from ..cache.kv import KVCache
+from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers.attention import Attention, scaled_dot_product_attention
 from ..layers.gated_delta import GatedDeltaNet
@@ -19,7 +20,6 @@ from ..layers.ssm import CausalConv1d, HybridBlock
 from ..layers.stack import CausalLM
 from . import qwen2_moe
 from .common import config_rope, init_causal_lm
-
 
 # The zero-centred norms mlx-lm stores as ``1 + w`` in its conversions.
 MLX_LM_SHIFTED_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight",

@@ -9,7 +9,7 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..cache.kv import RotatingKVCache
+from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers.attention import Attention
 from ..layers.mlp import MLP, activation

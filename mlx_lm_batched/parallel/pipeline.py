@@ -25,7 +25,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from ..cache.kv import KVCache, RotatingKVCache
+from ..cache.kv import KVCache
+from ..cache.rotating import RotatingKVCache
 from ..layers.stack import CausalLM, DecoderStack
 from .tensor import split_range
 
