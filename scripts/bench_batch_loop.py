@@ -9,6 +9,7 @@ baseline is the last commit with the static loop.
 
     python scripts/bench_batch_loop.py --model DIR [--baseline e93fe85] [--prompts 32]
         [--max-tokens 16] [--batch-sizes 4,16,32] [--repeats 2] [--json out.json]
+        [--count-calls]
 
 Prints end-to-end tokens/s of both sides per batch size (best of ``--repeats``), their
 ratio and whether both produced the same tokens (greedy, no EOS); also the ratio of the
@@ -50,6 +51,31 @@ def extract_baseline(commit, directory):
     return importlib.import_module("mlx_lm_batched_baseline")
 
 
+class CallCounter:
+    """Counts a model's forward calls and input tokens (rows x columns): the work each side
+    does, which no other tenant of the machine can change."""
+
+    def __init__(self, model):
+        self.calls = self.tokens = self.decode_calls = 0
+        cls, forward = type(model), type(model).__call__
+        counter = self
+
+        def counted(self, inputs, *args, **kwargs):
+            counter.calls += 1
+            counter.tokens += inputs.shape[0] * inputs.shape[1]
+            counter.decode_calls += inputs.shape[1] == 1
+            return forward(self, inputs, *args, **kwargs)
+
+        # A subclass per side, so the two packages' classes are counted apart.
+        model.__class__ = type(cls.__name__, (cls,), {"__call__": counted})
+
+    def take(self):
+        """``(calls, tokens, decode calls)`` since the last take."""
+        taken = (self.calls, self.tokens, self.decode_calls)
+        self.calls = self.tokens = self.decode_calls = 0
+        return taken
+
+
 def run(package, model, tokenizer, prompts, max_tokens, batch_size):
     """Tokens per prompt and wall seconds of one ``stream_batch_generate`` call."""
     out = [[] for _ in prompts]
@@ -69,6 +95,8 @@ def main():
     p.add_argument("--batch-sizes", default="4,16,32")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--json", default=None)
+    p.add_argument("--count-calls", action="store_true",
+                   help="also count each side's model calls and input tokens")
     args = p.parse_args()
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -76,8 +104,12 @@ def main():
         sides = {"baseline": old, "this tree": mlx_lm_batched}
         loaded = {name: pkg.load(args.model) for name, pkg in sides.items()}
         prompts = build_prompts(loaded["this tree"][1], args.prompts)
+        counters = ({name: CallCounter(model) for name, (model, _) in loaded.items()}
+                    if args.count_calls else {})
         for name, pkg in sides.items():  # warm up both
             run(pkg, loaded[name][0], no_eos(loaded[name][1]), prompts[:4], 2, 2)
+        for counter in counters.values():
+            counter.take()  # the warm-up's calls
         load0 = os.getloadavg()
         best, best_cpu, tokens = {}, {}, {}
         for rep in range(args.repeats):
@@ -92,8 +124,12 @@ def main():
                     tokens[name, bs] = out
                     best[name, bs] = min(best.get((name, bs), float("inf")), wall)
                     best_cpu[name, bs] = min(best_cpu.get((name, bs), float("inf")), cpu)
+                    work = ""
+                    if counters:
+                        calls, toks, decode = counters[name].take()
+                        work = f"  {calls} calls ({decode} decode), {toks} input tokens"
                     print(f"rep {rep} {name:9s} bs={bs:<3d} {wall:7.1f} s wall "
-                          f"{cpu:7.1f} s CPU", flush=True)
+                          f"{cpu:7.1f} s CPU{work}", flush=True)
     n = args.prompts * args.max_tokens
     lengths = [len(x) for x in prompts]
     print(f"\n{args.prompts} prompts ({min(lengths)}-{max(lengths)} tokens), {args.max_tokens} "
