@@ -20,6 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..cache.ragged import RaggedStateCache, stack_rows
+from ..cache.state import StateCache
 from ..layers.compressed_attention import CompressedSparseAttention, TailRope
 from ..layers.hyper_connection import HyperConnection, collapse, expand
 from ..layers.moe import SwitchGLU
@@ -256,7 +257,8 @@ class Model(nn.Module):
         layers = cache if cache is not None else self.make_cache()
         # A ShiftedView (a prefill on top of cached rows) marks each row's pad columns.
         shift = getattr(layers[0], "shift", None) if cache is not None else None
-        layers = [getattr(c, "cache", c) for c in layers]
+        # Unwrap views to their cache (a StateCache's own ``cache`` is mlx-lm's arrays).
+        layers = [c if isinstance(c, StateCache) else getattr(c, "cache", c) for c in layers]
         shift = [0] * B if shift is None else shift.tolist()
         h_all = self.model.embed_tokens(inputs)
         rows, new_states = [], []

@@ -27,6 +27,7 @@ from mlx.utils import tree_flatten
 
 from ..cache.kv import KVCache
 from ..cache.rotating import RotatingKVCache
+from ..cache.sinks import capture_sinks
 from ..layers.stack import CausalLM, DecoderStack
 from .tensor import split_range
 
@@ -119,7 +120,12 @@ class _DecodeRows:
     def __init__(self, parent, start, stop, batch):
         self.parent, self.start, self.stop, self.batch = parent, start, stop, batch
 
-    def update_and_fetch(self, keys, values):
+    @property
+    def wants_offset(self):
+        """As the parent's: a ring that keeps sink tokens finds each row's by position."""
+        return getattr(self.parent, "wants_offset", False)
+
+    def update_and_fetch(self, keys, values, offset=None):
         p, S = self.parent, self.parent.size
         wrapped = isinstance(p, RotatingKVCache) and S >= p.max_size
         slot, held = (S % p.max_size, p.max_size) if wrapped else (S, S + 1)
@@ -128,7 +134,19 @@ class _DecodeRows:
         rows = slice(self.start, self.stop)
         p.keys[rows, :, slot:slot + 1, :] = keys
         p.values[rows, :, slot:slot + 1, :] = values
-        return p.keys[rows, :, :held, :], p.values[rows, :, :held, :]
+        out = p.keys[rows, :, :held, :], p.values[rows, :, :held, :]
+        if not getattr(p, "keep", 0):
+            return out
+        # Sinks (RotatingKVCache(keep)): a row still within its first ``keep`` tokens
+        # writes this one in; the keys returned are the sinks, then the ring's.
+        if p.sink_keys is None or offset is None:
+            raise ValueError("a micro-batched decode step on a ring with sinks needs the "
+                             "prefilled sinks and the rows' offset")
+        sink_k = capture_sinks(p.sink_keys[rows], keys, offset, p.keep)
+        sink_v = capture_sinks(p.sink_values[rows], values, offset, p.keep)
+        p.sink_keys[rows], p.sink_values[rows] = sink_k, sink_v
+        return (mx.concatenate([sink_k, out[0]], axis=2),
+                mx.concatenate([sink_v, out[1]], axis=2))
 
 
 def _commit(caches):

@@ -172,7 +172,11 @@ class ReplayGenerator:
         recorder.add("reset", options)
 
     def insert(self, prompts, max_tokens=None, caches=None, all_tokens=None, samplers=None,
-               logits_processors=None):
+               logits_processors=None, adapters=None):
+        # Slot 0 is the base model, the only one a distributed server serves (its
+        # startup refuses adapters), so no other slot can reach here.
+        if adapters is not None and any(a not in (None, 0) for a in adapters):
+            raise ValueError("adapters are not supported with --distributed")
         prompts = [[int(t) for t in p] for p in prompts]
         uids = self.inner.insert(prompts, max_tokens, caches, all_tokens, samplers,
                                  logits_processors)
