@@ -15,7 +15,6 @@ from .anthropic_messages import serve_messages
 from .errors import APIError
 from .handlers import serve
 from .job_prep import JobSpec
-from .tool_calls import chat_output
 from .middleware import AuthMiddleware, StatusCounter, read_json
 from .openai_responses import serve_responses
 from .schema import (
@@ -26,7 +25,7 @@ from .schema import (
     parse,
 )
 from .tokenize_routes import add_tokenize_routes
-from .tool_choice import tools_for_prompt
+from .tool_calls import chat_output
 
 
 @dataclass
