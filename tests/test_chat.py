@@ -44,6 +44,12 @@ class Pty:
     def send(self, line):
         os.write(self.fd, (line + "\n").encode())
 
+    def close(self):
+        """Kill the child if it still runs and close the terminal."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        os.close(self.fd)
+
 
 def test_chat_repl_reuses_the_conversation_cache():
     smol = model_dir("smollm2", dtype="float32")
@@ -75,9 +81,7 @@ def test_chat_repl_reuses_the_conversation_cache():
         chat.expect("bye")
         assert chat.proc.wait(timeout=60) == 0
     finally:
-        if chat.proc.poll() is None:
-            chat.proc.kill()
-        os.close(chat.fd)
+        chat.close()
 
 
 def test_chat_rejects_bad_flags_in_one_line():

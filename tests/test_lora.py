@@ -253,9 +253,7 @@ def test_chat_with_an_adapter(smol_dir, adapters):
         chat.send("q")
         assert chat.proc.wait(timeout=60) == 0
     finally:
-        if chat.proc.poll() is None:
-            chat.proc.kill()
-        os.close(chat.fd)
+        chat.close()
 
 
 def test_server_serves_several_adapters_in_one_batch(smol_dir, adapters):
