@@ -99,6 +99,15 @@ def corpus_prompts(tokenizer, lengths, stride=37):
     return prompts
 
 
+@pytest.fixture(scope="module")
+def client(server):
+    """The official ``openai`` client on the test module's ``server`` fixture (a module
+    that needs other client options defines its own ``client``)."""
+    from openai import OpenAI  # only the server tests need it
+
+    return OpenAI(base_url=server.url + "/v1", api_key="none")
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     mx.random.seed(0)

@@ -17,7 +17,6 @@ import urllib.request
 
 import pytest
 from jsonschema import Draft202012Validator
-from openai import OpenAI
 
 from server_harness import ServerProcess
 
@@ -56,11 +55,6 @@ def server(float_dirs):
     srv = ServerProcess(float_dirs["smollm2"], "--max-batch", 8)
     yield srv
     srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return OpenAI(base_url=server.url + "/v1", api_key="none")
 
 
 def events(server, path, body):

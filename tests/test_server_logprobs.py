@@ -11,7 +11,6 @@ import concurrent.futures as futures
 
 import mlx.core as mx
 import pytest
-from openai import OpenAI
 
 from conftest import corpus_prompts
 from mlx_lm_batched.sched.generator import BatchGenerator
@@ -29,11 +28,6 @@ def server(float_dirs):
     srv = ServerProcess(float_dirs["smollm2"], "--max-batch", 8, "--prefill-step-size", 7)
     yield srv
     srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return OpenAI(base_url=server.url + "/v1", api_key="none")
 
 
 def full_forward_scores(model, tokens):

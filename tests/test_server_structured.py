@@ -9,7 +9,6 @@ import json
 
 import jsonschema
 import pytest
-from openai import OpenAI
 from transformers import PreTrainedTokenizerFast
 
 from server_harness import ServerProcess
@@ -39,11 +38,6 @@ def server(float_dirs):
     srv = ServerProcess(float_dirs["smollm2"], "--max-batch", 8)
     yield srv
     srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return OpenAI(base_url=server.url + "/v1", api_key="none")
 
 
 def ask(text):
