@@ -146,3 +146,40 @@ def test_batch_generator_response_cache_continues(smollm2):
         follow = prompt[0]
         np.testing.assert_allclose(next_logprobs(model, r.prompt_cache, follow),
                                    solo_logprobs(model, r.all_tokens + [follow]), atol=1e-4)
+
+
+def test_mlx_lm_generate_module_names_and_stream(smollm2, lm_smollm2):
+    """``mlx_lm.generate``'s public helpers exist under the same names (defaults, the
+    argument parser, wired limit, stream) and ``stream=`` runs generation on that stream
+    with the same tokens as mlx-lm's."""
+    import sys
+
+    import mlx_lm.generate  # noqa: F401 (the module, not the function of the same name)
+
+    import mlx_lm_batched.generate  # noqa: F401
+
+    theirs, ours = sys.modules["mlx_lm.generate"], sys.modules["mlx_lm_batched.generate"]
+    for name in ("DEFAULT_TEMP", "DEFAULT_TOP_P", "DEFAULT_MIN_P", "DEFAULT_TOP_K",
+                 "DEFAULT_XTC_PROBABILITY", "DEFAULT_XTC_THRESHOLD", "DEFAULT_MIN_TOKENS_TO_KEEP",
+                 "DEFAULT_SEED", "DEFAULT_QUANTIZED_KV_START", "DEFAULT_PREFILL_STEP_SIZE",
+                 "DEFAULT_PROMPT"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    args = ours.setup_arg_parser().parse_args(["--temp", "0.5", "--max-tokens", "7"])
+    assert (args.temp, args.max_tokens, args.top_p) == (0.5, 7, ours.DEFAULT_TOP_P)
+    assert ours.setup_arg_parser().parse_args([]).max_tokens == ours.DEFAULT_MAX_TOKENS
+    assert ours.str2bool("False") is False and ours.str2bool("yes") is True
+    # The CPU backend reports no recommended working set: the limit stays as it is.
+    assert ("max_recommended_working_set_size" in mx.device_info()) == (
+        ours.maybe_set_recommended_wired_limit() is not None)
+
+    model, (lm_model, _) = smollm2[0], lm_smollm2
+    prompt = mx.array(corpus_prompts(smollm2[1], (20,))[0])
+    with ours.wired_limit(model):
+        mine = [t for t, _ in generate_step(prompt, model, max_tokens=6,
+                                            stream=ours.generation_stream)]
+    on_cpu = [t for t, _ in generate_step(prompt, model, max_tokens=6, stream=mx.cpu)]
+    ref = [t for t, _ in theirs.generate_step(prompt, lm_model, max_tokens=6)]
+    assert mine == on_cpu == ref
+    texts = [r.text for r in stream_generate(model, smollm2[1], prompt, max_tokens=4,
+                                             stream=mx.cpu)]
+    assert len(texts) == 4

@@ -27,6 +27,7 @@ from .batch_args import (
     row_limits,
     row_samplers,
 )
+from .device import wired_limit
 from .responses import BatchResponse, BatchStreamResponse
 
 # Keywords batch_generate passes on to stream_batch_generate (mlx-lm's BatchGenerator's).
@@ -243,25 +244,27 @@ def batch_generate(
     options["prefill_step_size"] = kwargs.get("prefill_step_size", 2048)
     eos = set(tokenizer.eos_token_ids)
     finished = 0
-    for r, cache in _stream(model, tokenizer, prompts, max_tokens, options["sampler"],
-                            options["logits_processors"], options["completion_batch_size"],
-                            options["prefill_step_size"], options["max_kv_size"], stats,
-                            return_logprobs, options["prefill_batch_size"], options["stream"],
-                            prompt_caches, options["stop"], options["seeds"],
-                            want_caches=return_prompt_caches,
-                            response_format=options["response_format"],
-                            kv=(options["kv_bits"], kwargs.get("kv_group_size", 64),
-                                kwargs.get("quantized_kv_start", 5000)),
-                            speculative={k: kwargs[k] for k in SPECULATIVE_KWARGS if k in kwargs}):
-        if r.finish_reason != "stop" or r.token not in eos:  # EOS is not output
-            ids[r.index].append(r.token)
-            logprobs[r.index].append(r.logprob)
-        if r.finish_reason is not None:
-            reasons[r.index] = r.finish_reason
-            caches[r.index] = cache
-            finished += 1
-            if verbose:
-                print(f"[batch_generate] Finished processing {finished}/{n} ...", end="\r")
+    with wired_limit(model):  # a no-op where the device has no recommended size
+        for r, cache in _stream(model, tokenizer, prompts, max_tokens, options["sampler"],
+                                options["logits_processors"], options["completion_batch_size"],
+                                options["prefill_step_size"], options["max_kv_size"], stats,
+                                return_logprobs, options["prefill_batch_size"], options["stream"],
+                                prompt_caches, options["stop"], options["seeds"],
+                                want_caches=return_prompt_caches,
+                                response_format=options["response_format"],
+                                kv=(options["kv_bits"], kwargs.get("kv_group_size", 64),
+                                    kwargs.get("quantized_kv_start", 5000)),
+                                speculative={k: kwargs[k] for k in SPECULATIVE_KWARGS
+                                             if k in kwargs}):
+            if r.finish_reason != "stop" or r.token not in eos:  # EOS is not output
+                ids[r.index].append(r.token)
+                logprobs[r.index].append(r.logprob)
+            if r.finish_reason is not None:
+                reasons[r.index] = r.finish_reason
+                caches[r.index] = cache
+                finished += 1
+                if verbose:
+                    print(f"[batch_generate] Finished processing {finished}/{n} ...", end="\r")
     texts = [tokenizer.decode(t) for t in ids]
     stops = check_stops(options["stop"], n)
     texts = [cut_at_stop(t, s) if reason == "stop" and s else t

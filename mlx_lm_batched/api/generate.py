@@ -12,6 +12,7 @@ from ..models.context import model_vocab_size
 from ..sched.stats import peak_memory_gb
 from ..tokenization.tokenizer import encode_prompt, wrap_tokenizer
 from . import validation as V
+from .device import on_stream, wired_limit
 from .responses import GenerationResponse
 from .speculative import speculative_generate_step
 
@@ -32,6 +33,7 @@ def generate_step(
     kv_bits=None,
     kv_group_size=64,
     quantized_kv_start=5000,
+    stream=None,
 ):
     """Generate tokens for a prompt ``(L,)`` or a left-padded batch ``(B, L)``.
 
@@ -51,6 +53,7 @@ def generate_step(
     wrong type. ``kv_bits`` (2, 3, 4, 5, 6 or 8) quantizes the key/value caches in
     groups of ``kv_group_size`` (32, 64, 128) once they hold ``quantized_kv_start``
     slots, as mlx-lm (``kv_group_size`` and ``quantized_kv_start`` only apply with it).
+    ``stream``: the MLX stream the model runs on (default: the default stream).
     """
     # 0 prefills the prompt into the cache and yields nothing (mlx-lm's meaning).
     max_tokens = V.check_int("max_tokens", max_tokens, 0, allow=(-1,))
@@ -86,8 +89,9 @@ def generate_step(
     if prompt_progress_callback is not None:
         total = tokens.shape[1]
         progress = lambda done, _: prompt_progress_callback(done, total)
-    y, logprobs = engine.prefill(tokens, left_padding, progress, input_embeddings)
-    mx.async_eval(y, logprobs)
+    with on_stream(stream):
+        y, logprobs = engine.prefill(tokens, left_padding, progress, input_embeddings)
+        mx.async_eval(y, logprobs)
     if prompt_progress_callback is not None:
         prompt_progress_callback(tokens.shape[1], tokens.shape[1])
     n = 0
@@ -99,8 +103,9 @@ def generate_step(
         # while the caller detokenizes. The step runs for the last token too: as in
         # mlx-lm, the cache then holds every token yielded, so a later call continues
         # from it (and logits processors see the same histories as mlx-lm's).
-        next_y, next_logprobs = engine.step(y)
-        mx.async_eval(next_y, next_logprobs)
+        with on_stream(stream):
+            next_y, next_logprobs = engine.step(y)
+            mx.async_eval(next_y, next_logprobs)
         if single:
             yield y.item(), logprobs[0]
         else:
@@ -140,19 +145,24 @@ def stream_generate(model, tokenizer, prompt, max_tokens=256, draft_model=None, 
     # Cut here, not only in generate_step: the loop below must know the real limit.
     max_tokens = V.cap_max_tokens(model, max_tokens, prompt.size,
                                   V.cached_tokens(kwargs.get("prompt_cache")))
-    detokenizer = tokenizer.make_detokenizer()
     tic = time.perf_counter()
-    token, prompt_tps, n = None, 0.0, 0
     if speculative:
         steps = speculative_generate_step(prompt, model, draft_model, max_tokens=max_tokens,
                                           **kwargs)
     else:
         steps = ((t, lp, False) for t, lp in
                  generate_step(prompt, model, max_tokens=max_tokens, **kwargs))
-    from_draft = False
+    with wired_limit(model, [kwargs["stream"]] if kwargs.get("stream") is not None else None):
+        yield from _responses(steps, tokenizer, prompt.size, max_tokens, tic)
+
+
+def _responses(steps, tokenizer, prompt_size, max_tokens, tic):
+    """``stream_generate``'s responses for the ``(token, logprobs, from_draft)`` steps."""
+    detokenizer = tokenizer.make_detokenizer()
+    token, logprobs, prompt_tps, n, from_draft = None, None, 0.0, 0, False
     for n, (token, logprobs, from_draft) in enumerate(steps):
         if n == 0:
-            prompt_tps = prompt.size / (time.perf_counter() - tic)
+            prompt_tps = prompt_size / (time.perf_counter() - tic)
             tic = time.perf_counter()
         if token in tokenizer.eos_token_ids:
             break
@@ -160,13 +170,13 @@ def stream_generate(model, tokenizer, prompt, max_tokens=256, draft_model=None, 
         if n + 1 == max_tokens:
             break
         yield GenerationResponse(
-            detokenizer.last_segment, token, logprobs, from_draft, prompt.size, prompt_tps,
+            detokenizer.last_segment, token, logprobs, from_draft, prompt_size, prompt_tps,
             n + 1, (n + 1) / (time.perf_counter() - tic), peak_memory_gb(),
         )
     detokenizer.finalize()
     finish = "stop" if token in tokenizer.eos_token_ids else "length"
     yield GenerationResponse(
-        detokenizer.last_segment, token, logprobs, from_draft, prompt.size, prompt_tps,
+        detokenizer.last_segment, token, logprobs, from_draft, prompt_size, prompt_tps,
         n + 1, (n + 1) / max(time.perf_counter() - tic, 1e-9), peak_memory_gb(), finish,
     )
 

@@ -9,6 +9,7 @@ from ..engine.sampling import SharedSampling
 from ..engine.speculative import SpeculativeEngine, check_num_draft_tokens, make_drafter
 from ..models.context import model_vocab_size
 from . import validation as V
+from .device import on_stream
 
 
 def speculative_generate_step(
@@ -26,6 +27,7 @@ def speculative_generate_step(
     kv_group_size=64,
     quantized_kv_start=0,
     prompt_lookup=False,
+    stream=None,
 ):
     """Yield ``(token, logprobs (V,), from_draft)`` for one prompt ``(L,)``, as mlx-lm's.
 
@@ -35,7 +37,7 @@ def speculative_generate_step(
     sampling). ``prompt_lookup=True`` drafts from n-grams of the prompt and the output
     instead of a draft model. ``prompt_cache`` (mlx-lm's layout): the model's layer
     caches followed by the draft model's. Raises ``NotImplementedError`` for
-    ``logits_processors`` and ``kv_bits``.
+    ``logits_processors`` and ``kv_bits``. ``stream``: the MLX stream the models run on.
     """
     if kv_bits is not None:
         raise NotImplementedError("quantized KV caches (kv_bits) cannot be combined with "
@@ -67,7 +69,8 @@ def speculative_generate_step(
     engine = SpeculativeEngine(target, drafter, num_draft_tokens)
     if max_tokens > 0:
         engine.reserve(max_tokens)
-    y, logprobs, kept = engine.prefill(prompt[None])
+    with on_stream(stream):
+        y, logprobs, kept = engine.prefill(prompt[None])
     n = 0
     while n != max_tokens:
         for token, lp in kept[0]:
@@ -79,5 +82,6 @@ def speculative_generate_step(
         n += 1
         if n == max_tokens:
             return
-        y, logprobs, kept = engine.step(y)
-        mx.async_eval(logprobs)
+        with on_stream(stream):
+            y, logprobs, kept = engine.step(y)
+            mx.async_eval(logprobs)

