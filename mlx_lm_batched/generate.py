@@ -43,7 +43,12 @@ from .models.cache import (
     trim_prompt_cache,
 )
 from .sampling.samplers import greedy_sampler, make_sampler
-from .sampling.stop_sequences import StopSequences, make_stop_sequences
+from .sampling.stop_sequences import (
+    StopSequenceMatcher,
+    StopSequences,
+    make_stop_matcher,
+    make_stop_sequences,
+)
 from .sched.generator import BatchGenerator
 from .tool_parsers.state_machine import TextStateMachine
 
@@ -52,10 +57,11 @@ __all__ = ["BatchGenerator", "BatchResponse", "BatchStats", "BatchStreamResponse
            "DEFAULT_PREFILL_STEP_SIZE", "DEFAULT_PROMPT", "DEFAULT_QUANTIZED_KV_START",
            "DEFAULT_SEED", "DEFAULT_TEMP", "DEFAULT_TOP_K", "DEFAULT_TOP_P",
            "DEFAULT_XTC_PROBABILITY", "DEFAULT_XTC_THRESHOLD", "GenerationResponse",
-           "QuantizedKVCache", "StopSequences", "TextStateMachine", "batch_generate",
+           "QuantizedKVCache", "StopSequenceMatcher", "StopSequences", "TextStateMachine",
+           "batch_generate",
            "can_trim_prompt_cache", "generate", "generate_step", "generation_stream",
            "greedy_sampler", "load", "load_prompt_cache", "main", "make_prompt_cache",
-           "make_sampler", "make_stop_sequences", "maybe_quantize_kv_cache",
+           "make_sampler", "make_stop_matcher", "make_stop_sequences", "maybe_quantize_kv_cache",
            "maybe_set_recommended_wired_limit", "setup_arg_parser", "speculative_generate_step",
            "str2bool", "stream_batch_generate", "stream_generate", "trim_prompt_cache",
            "wired_limit"]

@@ -183,3 +183,35 @@ def test_mlx_lm_generate_module_names_and_stream(smollm2, lm_smollm2):
     texts = [r.text for r in stream_generate(model, smollm2[1], prompt, max_tokens=4,
                                              stream=mx.cpu)]
     assert len(texts) == 4
+
+
+def test_stop_sequence_matcher_interfaces_agree_with_mlx_lm(smollm2):
+    """``StopSequenceMatcher`` (mlx-lm 0.32.0/0.32.1's stateless interface) and
+    ``StopSequences`` (0.32.2's) stop exactly where mlx-lm 0.32.2's automaton stops."""
+    import sys
+
+    import mlx_lm.generate  # noqa: F401
+
+    from mlx_lm_batched.generate import StopSequenceMatcher, StopSequences, make_stop_matcher
+
+    theirs = sys.modules["mlx_lm.generate"].StopSequences
+    sequences = [(3,), (5, 6, 5), (6, 5, 7), (5, 5)]
+    rng = np.random.default_rng(0)
+    stream = rng.integers(3, 8, size=400).tolist()
+    ref_matcher, ours = theirs(sequences).matcher(), StopSequences(sequences).matcher()
+    old = StopSequenceMatcher(sequences)
+    state, trie = old.make_state(), old.make_state()
+    hits = 0
+    for token in stream:
+        expected = ref_matcher.advance(token)
+        state, matched = StopSequenceMatcher.match(state, trie, token)
+        assert ours.advance(token) == matched == expected
+        hits += expected
+    assert 20 < hits < 380  # the stream exercises both outcomes
+    tokenizer = smollm2[1]
+    words = tokenizer.encode(" the end", add_special_tokens=False)
+    matcher = make_stop_matcher(tokenizer, [" the end"])
+    state = root = matcher.make_state()
+    for token in words:
+        state, matched = matcher.match(state, root, token)
+    assert matched and matcher.match(root, root, next(iter(tokenizer.eos_token_ids)))[1]

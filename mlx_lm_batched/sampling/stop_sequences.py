@@ -4,7 +4,9 @@
 trie whose nodes also know the longest suffix of their path that is again a
 prefix of some sequence, so a mismatch never rescans earlier tokens);
 ``matcher()`` gives one row its own position in it. The interface is mlx-lm's
-(``StopSequences(...).matcher().advance(token) -> bool``).
+(``StopSequences(...).matcher().advance(token) -> bool``); ``StopSequenceMatcher``
+is the same automaton behind the interface of earlier mlx-lm 0.32 releases
+(``make_state()`` and ``match(state, trie, token) -> (state, matched)``).
 """
 
 from collections import deque
@@ -86,9 +88,36 @@ class StopSequences:
         return self.Matcher(self._root)
 
 
+class StopSequenceMatcher(StopSequences):
+    """:class:`StopSequences` with the stateless interface of mlx-lm 0.32.0/0.32.1: the
+    caller keeps each stream's state (a node) and passes the root back in."""
+
+    def make_state(self):
+        """A fresh stream state: the root of the automaton."""
+        return self._root
+
+    @staticmethod
+    def match(state, trie, token):
+        """Advance ``state`` by one token; returns ``(new_state, matched)``."""
+        token = int(token)
+        while token not in state.children and state is not trie:
+            state = state.fail
+        state = state.children.get(token, trie)
+        return state, state.match
+
+
+def make_stop_matcher(tokenizer, stop_words=None):
+    """:func:`make_stop_sequences` as a :class:`StopSequenceMatcher` (older mlx-lm name)."""
+    return StopSequenceMatcher(_token_sequences(tokenizer, stop_words))
+
+
 def make_stop_sequences(tokenizer, stop_words=None):
     """Stop sequences for the tokenizer's EOS ids and the encodings of ``stop_words``."""
+    return StopSequences(_token_sequences(tokenizer, stop_words))
+
+
+def _token_sequences(tokenizer, stop_words):
     sequences = [(t,) for t in tokenizer.eos_token_ids]
     for word in stop_words or ():
         sequences.append(tuple(tokenizer.encode(word, add_special_tokens=False)))
-    return StopSequences(sequences)
+    return sequences
