@@ -1,5 +1,5 @@
 """mlx-lm's ``mlx_lm.tokenizer_utils``: the tokenizer wrapper, its streaming
-detokenizers and ``load`` (``tokenization/``)."""
+detokenizers and ``load`` (``tokenization/``, ``loading/``)."""
 
 from .tokenization.detokenizers import (
     BPEStreamingDetokenizer,
@@ -7,12 +7,9 @@ from .tokenization.detokenizers import (
     SPMStreamingDetokenizer,
     StreamingDetokenizer,
 )
-from .tokenization.tokenizer import (
-    TokenizerWrapper,
-    encode_prompt,
-    load,
-    load_tokenizer,
-)
+from .loading.save import load_tokenizer
+from .loading.save import load_tokenizer as load  # with the tool-call markup found
+from .tokenization.tokenizer import TokenizerWrapper, encode_prompt
 
 __all__ = ["BPEStreamingDetokenizer", "NaiveStreamingDetokenizer", "SPMStreamingDetokenizer",
            "StreamingDetokenizer", "TokenizerWrapper", "encode_prompt", "load", "load_tokenizer"]

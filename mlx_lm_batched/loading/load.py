@@ -400,9 +400,11 @@ def load(
 def _load_tokenizer(model_path, tokenizer_config, eos):
     """``load_tokenizer`` with its (often many-line) errors as one ModelLoadError line."""
     from ..tokenization.tokenizer import load_tokenizer
+    from ..tool_parsers import tool_markup
 
     try:
-        return load_tokenizer(model_path, tokenizer_config, eos_token_ids=eos)
+        return load_tokenizer(model_path, tokenizer_config, eos_token_ids=eos,
+                              tool_markup=tool_markup)
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
         raise ModelLoadError(f"cannot load the tokenizer in '{model_path}': "
                              f"{type(e).__name__}: {_one_line(e)}") from None

@@ -57,9 +57,10 @@ def load_tokenizer(model_path, tokenizer_config_extra=None, eos_token_ids=None):
     a ``TokenizerWrapper`` with a streaming detokenizer; ``eos_token_ids`` (int or list)
     are stop ids in addition to the tokenizer's own EOS token."""
     from ..tokenization.tokenizer import load_tokenizer as load
+    from ..tool_parsers import tool_markup
 
     return load(get_model_path(str(model_path)), tokenizer_config_extra,
-                eos_token_ids=eos_token_ids)
+                eos_token_ids=eos_token_ids, tool_markup=tool_markup)
 
 
 def common_prefix_len(list1, list2):

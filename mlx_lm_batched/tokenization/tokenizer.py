@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 from .detokenizers import (
     detect_detokenizer,
 )
+from .markers import find_sequence, infer_structural_markers, infer_thinking
 
 
 class TokenizerWrapper:
@@ -24,11 +25,16 @@ class TokenizerWrapper:
     ``bos_token``, ...) are read from and written to the wrapped tokenizer.
     """
 
-    def __init__(self, tokenizer, detokenizer_class=None, eos_token_ids=None, chat_template=None):
+    def __init__(self, tokenizer, detokenizer_class=None, eos_token_ids=None, chat_template=None,
+                 tool_call_start=None, tool_call_end=None, tool_parser=None,
+                 response_format=None):
         """``detokenizer_class`` defaults to ``detect_detokenizer(tokenizer)``.
         ``eos_token_ids`` (int or iterable) are extra stop ids; the tokenizer's own
         ``eos_token_id`` is always included. ``chat_template`` is a callable
-        ``(messages, **kw) -> str`` (mlx-lm style) or a Jinja template string."""
+        ``(messages, **kw) -> str`` (mlx-lm style) or a Jinja template string.
+        ``tool_call_start``/``tool_call_end``/``tool_parser`` describe the model's
+        tool-call markup (``load`` finds them from the chat template);
+        ``response_format`` is mlx-lm's ``{"transitions": ..., "initial_state": ...}``."""
         self._tokenizer = tokenizer
         factory = detokenizer_class or detect_detokenizer(tokenizer)
         # Built once: token maps are expensive; copies share them read-only.
@@ -39,6 +45,9 @@ class TokenizerWrapper:
         if tokenizer.eos_token_id is not None:
             self._eos_token_ids.add(tokenizer.eos_token_id)
         self._chat_template = chat_template
+        self._tool_call = (tool_call_start, tool_call_end, tool_parser)
+        self._response_format = response_format or {}
+        self._thinking = None  # infer_thinking's answer, on first use (reads the vocabulary)
 
     def make_detokenizer(self):
         """A new, reset detokenizer independent of every other one (one per batch row)."""
@@ -86,6 +95,95 @@ class TokenizerWrapper:
         kwargs["return_dict"] = False
         return self._tokenizer.apply_chat_template(*args, tokenize=tokenize, **kwargs)
 
+    # Reasoning and tool-call markup (mlx-lm's properties of the same names).
+
+    def _think(self, i):
+        if self._thinking is None:
+            self._thinking = infer_thinking(self._tokenizer, self._tokenizer.get_vocab())
+        return self._thinking[i]
+
+    @property
+    def has_thinking(self):
+        return self._think(0) is not None
+
+    @property
+    def think_start(self):
+        return self._think(0)
+
+    @property
+    def think_end(self):
+        return self._think(1)
+
+    @property
+    def think_start_tokens(self):
+        return self._think(2)
+
+    @property
+    def think_end_tokens(self):
+        return self._think(3)
+
+    @property
+    def think_start_id(self):
+        return _single_id(self._think(2), "start")
+
+    @property
+    def think_end_id(self):
+        return _single_id(self._think(3), "end")
+
+    def find_think_start(self, tokens, start=None, end=None):
+        return find_sequence(tokens, self.think_start_tokens, start, end)
+
+    def rfind_think_start(self, tokens, start=None, end=None):
+        return find_sequence(tokens, self.think_start_tokens, start, end, reverse=True)
+
+    def find_think_end(self, tokens, start=None, end=None):
+        return find_sequence(tokens, self.think_end_tokens, start, end)
+
+    def rfind_think_end(self, tokens, start=None, end=None):
+        return find_sequence(tokens, self.think_end_tokens, start, end, reverse=True)
+
+    @property
+    def structural_markers(self):
+        return infer_structural_markers(self._tokenizer.get_vocab())
+
+    @property
+    def has_tool_calling(self):
+        return self._tool_call[0] is not None
+
+    @property
+    def tool_call_start(self):
+        return self._tool_call[0]
+
+    @property
+    def tool_call_end(self):
+        return self._tool_call[1]
+
+    @property
+    def tool_call_start_tokens(self):
+        return self._marker_ids(self._tool_call[0])
+
+    @property
+    def tool_call_end_tokens(self):
+        return self._marker_ids(self._tool_call[1]) if self._tool_call[0] is not None else None
+
+    @property
+    def tool_parser(self):
+        """``parse(text, tools=None)`` of the model's tool-call family (mlx-lm's callable),
+        or None."""
+        return self._tool_call[2]
+
+    @property
+    def response_transitions(self):
+        return self._response_format.get("transitions", {})
+
+    @property
+    def response_initial_state(self):
+        return self._response_format.get("initial_state")
+
+    def _marker_ids(self, text):
+        return None if text is None else tuple(self._tokenizer.encode(text,
+                                                                      add_special_tokens=False))
+
     def encode_prompt(self, prompt, add_special_tokens=None):
         """See :func:`encode_prompt`."""
         return encode_prompt(self._tokenizer, prompt, add_special_tokens)
@@ -106,6 +204,15 @@ class TokenizerWrapper:
             object.__setattr__(self, attr, value)  # our state, and property setters
         else:
             setattr(self._tokenizer, attr, value)
+
+
+def _single_id(ids, which):
+    if ids is None:
+        return None
+    if len(ids) > 1:
+        raise ValueError(f"the reasoning {which} marker is {len(ids)} tokens, not one: "
+                         f"use think_{which}_tokens")
+    return ids[0]
 
 
 def wrap_tokenizer(tokenizer):
@@ -145,7 +252,7 @@ def _read_json(path):
         return {}
 
 
-def load_tokenizer(model_path, tokenizer_config_extra=None, eos_token_ids=None):
+def load_tokenizer(model_path, tokenizer_config_extra=None, eos_token_ids=None, tool_markup=None):
     """Load the tokenizer of a local model directory into a TokenizerWrapper.
 
     The detokenizer is chosen from the ``decoder`` of the loaded fast backend
@@ -153,6 +260,8 @@ def load_tokenizer(model_path, tokenizer_config_extra=None, eos_token_ids=None):
     generation_config.json, else of config.json, is used, as mlx-lm's loader does;
     instruct models often list their end-of-turn token only there.
     ``tokenizer_config_extra`` is passed to ``AutoTokenizer.from_pretrained``.
+    ``tool_markup(chat_template, vocab)`` returns the tool-call ``(start, end, parser)``
+    for the wrapper, or None (the loader passes the tool-call families' detection).
     """
     model_path = os.fspath(model_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path, **(tokenizer_config_extra or {}))
@@ -165,7 +274,12 @@ def load_tokenizer(model_path, tokenizer_config_extra=None, eos_token_ids=None):
             eos_token_ids = _read_json(os.path.join(model_path, name)).get("eos_token_id")
             if eos_token_ids is not None:
                 break
-    return TokenizerWrapper(tokenizer, factory, eos_token_ids=eos_token_ids)
+    tool_call = None
+    if tool_markup is not None:
+        tool_call = tool_markup(getattr(tokenizer, "chat_template", None), tokenizer.get_vocab())
+    start, end, parser = tool_call or (None, None, None)
+    return TokenizerWrapper(tokenizer, factory, eos_token_ids=eos_token_ids,
+                            tool_call_start=start, tool_call_end=end, tool_parser=parser)
 
 
 load = load_tokenizer  # mlx-lm's name

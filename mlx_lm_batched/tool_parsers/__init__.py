@@ -6,7 +6,14 @@ mlx-lm does (or the one named); :class:`ChatOutputParser` splits streamed or who
 output into answer, reasoning and OpenAI tool calls; :class:`TextStateMachine` is
 mlx-lm's marker-driven text splitter under its name."""
 
-from .families import FAMILIES, ToolFamily, detect_family, detect_think_markers, get_family
+from .families import (
+    FAMILIES,
+    ToolFamily,
+    detect_family,
+    detect_think_markers,
+    get_family,
+    tool_markup,
+)
 from .output import ChatOutputParser
 from .state_machine import TextStateMachine
 
@@ -17,4 +24,4 @@ def select_family(chat_template, name=None):
 
 
 __all__ = ["FAMILIES", "ChatOutputParser", "TextStateMachine", "ToolFamily", "detect_family",
-           "detect_think_markers", "get_family", "select_family"]
+           "detect_think_markers", "get_family", "select_family", "tool_markup"]

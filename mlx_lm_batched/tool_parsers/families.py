@@ -78,3 +78,24 @@ def detect_think_markers(chat_template, vocab=()):
         if start in vocab and end in vocab:
             return start, end
     return None
+
+
+def tool_markup(chat_template, vocab=()):
+    """``(start, end, parse_tool_call)`` of the tool-call family a tokenizer's chat
+    template (else its vocabulary: LFM2-style tool tokens) asks for, or None.
+
+    ``parse_tool_call(text, tools=None)`` is mlx-lm's tokenizer ``tool_parser``: the text
+    between the markers -> ``{"name", "arguments"}``, or a list of them for several
+    calls; ``ValueError`` when the text is not a call.
+    """
+    family = detect_family(chat_template)
+    if family is None and "<|tool_call_start|>" in vocab and "<|tool_call_end|>" in vocab:
+        family = FAMILIES["pythonic"]
+    if family is None:
+        return None
+
+    def parse_tool_call(text, tools=None):
+        calls = [{"name": name, "arguments": arguments} for name, arguments in family.parse(text)]
+        return calls[0] if len(calls) == 1 else calls
+
+    return family.start, family.end, parse_tool_call

@@ -1,0 +1,88 @@
+"""The tokenizer wrapper's reasoning and tool-call properties match mlx-lm 0.32's on real
+tokenizers: SmolLM2's as shipped, with each family's real chat template (tests/data),
+and with reasoning tokens added. mlx-lm is the oracle only."""
+
+import json
+import shutil
+from pathlib import Path
+
+import mlx_lm.tokenizer_utils as lm_tok
+import pytest
+
+from mlx_lm_batched.tokenizer_utils import load as load_tokenizer
+
+TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+PROPERTIES = ("has_thinking", "think_start", "think_end", "think_start_tokens",
+              "think_end_tokens", "has_tool_calling", "tool_call_start", "tool_call_end",
+              "tool_call_start_tokens", "tool_call_end_tokens", "structural_markers",
+              "response_transitions", "response_initial_state")
+# One call in each family's own markup, as the model writes it between the markers.
+CALLS = {
+    "json_tools": '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    "qwen3_coder": "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>",
+    "pythonic": '[get_weather(city="Paris")]',
+}
+
+
+def tokenizer_dir(float_dirs, tmp_path, template=None, add_tokens=()):
+    """A copy of SmolLM2's tokenizer files, with ``template`` as its chat template and
+    ``add_tokens`` added as special tokens."""
+    src, out = Path(float_dirs["smollm2"]), tmp_path / "tok"
+    out.mkdir()
+    for f in src.iterdir():
+        if f.suffix in (".json", ".jinja", ".txt", ".model") and "safetensors" not in f.name:
+            shutil.copy(f, out / f.name)
+    (out / "chat_template.jinja").unlink(missing_ok=True)
+    if template is not None or add_tokens:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(out))
+        if add_tokens:
+            tok.add_special_tokens({"additional_special_tokens": list(add_tokens)})
+        if template is not None:
+            tok.chat_template = template
+        tok.save_pretrained(str(out))
+    return out
+
+
+def same_properties(ours, theirs):
+    for name in PROPERTIES:
+        assert getattr(ours, name) == getattr(theirs, name), name
+
+
+def test_plain_tokenizer_has_no_markup(float_dirs, tmp_path):
+    path = tokenizer_dir(float_dirs, tmp_path)
+    ours, theirs = load_tokenizer(path), lm_tok.load(path)
+    same_properties(ours, theirs)
+    assert not ours.has_thinking and ours.tool_parser is None
+
+
+@pytest.mark.parametrize("family", sorted(p.stem for p in TEMPLATES.glob("*.jinja")))
+def test_tool_markup_from_real_templates(float_dirs, tmp_path, family):
+    path = tokenizer_dir(float_dirs, tmp_path, (TEMPLATES / f"{family}.jinja").read_text())
+    ours, theirs = load_tokenizer(path), lm_tok.load(path)
+    same_properties(ours, theirs)
+    assert ours.has_tool_calling
+    if family in CALLS:
+        expected = theirs.tool_parser(CALLS[family], None)
+        got = ours.tool_parser(CALLS[family], None)
+        assert json.loads(json.dumps(got)) == json.loads(json.dumps(expected))
+        assert got["name"] == "get_weather"
+
+
+@pytest.mark.parametrize("pair", [("<think>", "</think>"), ("<|channel>", "<channel|>")])
+def test_reasoning_markers_from_the_vocabulary(float_dirs, tmp_path, pair):
+    path = tokenizer_dir(float_dirs, tmp_path, add_tokens=pair)
+    ours, theirs = load_tokenizer(path), lm_tok.load(path)
+    same_properties(ours, theirs)
+    assert ours.has_thinking
+    text = "a <think> b </think> c <think> d" if pair[0] == "<think>" else "x"
+    tokens = ours.encode(text, add_special_tokens=False)
+    for name in ("find_think_start", "rfind_think_start", "find_think_end", "rfind_think_end"):
+        assert getattr(ours, name)(tokens) == getattr(theirs, name)(tokens), name
+    if pair[0] == "<think>":
+        assert ours.think_start_id == theirs.think_start_id
+        assert ours.rfind_think_start(tokens) > ours.find_think_start(tokens) >= 0
+    else:  # multi-token markers: mlx-lm's error, one line naming the alternative
+        with pytest.raises(ValueError, match="think_start_tokens"):
+            ours.think_start_id
