@@ -50,7 +50,7 @@ from .sampling.stop_sequences import (
     make_stop_sequences,
 )
 from .sched.generator import BatchGenerator
-from .tool_parsers.state_machine import TextStateMachine
+from .tool_parsers.state_machine import TextStateMachine, make_text_state_machine
 
 __all__ = ["BatchGenerator", "BatchResponse", "BatchStats", "BatchStreamResponse",
            "DEFAULT_MAX_TOKENS", "DEFAULT_MIN_P", "DEFAULT_MIN_TOKENS_TO_KEEP", "DEFAULT_MODEL",
@@ -58,10 +58,10 @@ __all__ = ["BatchGenerator", "BatchResponse", "BatchStats", "BatchStreamResponse
            "DEFAULT_SEED", "DEFAULT_TEMP", "DEFAULT_TOP_K", "DEFAULT_TOP_P",
            "DEFAULT_XTC_PROBABILITY", "DEFAULT_XTC_THRESHOLD", "GenerationResponse",
            "QuantizedKVCache", "StopSequenceMatcher", "StopSequences", "TextStateMachine",
-           "batch_generate",
-           "can_trim_prompt_cache", "generate", "generate_step", "generation_stream",
-           "greedy_sampler", "load", "load_prompt_cache", "main", "make_prompt_cache",
-           "make_sampler", "make_stop_matcher", "make_stop_sequences", "maybe_quantize_kv_cache",
+           "batch_generate", "can_trim_prompt_cache", "generate", "generate_step",
+           "generation_stream", "greedy_sampler", "load", "load_prompt_cache", "main",
+           "make_prompt_cache", "make_sampler", "make_stop_matcher", "make_stop_sequences",
+           "make_text_state_machine", "maybe_quantize_kv_cache",
            "maybe_set_recommended_wired_limit", "setup_arg_parser", "speculative_generate_step",
            "str2bool", "stream_batch_generate", "stream_generate", "trim_prompt_cache",
            "wired_limit"]

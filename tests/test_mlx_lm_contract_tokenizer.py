@@ -86,3 +86,38 @@ def test_reasoning_markers_from_the_vocabulary(float_dirs, tmp_path, pair):
     else:  # multi-token markers: mlx-lm's error, one line naming the alternative
         with pytest.raises(ValueError, match="think_start_tokens"):
             ours.think_start_id
+
+
+@pytest.mark.parametrize("family", ["json_tools", "pythonic", "mistral"])
+def test_text_state_machine_for_a_tokenizer_follows_mlx_lms(float_dirs, tmp_path, family):
+    """``make_text_state_machine`` over a reasoning + tool-call tokenizer splits streamed
+    text exactly as mlx-lm's (same emitted text and states, chunk by chunk)."""
+    import random
+    import sys
+
+    import mlx_lm.generate  # noqa: F401
+
+    from mlx_lm_batched.generate import make_text_state_machine
+
+    lm_make = sys.modules["mlx_lm.generate"].make_text_state_machine
+    path = tokenizer_dir(float_dirs, tmp_path, (TEMPLATES / f"{family}.jinja").read_text(),
+                         add_tokens=("<think>", "</think>"))
+    ours, theirs = load_tokenizer(path), lm_tok.load(path)
+    start, end = ours.tool_call_start, ours.tool_call_end
+    text = (f"<think>plan it{start}x{end}</think>Answer STOP here {start}"
+            f'{{"name": "f"}}{end} tail <thi')
+    machines = [make_text_state_machine(ours, ["STOP"]), lm_make(theirs, ["STOP"])]
+    states = [m.make_state() for m in machines]
+    rng = random.Random(family)
+    at, outputs = 0, ([], [])
+    while at < len(text):
+        chunk = text[at:at + rng.randint(1, 5)]
+        at += len(chunk)
+        for i, m in enumerate(machines):
+            states[i], emitted, name = m.step(states[i], chunk)
+            outputs[i].append((emitted, name))
+    assert outputs[0] == outputs[1]
+    flushed = [m.flush(s)[1:] for m, s in zip(machines, states)]
+    # A call without an end marker (Mistral's) runs to the end of the text.
+    assert flushed[0] == flushed[1] == (("<thi", "normal") if end else ("", "tool"))
+    assert {name for _, name in outputs[0]} >= {"reasoning", "tool", "normal"}

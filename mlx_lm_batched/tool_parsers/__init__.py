@@ -15,7 +15,7 @@ from .families import (
     tool_markup,
 )
 from .output import ChatOutputParser
-from .state_machine import TextStateMachine
+from .state_machine import TextStateMachine, make_text_state_machine
 
 
 def select_family(chat_template, name=None):
@@ -24,4 +24,5 @@ def select_family(chat_template, name=None):
 
 
 __all__ = ["FAMILIES", "ChatOutputParser", "TextStateMachine", "ToolFamily", "detect_family",
-           "detect_think_markers", "get_family", "select_family", "tool_markup"]
+           "detect_think_markers", "get_family", "make_text_state_machine", "select_family",
+           "tool_markup"]

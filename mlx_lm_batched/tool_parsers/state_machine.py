@@ -53,6 +53,39 @@ class TextStateMachine:
         name, _, transitions, buf = state
         return (name, None, transitions, ""), buf, name
 
+    @staticmethod
+    def discard(state):
+        """Drop the held-back text (a stop ended the text): ``(state, state name)``."""
+        name, _, transitions, _ = state
+        return (name, None, transitions, ""), name
+
+
+def make_text_state_machine(tokenizer, stop_words=None):
+    """mlx-lm's machine for a tokenizer (its ``has_thinking``, ``tool_call_start`` ...
+    properties): reasoning and tool-call states, structural markers and the response
+    format's transitions; ``stop_words`` are stripped in every state without leaving it."""
+    transitions = {}
+    if tokenizer.has_thinking:
+        transitions.setdefault("normal", []).append((tokenizer.think_start, "reasoning"))
+        transitions["reasoning"] = [(tokenizer.think_end, "normal")]
+    if tokenizer.has_tool_calling:
+        # A response format whose transitions lead to "tool" decides where calls start.
+        targets = {dst for edges in tokenizer.response_transitions.values() for _, dst in edges}
+        if "tool" not in targets:
+            transitions.setdefault("normal", []).append((tokenizer.tool_call_start, "tool"))
+        if tokenizer.has_thinking:
+            transitions["reasoning"].append((tokenizer.tool_call_start, "tool"))
+        end = tokenizer.tool_call_end
+        transitions["tool"] = [(end, "normal")] if end else []
+    for marker in tokenizer.structural_markers:
+        transitions.setdefault("normal", []).append((marker, "normal"))
+    for name, edges in tokenizer.response_transitions.items():
+        transitions.setdefault(name, []).extend(edges)
+    for name in set(transitions) | {"normal"}:
+        for word in stop_words or ():
+            transitions.setdefault(name, []).append((word, name))
+    return TextStateMachine(transitions or None)
+
 
 def _held_back(text, markers):
     """Length of the longest tail of ``text`` that is a proper prefix of a marker."""
