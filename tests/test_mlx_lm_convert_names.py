@@ -78,3 +78,27 @@ def test_qwen3_5_layers_mlx_lm_cannot_represent_are_one_warning_and_load_here(tm
     assert model.args.layer_types == types
     x = mx.array(PROMPT)
     assert mx.allclose(model(x), source(x), atol=1e-5).item()
+
+
+def test_qwen3_5_moe_with_dense_layers_is_one_warning_and_loads_here(tmp_path):
+    """mlx-lm 0.32's Qwen3.5-MoE has experts in every layer: a checkpoint with dense
+    layers (``mlp_only_layers``, which this package reads) converts with one warning."""
+    import json
+
+    from test_arch_recurrent import QWEN3_5_MOE
+    from mlx_lm_batched.models import qwen3_5
+
+    config = dict(QWEN3_5_MOE, model_type="qwen3_5_moe_text", intermediate_size=40,
+                  mlp_only_layers=[1])
+    source = qwen3_5.Model(qwen3_5.ModelArgs.from_dict(config))
+    (tmp_path / "src").mkdir()
+    mx.save_safetensors(str(tmp_path / "src" / "model.safetensors"),
+                        dict(tree_flatten(source.parameters())))
+    (tmp_path / "src" / "config.json").write_text(json.dumps(config))
+    with pytest.warns(UserWarning, match="qwen3_5_moe checkpoint correctly: some layers "
+                                         "have a dense MLP"):
+        out = convert(str(tmp_path / "src"), str(tmp_path / "out"))
+    model = load_model(Path(out))[0]
+    assert not model.args.is_moe_layer(1) and model.args.is_moe_layer(0)
+    x = mx.array(PROMPT)
+    assert mx.allclose(model(x), source(x), atol=1e-5).item()
