@@ -1,12 +1,14 @@
 """mlx-lm 0.32's cache classes, checked against mlx-lm itself (a test oracle, never
 imported by the package): ``RotatingKVCache(max_size, keep)`` (mlx-lm's ``max_kv_size``
 caches keep 4 sink tokens) gives mlx-lm's results, alone and as a row of a padded batch,
-and its files cross with mlx-lm's; ``ArraysCache`` and ``CacheList`` behave as mlx-lm's.
+and its files cross with mlx-lm's; ``ArraysCache``, ``CacheList`` and ``ChunkedKVCache``
+behave as mlx-lm's, and their files cross both ways.
 """
 
 import mlx.core as mx
 import mlx_lm
 import mlx_lm.models.cache as mlx_cache
+import mlx_lm_batched.models.cache as our_cache
 import numpy as np
 import pytest
 from mlx_lm.generate import generate_step as mlx_generate_step
@@ -188,3 +190,81 @@ def test_chunked_kv_cache_behaves_as_mlx_lms():
     assert ours.is_trimmable() and ours.trim(3) == ref.trim(3) == 3
     assert ours.offset == ref.offset
     assert all(mx.array_equal(a, b).item() for a, b in zip(ours.state, ref.keys_and_values()))
+
+
+def write(cache, L, key):
+    """Write ``L`` random columns into every key/value part of ``cache`` (a
+    ChunkedKVCache trimmed to its chunk first, as Llama 4's layers drive it); what each
+    part returns: its keys and values, or for a ring (whose slot order is each library's
+    own) the attention output under its mask."""
+    q, k, v = mx.random.normal((3, 2, 2, L, 4), key=key)
+    if isinstance(cache, (ChunkedKVCache, mlx_cache.ChunkedKVCache)):
+        cache.maybe_trim_front()
+    out = []
+    for part in getattr(cache, "caches", [cache]):
+        if isinstance(part, (RotatingKVCache, mlx_cache.RotatingKVCache)):
+            mask = part.make_mask(L)
+            out.append(attend(q, *part.update_and_fetch(k, v), mask))
+        elif not isinstance(part, (ArraysCache, mlx_cache.ArraysCache)):
+            out.extend(part.update_and_fetch(k, v))
+    return out
+
+
+def make_pair(kind):
+    """This package's cache of ``kind`` and mlx-lm's."""
+    if kind == "chunked":
+        return ChunkedKVCache(6), mlx_cache.ChunkedKVCache(6)
+    parts = lambda m: (m.KVCache(), m.RotatingKVCache(8, keep=2), m.ArraysCache(2))
+    ours, ref = CacheList(*parts(our_cache)), mlx_cache.CacheList(*parts(mlx_cache))
+    state = list(mx.random.normal((2, 2, 3, 5), key=mx.random.key(3)))
+    for c in (ours, ref):
+        c[2][0], c[2][1] = state
+    return ours, ref
+
+
+@pytest.mark.parametrize("kind", ["chunked", "cache_list"])
+def test_chunked_and_cache_list_files_cross_with_mlx_lm(tmp_path, kind):
+    """A file of ``ChunkedKVCache``/``CacheList`` layers written by either library loads
+    in the other with the same state: continuing it returns the keys and values the
+    original returns (a wrapped sink ring, a trimmed chunk, recurrent arrays included)."""
+    for wrote, read in ((save_prompt_cache, mlx_cache.load_prompt_cache),
+                        (mlx_cache.save_prompt_cache, load_prompt_cache),
+                        (save_prompt_cache, load_prompt_cache)):
+        ours, ref = make_pair(kind)
+        key = mx.random.key(5)
+        for L in (4, 5, 1, 1):  # past the chunk size and the ring: trims and wraps
+            write(ours, L, key)
+            write(ref, L, key)
+            key = mx.random.split(key)[0]
+        path = str(tmp_path / f"{kind}.safetensors")
+        original = ours if wrote is save_prompt_cache else ref
+        wrote(path, [original, original], metadata={"note": kind})
+        loaded, meta = read(path, return_metadata=True)
+        assert len(loaded) == 2 and meta["note"] == kind
+        assert type(loaded[0]).__name__ == type(original).__name__
+        if kind == "cache_list":  # the recurrent part crosses unchanged
+            for a, b in zip(loaded[0][2].cache, original[2].cache):
+                assert mx.array_equal(a, b).item(), wrote.__module__
+        else:
+            assert (loaded[0].offset, loaded[0].start_position) == (
+                original.offset, original.start_position)
+        for L in (1, 3):
+            want, got = write(original, L, key), write(loaded[0], L, key)
+            key = mx.random.split(key)[0]
+            assert len(want) == len(got) == (2 if kind == "chunked" else 3)
+            for w, g in zip(want, got):
+                assert mx.allclose(w, g, atol=1e-6).item(), (wrote.__module__, kind, L)
+
+
+def test_padded_rows_of_cache_list_layers_round_trip(tmp_path):
+    """A batch whose layers are CacheLists keeps its rows' padding through a file."""
+    from mlx_lm_batched.cache.prompt_cache import PromptCache
+
+    layer = CacheList(KVCache(), KVCache())
+    write(layer, 5, mx.random.key(1))
+    path = str(tmp_path / "padded.safetensors")
+    save_prompt_cache(path, PromptCache([layer], padding=[2, 0]))
+    loaded = load_prompt_cache(path)
+    assert loaded.padding == [2, 0] and loaded[0].batch_size == 2
+    for a, b in zip(loaded[0][1].state, layer[1].state):
+        assert mx.array_equal(a, b).item()

@@ -118,6 +118,11 @@ class CacheList:
     def size(self):
         return max(c.size for c in self.caches)
 
+    @property
+    def batch_size(self):
+        """Rows the caches hold (0 when empty)."""
+        return max((c.batch_size for c in self.caches), default=0)
+
     def empty(self):
         return self.caches[0].empty()
 

@@ -1,13 +1,15 @@
 """Prompt-cache files in mlx-lm 0.32's layout (tree-flattened ``state`` per cache, class
 names and scalar markers in the metadata), so caches move between the two libraries
-both ways for the kinds both have (``KVCache``, ``RotatingKVCache``, and ``StateCache``
-as mlx-lm's ``ArraysCache``); the rows' padding goes into one extra metadata key that
-mlx-lm ignores."""
+both ways for the kinds both have (``KVCache``, ``RotatingKVCache``, ``QuantizedKVCache``,
+``ChunkedKVCache``, ``CacheList`` of those, and ``StateCache`` as mlx-lm's
+``ArraysCache``); the rows' padding goes into one extra metadata key that mlx-lm
+ignores."""
 
 import os
 
 import mlx.core as mx
 
+from .compat import CacheList, ChunkedKVCache
 from .kv import KVCache
 from .prompt_cache import PromptCache, batch_rows
 from .quantized import QuantizedKVCache
@@ -17,14 +19,19 @@ from .state import StateCache
 PADDING_KEY = "mlx_lm_batched_padding"  # user-metadata key of the rows' padding
 
 
-# user-metadata key of the state caches' slot counts ("layer:slots,..."), which
-# mlx-lm's ``ArraysCache`` does not keep
+# user-metadata key of the state caches' slot counts ("layer:slots,..."; a layer inside
+# a CacheList is "layer.part.0"), which mlx-lm's ``ArraysCache`` does not keep
 STATE_SLOTS_KEY = "mlx_lm_batched_state_slots"
 
 
 def _layer_state(c, padded=False):
     """mlx-lm 0.32's ``state`` of a layer cache: a tuple of arrays and ints (``padded``:
     rows with padding, which mlx-lm's layout cannot hold; a ring's sinks then follow)."""
+    if type(c) is CacheList:  # mlx-lm's [(state, class name), ...]
+        return [[_layer_state(part, padded), _class_name(part)] for part in c.caches]
+    if type(c) is ChunkedKVCache:  # mlx-lm's (keys, values, offset, chunk_size, start)
+        k, v = c.state or (None, None)
+        return [k, v, c.offset, c.chunk_size, c.start_position]
     if type(c) is KVCache:
         k, v = (c.keys[..., : c.size, :], c.values[..., : c.size, :]) if c.keys is not None else (None, None)
         return [k, v, c.size]
@@ -46,18 +53,26 @@ def _layer_state(c, padded=False):
         return state if c.max_size is None else state + [c.max_size]
     if type(c) is StateCache:  # mlx-lm's ArraysCache: (arrays, left_padding, lengths)
         return [list(c.arrays), None, None]
-    raise ValueError(f"cannot save a {type(c).__name__} cache "
-                     "(KVCache, RotatingKVCache and StateCache only)")
+    raise ValueError(f"cannot save a {type(c).__name__} cache (KVCache, RotatingKVCache, "
+                     "QuantizedKVCache, ChunkedKVCache, CacheList and StateCache only)")
 
 
-def _flat_state(c, padded=False):
-    """``(key suffix, value)`` pairs of a layer's state as mlx-lm tree-flattens it."""
-    for j, value in enumerate(_layer_state(c, padded)):
-        if isinstance(value, list):
-            for k, a in enumerate(value):
-                yield f"{j}.{k}", a
-        else:
-            yield str(j), value
+def _flatten(value, key):
+    """``(key, leaf)`` pairs of a nested state as mlx-lm's ``tree_flatten`` names them."""
+    if isinstance(value, (list, tuple)):
+        for j, item in enumerate(value):
+            yield from _flatten(item, f"{key}.{j}")
+    else:
+        yield key, value
+
+
+def _state_slots(c, key):
+    """``(key, slots)`` of every ``StateCache`` in layer cache ``c`` (``key``: its entry)."""
+    if type(c) is StateCache:
+        yield key, c.size
+    elif type(c) is CacheList:
+        for j, part in enumerate(c.caches):
+            yield from _state_slots(part, f"{key}.{j}.0")
 
 
 _CLASS_NAMES = {StateCache: "ArraysCache"}  # mlx-lm's name for the same layout
@@ -79,21 +94,23 @@ def save_prompt_cache(file_name, cache, metadata=None):
     padding = getattr(cache, "padding", None)
     padded = padding is not None and any(padding)
     for i, c in enumerate(cache):
-        for j, value in _flat_state(c, padded):
-            key = f"{i}.{j}"
+        for key, value in _flatten(_layer_state(c, padded), str(i)):
             if value is None:
                 arrays[key] = mx.array([])
                 scalars.append((key, "none"))
             elif isinstance(value, int):
                 arrays[key] = mx.array(value)
                 scalars.append((key, "scalar"))
+            elif isinstance(value, str):  # a CacheList's class names, as mlx-lm writes them
+                arrays[key] = mx.array([ord(ch) for ch in value])
+                scalars.append((key, "string"))
             else:
                 arrays[key] = value
     info = {f"0.{k}": str(v) for k, v in (metadata or {}).items()}
     padding = getattr(cache, "padding", None)
     if padding is not None and any(padding):  # unpadded rows need no record
         info[f"0.{PADDING_KEY}"] = ",".join(map(str, padding))
-    slots = [f"{i}:{c.size}" for i, c in enumerate(cache) if type(c) is StateCache]
+    slots = [f"{k}:{n}" for i, c in enumerate(cache) for k, n in _state_slots(c, str(i))]
     if slots:
         info[f"0.{STATE_SLOTS_KEY}"] = ",".join(slots)
     info.update({f"1.{i}": _class_name(c) for i, c in enumerate(cache)})
@@ -138,25 +155,59 @@ def _parse(arrays, info):
         parts = key.split(".")
         if len(parts) == 3 and parts[0] == "2" and parts[2] == "0":
             kinds[value] = info[f"2.{parts[1]}.1"]
-    values = {}
-    for key, a in arrays.items():
-        kind = kinds.get(key)
-        values[key] = None if kind == "none" else int(a.item()) if kind == "scalar" else a
+    values = {key: _value(a, kinds.get(key)) for key, a in arrays.items()}
     user = {k[2:]: v for k, v in info.items() if k.startswith("0.")}
-    state_slots = dict(tuple(map(int, p.split(":")))
-                       for p in user.pop(STATE_SLOTS_KEY, "").split(",") if p)
-    cache = [_build_state(values, i, state_slots.get(i, 0)) if classes[i] == "ArraysCache"
-             else _build_quantized(classes[i], values, i) if classes[i].startswith("Quantized")
-             else _build(classes[i], [values.get(f"{i}.{j}") for j in range(8)], i)
-             for i in range(len(classes))]
+    state_slots = dict((k, int(n)) for k, n in (
+        p.split(":") for p in user.pop(STATE_SLOTS_KEY, "").split(",") if p))
+    cache = [_build_layer(classes[i], values, str(i), state_slots) for i in range(len(classes))]
     padding = user.pop(PADDING_KEY, None)
     if padding is not None:
         padding = [int(p) for p in padding.split(",")] if padding else []
         rows = next((n for n in map(batch_rows, cache) if n), len(padding))
-        slots = cache[0].size
+        first = cache[0].caches[0] if type(cache[0]) is CacheList else cache[0]
+        slots = first.size
         if len(padding) != rows or any(p < 0 or p > slots for p in padding):
             raise ValueError(f"row padding {padding} does not fit {rows} rows of {slots} slots")
     return cache, padding, user
+
+
+def _value(a, kind):
+    """A saved entry as the state holds it (mlx-lm's scalar kinds)."""
+    if kind == "none":
+        return None
+    if kind == "scalar":
+        return int(a.item())
+    if kind == "string":
+        return "".join(chr(int(x)) for x in a.tolist())
+    return a
+
+
+def _build_layer(name, values, i, state_slots):
+    """The layer cache of class ``name`` from the entries under key ``i``."""
+    if name == "CacheList":  # mlx-lm's entries: i.j.0 (part j's state), i.j.1 (its class)
+        parts, j = [], 0
+        while f"{i}.{j}.1" in values:
+            parts.append(_build_layer(values[f"{i}.{j}.1"], values, f"{i}.{j}.0", state_slots))
+            j += 1
+        return CacheList(*parts)
+    if name == "ArraysCache":
+        return _build_state(values, i, state_slots.get(i, 0))
+    if name.startswith("Quantized"):
+        return _build_quantized(name, values, i)
+    if name == "ChunkedKVCache":
+        return _build_chunked(*(values.get(f"{i}.{j}") for j in range(5)))
+    return _build(name, [values.get(f"{i}.{j}") for j in range(8)], i)
+
+
+def _build_chunked(keys, values, offset, chunk_size, start_position):
+    """A ``ChunkedKVCache`` from mlx-lm's state: its buffers hold the tokens since
+    ``start_position`` (then unused slots)."""
+    c = ChunkedKVCache(chunk_size)
+    c.start_position = start_position
+    if keys is not None:
+        held = offset - start_position
+        c.load_ordered(keys[..., :held, :], values[..., :held, :], held)
+    return c
 
 
 def _build_state(values, i, slots):
@@ -212,8 +263,8 @@ def _build(name, state, i):
             held = min(offset, max_size)
             c.load_ordered(order(keys)[..., -held:, :], order(values)[..., -held:, :], offset)
         return c
-    raise ValueError(f"layer {i}: {name} caches are not supported "
-                     "(KVCache, RotatingKVCache and ArraysCache only)")
+    raise ValueError(f"layer {i}: {name} caches are not supported (KVCache, RotatingKVCache, "
+                     "QuantizedKVCache, ChunkedKVCache, CacheList and ArraysCache only)")
 
 
 def _load_sinks(c, keys, values, offset, idx):

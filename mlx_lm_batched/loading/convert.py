@@ -115,6 +115,7 @@ def convert(
     out.mkdir(parents=True, exist_ok=True)
     save_weights(out, mlx_lm_weights(config.get("model_type"), dict(tree_flatten(model.parameters()))))
     with open(out / "config.json", "w") as f:
-        json.dump(dict(sorted(mlx_lm_config(config).items())), f, indent=2)
+        json.dump(dict(sorted(mlx_lm_config(config, getattr(model, "args", None)).items())), f,
+                  indent=2)
     write_tokenizer(out)
     return out

@@ -3,15 +3,19 @@
 transformers 5 writes RoPE settings under ``rope_parameters`` and renamed some MoE keys;
 mlx-lm 0.32 reads the transformers 4 top-level keys only (and silently falls back to
 ``rope_theta=10000`` without them). The converted ``config.json`` keeps every key it had
-(this package reads both layouts) and gains mlx-lm's where they are missing.
-
+(this package reads both layouts) and gains mlx-lm's where they are missing. Qwen3.5's
+text-only model_types, which mlx-lm lacks, are written as the multimodal ones it has (both
+load a flat text config, here and there), with the layer placement and RoPE it reads.
 
 Weight names: this package's modules use Hugging Face's names, which mlx-lm's ``sanitize``
 methods also read, except where mlx-lm's differ (``mlx_lm_weights``); loading maps those
-back (``from_mlx_lm_weights``), so both kinds of checkpoint load here.
+back (``from_mlx_lm_weights``), so both kinds of checkpoint load here. Qwen3.5 keeps
+Hugging Face's ``(C, 1, K)`` convolutions and zero-centred norms: mlx-lm's ``sanitize``
+takes that layout as a Hugging Face checkpoint and shifts the norms to its ``1 + w``.
 """
 
 import re
+import warnings
 
 # model_type -> (transformers 5 key, the key mlx-lm's ModelArgs reads)
 _RENAMED_KEYS = {
@@ -21,8 +25,10 @@ _RENAMED_KEYS = {
 }
 
 
-def mlx_lm_config(config):
-    """``config`` plus the top-level keys mlx-lm 0.32 reads (a new dict)."""
+def mlx_lm_config(config, args=None):
+    """``config`` plus the top-level keys mlx-lm 0.32 reads (a new dict); ``args``: the
+    ``ModelArgs`` this package built from it (the settings its model actually runs with).
+    Warns, in one line, where mlx-lm cannot represent the checkpoint."""
     out = dict(config)
     _add_rope_keys(out)
     text = out.get("text_config")
@@ -34,22 +40,78 @@ def mlx_lm_config(config):
             out[old] = out[new]
     for c in (out, out.get("text_config")):
         if isinstance(c, dict):
-            _add_global_head_dim(c)
+            _add_global_layer_keys(c)
+    if out.get("model_type") in QWEN3_5_TYPES:
+        _qwen3_5_config(out, args)
     if out.get("model_type") == "gemma4" and isinstance(text, dict):
         # mlx-lm's gemma4 sets the text model's vocabulary from the top level
         out.setdefault("vocab_size", text.get("vocab_size"))
     return out
 
 
-def _add_global_head_dim(config):
-    """Gemma 4's ``global_head_dim`` (mlx-lm's key) from transformers 5's
-    ``per_layer_config`` (``{layer: {"head_dim": d}}`` for the full-attention layers)."""
+# transformers 5's per-layer key -> mlx-lm's key for Gemma 4's full-attention layers
+_GLOBAL_KEYS = (("head_dim", "global_head_dim"),
+                ("num_key_value_heads", "num_global_key_value_heads"))
+
+
+def _add_global_layer_keys(config):
+    """Gemma 4's ``global_head_dim`` and ``num_global_key_value_heads`` (mlx-lm's keys)
+    from transformers 5's ``per_layer_config`` (``{layer: {"head_dim": d, ...}}`` for the
+    full-attention layers)."""
     per_layer = config.get("per_layer_config")
-    if not isinstance(per_layer, dict) or "global_head_dim" in config:
+    if not isinstance(per_layer, dict):
         return
-    dims = {v.get("head_dim") for v in per_layer.values() if isinstance(v, dict)}
-    if len(dims) == 1 and None not in dims:
-        config["global_head_dim"] = dims.pop()
+    types = config.get("layer_types") or []
+    entries = [v for k, v in per_layer.items() if isinstance(v, dict) and not (
+        str(k).isdigit() and int(k) < len(types) and types[int(k)] != "full_attention")]
+    for theirs, mlx_lm in _GLOBAL_KEYS:
+        values = {v.get(theirs) for v in entries}
+        if mlx_lm not in config and len(values) == 1 and None not in values:
+            config[mlx_lm] = values.pop()
+
+
+# Qwen3.5's text-only model_types -> the one mlx-lm 0.32 has a module for (its
+# ``qwen3_5``/``qwen3_5_moe`` take the flat text config as well as ``text_config``)
+QWEN3_5_TYPES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe",
+                 "qwen3_5": "qwen3_5", "qwen3_5_moe": "qwen3_5_moe"}
+
+
+def _qwen3_5_config(out, args):
+    """mlx-lm's Qwen3.5 model_type, its ``full_attention_interval`` (it ignores
+    ``layer_types``) and its ``rope_parameters`` (the only RoPE key it reads; without it,
+    theta 100000): the settings ``args`` holds, written into the text settings."""
+    out["model_type"] = QWEN3_5_TYPES[out["model_type"]]
+    text = out["text_config"] if isinstance(out.get("text_config"), dict) else out
+    if args is None:
+        return
+    problem = None
+    interval = _full_attention_interval(args.layer_types)
+    if interval is None:
+        problem = f"layer_types {args.layer_types} are not every n-th layer full attention"
+    else:
+        text["full_attention_interval"] = interval
+    if getattr(args, "num_experts", 0) and not all(map(args.is_moe_layer,
+                                                       range(args.num_hidden_layers))):
+        problem = "some layers have a dense MLP (mlx-lm's has experts in every layer)"
+    if problem:
+        warnings.warn(f"mlx-lm 0.32 cannot load this {out['model_type']} checkpoint "
+                      f"correctly: {problem}; it loads in mlx_lm_batched", stacklevel=3)
+    scaling = dict(args.rope_scaling or {})
+    kind = scaling.get("type") or scaling.get("rope_type") or "default"
+    text["rope_parameters"] = {**(text.get("rope_parameters") or {}), **scaling, "type": kind,
+                               "rope_theta": args.rope_theta,
+                               "partial_rotary_factor": args.partial_rotary_factor}
+    text["rope_parameters"].pop("rope_type", None)
+
+
+def _full_attention_interval(layer_types):
+    """``n`` such that exactly the layers ``n-1, 2n-1, ...`` are full attention."""
+    n = len(layer_types)
+    for interval in range(1, n + 1):
+        if all((t == "full_attention") == ((i + 1) % interval == 0)
+               for i, t in enumerate(layer_types)):
+            return interval
+    return None  # (no full-attention layer at all: mlx-lm's mask lookup needs one)
 
 
 def _add_rope_keys(config):
