@@ -30,12 +30,13 @@ from ..cache import rows as row_caches
 from ..cache.factory import make_prompt_cache
 from ..engine.batch_engine import BatchEngine, KVQuantization
 from ..engine.prefill_plan import left_pad
-from ..engine.sampling import RowSampler, RowSampling, TokenContext
+from ..engine.sampling import RowSampling
 from ..engine.speculative import SpeculativeEngine, check_num_draft_tokens, make_drafter
 from ..layers.lora import adapter_slot_count
 from ..sampling.samplers import greedy_sampler
 from ..sampling.stop_sequences import StopSequences
-from .rows import Batch, PromptResponse, Response, Row
+from .admission import build_rows
+from .rows import Batch, PromptResponse, Response
 from .stats import BatchCounters, BatchCountersSnapshot, BatchStats
 
 
@@ -148,72 +149,24 @@ class BatchGenerator:
                                     samplers, logits_processors, stop_sequences, seeds,
                                     prompt_logprobs, adapters)
 
-    def _seeded(self, sampler, seed, uid):
-        sampler = sampler or self.sampler
-        if seed is None or sampler is greedy_sampler:
-            return sampler
-        if not hasattr(sampler, "seeded"):
-            raise ValueError(f"seeds: prompt {uid}'s sampler cannot be seeded (a custom "
-                             f"callable); use make_sampler(...) or make_seeded_sampler(...)")
-        return sampler.seeded(seed)
-
     def insert_segments(self, segments, max_tokens=None, caches=None, all_tokens=None,
                         samplers=None, logits_processors=None, stop_sequences=None, seeds=None,
                         prompt_logprobs=None, adapters=None):
         """Like :meth:`insert` with each prompt given as a list of segments: prefill
         reports ``end_of_segment`` (and the cache can be extracted) at each segment end."""
-        n = len(segments)
-        options = {
-            "max_tokens": max_tokens or [self.max_tokens] * n,
-            "caches": caches or [None] * n,
-            "all_tokens": all_tokens or [[] for _ in range(n)],
-            "samplers": samplers or [None] * n,
-            "logits_processors": logits_processors or [self.logits_processors] * n,
-            "stop_sequences": stop_sequences or [self._default_stops] * n,
-            "seeds": seeds or [None] * n,
-            "prompt_logprobs": prompt_logprobs or [None] * n,
-            "adapters": adapters or [None] * n,
-        }
-        for name, values in options.items():
-            if len(values) != n:
-                raise ValueError(f"{name} must have one entry per prompt: expected {n}, got {len(values)}")
-        for a in options["adapters"]:
-            if a is not None and (not isinstance(a, int) or not 0 <= a < self._adapter_slots):
-                raise ValueError(f"adapters: slot {a!r} is not one of this model's "
-                                 f"{self._adapter_slots} (0: the base, 1..: its adapters)")
-        uids = list(range(self._uid_count, self._uid_count + n))
-        rows = []
-        for i, (uid, segs) in enumerate(zip(uids, segments)):
-            segs = [[int(t) for t in s] for s in segs if len(s)]
-            if not segs:
-                raise ValueError(f"prompt {uid} is empty: nothing to generate from")
-            if options["caches"][i] is not None:
-                row_caches.check_cache(options["caches"][i], f"caches[{i}]")
-            m = options["max_tokens"][i]
-            if m <= 0:
-                raise ValueError(f"max_tokens of prompt {uid} must be > 0, got {m}")
-            several = len(segs) > 1
-            if len(segs[-1]) != 1:  # the last token starts generation: its own segment
-                segs = segs[:-1] + [segs[-1][:-1], segs[-1][-1:]]
-            prompt = [t for s in segs for t in s]
-            ends = [sum(len(s) for s in segs[: j + 1]) for j in range(len(segs))]
-            held = list(options["all_tokens"][i])
-            processors = tuple(options["logits_processors"][i] or ())
-            sampling = RowSampler(self._seeded(options["samplers"][i], options["seeds"][i], uid),
-                                  processors, TokenContext(held + prompt) if processors else None)
-            stops = options["stop_sequences"][i]
-            top = options["prompt_logprobs"][i]
-            if top is not None and (not isinstance(top, int) or top < 0):
-                raise ValueError(f"prompt_logprobs of prompt {uid} must be None or an int "
-                                 f">= 0, got {top!r}")
-            rows.append(Row(uid, prompt, ends, m, options["caches"][i], held, sampling,
-                            (stops if stops is not None else self._default_stops).matcher(),
-                            cut_at_segments=several, prompt_logprobs=top,
-                            adapter=-1 if options["adapters"][i] is None else options["adapters"][i]))
+        options = {"max_tokens": max_tokens, "caches": caches, "all_tokens": all_tokens,
+                   "samplers": samplers, "logits_processors": logits_processors,
+                   "stop_sequences": stop_sequences, "seeds": seeds,
+                   "prompt_logprobs": prompt_logprobs, "adapters": adapters}
+        defaults = {"max_tokens": self.max_tokens, "caches": None, "all_tokens": None,
+                    "samplers": self.sampler, "logits_processors": self.logits_processors,
+                    "stop_sequences": self._default_stops, "seeds": None,
+                    "prompt_logprobs": None, "adapters": None}
+        rows = build_rows(segments, self._uid_count, options, defaults, self._adapter_slots)
         self._queue.extend(rows)
         self._rows.update((r.uid, r) for r in rows)
-        self._uid_count += n
-        return uids
+        self._uid_count += len(rows)
+        return [r.uid for r in rows]
 
     def _locate(self, uid):
         """``(batch or None, index)`` of a live row: None for a queued row."""

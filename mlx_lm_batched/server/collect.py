@@ -1,6 +1,6 @@
 """One non-streamed job's whole output, for the endpoints that answer at the end."""
 
-from .engine import Delta, Failed, Finished
+from .events import Delta, Failed, Finished
 
 
 async def collect_text(engine, job, events):

@@ -12,7 +12,8 @@ import sys
 import traceback
 
 from ..parallel.group import STEP_TIMEOUT
-from .engine import Engine, Failed
+from .engine import Engine
+from .events import Failed
 from .errors import APIError
 from .replay import Recorder, ReplayGenerator, lost_peer
 

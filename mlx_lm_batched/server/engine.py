@@ -14,8 +14,6 @@ import queue
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
-from typing import Any, List, Optional
 
 import mlx.core as mx
 
@@ -25,78 +23,13 @@ from ..models.context import context_length
 from ..sched.generator import BatchGenerator
 from ..sched.prefix_cache import LRUPromptCache
 from .errors import APIError
+from .events import Delta, EngineConfig, Failed, Finished, Job, Started
 from .job_prep import prepare_prompts
 from .metrics import Metrics
 from .rows import RowState, prompt_logprobs, token_logprobs
 from .sampling import SamplerFactory, row_processors, row_stops
 
 log = logging.getLogger("mlx_lm_batched.server")
-
-
-@dataclass
-class EngineConfig:
-    """Engine settings (the server's flags)."""
-
-    max_batch: int = 64  # rows decoding at once
-    prefill_batch: int = 8  # rows prefilled together
-    prefill_step_size: int = 2048
-    default_max_tokens: int = 512  # when a request gives none (bounded by the context)
-    context_length: Optional[int] = None  # None: the model's (models.context.context_length)
-    max_kv_bytes: Optional[int] = None  # KV reserved by admitted requests; None: no bound
-    max_waiting: int = 256  # requests admitted but not started; more -> 429
-    prompt_cache_size: int = 10  # prefix-cache entries (0: off)
-    prompt_cache_bytes: int = 1 << 30
-    kv_bits: Optional[int] = None  # quantized KV caches (None: float)
-    kv_group_size: int = 64
-    quantized_kv_start: int = 0  # slots after which a batch's caches are quantized
-    num_draft_tokens: int = 3  # speculative decoding (with a draft model or prompt_lookup)
-    prompt_lookup: bool = False  # draft from n-grams of each row's own tokens
-
-
-@dataclass
-class Started:
-    prompt_tokens: int
-    cached_tokens: int
-
-
-@dataclass
-class Delta:
-    index: int
-    text: str
-    logprobs: list  # [(token id, token text, logprob, [(id, text, logprob), ...])]
-
-
-@dataclass
-class Finished:
-    index: int
-    finish_reason: str
-    completion_tokens: int
-
-
-@dataclass
-class Failed:
-    error: APIError
-
-
-@dataclass(eq=False)
-class Job:
-    """One request: its spec, its asyncio queue of events, and its rows once started."""
-
-    spec: Any  # JobSpec (job_prep)
-    queue: Any
-    loop: Any
-    id: int = 0
-    arrival: float = field(default_factory=time.monotonic)
-    rows: List[RowState] = field(default_factory=list)
-    reserved: int = 0
-    waiting: bool = True
-    cancelled: bool = False
-
-    def send(self, event):
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
-        except RuntimeError:  # the event loop is gone (shutdown)
-            pass
 
 
 class Engine:

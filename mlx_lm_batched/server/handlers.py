@@ -10,7 +10,7 @@ import asyncio
 
 from starlette.responses import JSONResponse, StreamingResponse
 
-from .engine import Delta, Failed, Finished
+from .events import Delta, Failed, Finished
 from .responses import (
     SSE_DONE,
     ResponseIds,

@@ -14,7 +14,7 @@ import uuid
 from starlette.responses import JSONResponse, StreamingResponse
 
 from .collect import collect_text
-from .engine import Delta, Failed, Finished
+from .events import Delta, Failed, Finished
 from .errors import APIError
 from .job_prep import JobSpec
 from .schema import ChatCompletionRequest, chat_messages, generation_params, parse
