@@ -92,3 +92,18 @@ def test_gpu_script_parses_and_dry_run_prints_its_commands(float_dirs):
         bad = subprocess.run(["bash", str(GPU_SCRIPT), *args, "--dry-run"],
                              capture_output=True, text=True, timeout=60)
         assert bad.returncode == 2 and message in bad.stderr and not bad.stdout
+
+
+def test_profile_serving_reports_the_closed_loop_and_step_kinds(float_dirs):
+    """scripts/profile_serving.py drives the fixed workload through BatchGenerator: every
+    request gets all its tokens, and the step kinds add up."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "profile_serving.py"), "--model",
+         str(float_dirs["smollm2"]), "--fixed-len", "12", "5", "--concurrency", "3",
+         "--requests-per-stream", "2", "--prefill-batch", "2"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "(6 requests, 30 tokens," in out, out
+    assert "TTFT p50" in out and "inter-token p50" in out
+    assert "decode + prefill call" in out and "decode only" in out
