@@ -189,3 +189,82 @@ def test_gated_delta_state_carries_across_calls_like_one_call():
                                       dt_bias, s)
     close(y0, mx.concatenate([ya, yb], axis=1), atol=1e-5, rtol=1e-4)
     close(s0, s, atol=1e-5, rtol=1e-4)
+
+
+# --- models.rope_utils, models.activations, models.switch_layers ----------------------
+
+ROPE_CASES = [
+    ("Llama3RoPE", dict(dims=16, max_position_embeddings=2048, traditional=False, base=500000.0,
+                        scaling_config={"factor": 8.0, "low_freq_factor": 1.0,
+                                        "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 64})),
+    ("SuScaledRoPE", dict(dims=16, base=10000.0, max_position_embeddings=8192,
+                          original_max_position_embeddings=512,
+                          short_factor=[1.0] * 8, long_factor=[1.0 + i / 4 for i in range(8)])),
+    ("SuScaledRoPE", dict(dims=16, long_factor=2.0, long_mscale=1.3)),
+    ("YarnRoPE", dict(dims=16, traditional=True, max_position_embeddings=4096, base=10000,
+                      scaling_factor=4.0, original_max_position_embeddings=1024, beta_fast=32,
+                      beta_slow=1, mscale=0.707, mscale_all_dim=0.707)),
+    ("YarnRoPE", dict(dims=12, scaling_factor=2.0, mscale=1.2)),
+    ("ProportionalRoPE", dict(dims=16, rotated_dims=8, base=10000.0, factor=2.0)),
+    ("DynamicNTKScalingRoPE", dict(dims=16, max_position_embeddings=8, traditional=False,
+                                   base=10000.0, factor=2.0)),
+]
+
+
+@pytest.mark.parametrize("name,kwargs", ROPE_CASES)
+def test_rope_classes_match_mlx_lm(name, kwargs):
+    """Each class built with mlx-lm's arguments rotates a (B, H, L, D) array as mlx-lm's
+    does, with the default offset, an int offset, and (where mlx-lm takes one) a (B,)
+    offset array; a partial rotary width leaves the other features alone."""
+    import mlx_lm.models.rope_utils as lm_rope
+
+    from mlx_lm_batched.models import rope_utils
+    theirs, ours = getattr(lm_rope, name)(**kwargs), getattr(rope_utils, name)(**kwargs)
+    x = mx.random.normal((2, 3, 5, 20), key=mx.random.key(7))
+    offsets = [None, 3, 40]
+    if name != "DynamicNTKScalingRoPE":  # mlx-lm's takes an int offset only
+        offsets.append(mx.array([2, 9]))
+    for offset in offsets:
+        args = () if offset is None else (offset,)
+        close(theirs(x, *args), ours(x, *args), atol=2e-5, rtol=2e-5)
+    if name == "YarnRoPE":
+        for extra in ({"inverse": True}, {"scale": 0.5}):
+            close(theirs(x, 4, **extra), ours(x, 4, **extra), atol=2e-5, rtol=2e-5)
+
+
+def test_apply_yarn_mscale_matches_mlx_lm():
+    import mlx_lm.models.rope_utils as lm_rope
+
+    from mlx_lm_batched.models import rope_utils
+    for cfg in (None, {}, {"rope_type": "default", "factor": 4, "mscale_all_dim": 1.0},
+                {"type": "yarn", "factor": 40, "mscale_all_dim": 0.707},
+                {"rope_type": "yarn", "factor": 0.5, "mscale_all_dim": 1.0},
+                {"rope_type": "deepseek_yarn", "factor": 4}):
+        assert rope_utils.apply_yarn_mscale(0.125, cfg) == pytest.approx(
+            lm_rope.apply_yarn_mscale(0.125, cfg), rel=1e-12)
+
+
+def test_activations_and_swiglu_module_match_mlx_lm():
+    import mlx_lm.models.activations as lm_act
+    import mlx_lm.models.switch_layers as lm_switch
+
+    from mlx_lm_batched.models import activations, switch_layers
+    keys = mx.random.split(mx.random.key(8), 2)
+    gate, x = (mx.random.normal((4, 33), key=key) * 5 for key in keys)
+    close(lm_act.swiglu_oai(gate, x), activations.swiglu_oai(gate, x))
+    close(lm_act.swiglu_oai(gate, x, 1.3, 3.0), activations.swiglu_oai(gate, x, 1.3, 3.0))
+    close(lm_act.SwigluOAI(1.5, 4.0)(x, gate), activations.SwigluOAI(1.5, 4.0)(x, gate))
+    h = x.astype(mx.bfloat16)
+    close(lm_act.precise_swiglu(h, gate, x), activations.precise_swiglu(h, gate, x),
+          atol=1e-2, rtol=1e-2)
+    close(lm_switch.SwiGLU()(x, gate), switch_layers.SwiGLU()(x, gate), atol=1e-5, rtol=1e-5)
+    close(lm_switch.swiglu(gate, x), switch_layers.swiglu(gate, x), atol=1e-5, rtol=1e-5)
+    for kwargs in ({}, {"alpha_p_init": 0.3, "alpha_n_init": 1.1, "beta": 0.25, "eps": -1e-4}):
+        theirs, ours = lm_act.XieLU(**kwargs), activations.XieLU(**kwargs)
+        close(theirs(x), ours(x), atol=1e-4, rtol=1e-5)
+        for name in ("alpha_p", "alpha_n", "beta", "eps"):
+            close(getattr(theirs, name), getattr(ours, name), atol=1e-6, rtol=1e-6)
+        close(lm_act.xielu(x, theirs.alpha_p, theirs.alpha_n, theirs.beta, theirs.eps),
+              activations.xielu(x, theirs.alpha_p, theirs.alpha_n, theirs.beta, theirs.eps),
+              atol=1e-4, rtol=1e-5)
