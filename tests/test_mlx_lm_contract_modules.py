@@ -268,3 +268,109 @@ def test_activations_and_swiglu_module_match_mlx_lm():
         close(lm_act.xielu(x, theirs.alpha_p, theirs.alpha_n, theirs.beta, theirs.eps),
               activations.xielu(x, theirs.alpha_p, theirs.alpha_n, theirs.beta, theirs.eps),
               atol=1e-4, rtol=1e-5)
+
+
+# --- models.base and models.cache helpers ----------------------------------------------
+
+def test_cache_helpers_match_mlx_lm():
+    """dynamic_roll, TokenBuffer, ConcatenateKVCache and create_causal_mask from
+    ``models.cache`` give mlx-lm's arrays, step by step."""
+    import mlx_lm.models.cache as lm_cache
+
+    from mlx_lm_batched.models import cache as our_cache
+    x = mx.random.normal((3, 2, 7, 4), key=mx.random.key(9))
+    for axis, shifts in ((1, mx.array([0, 1, -3])), (2, mx.array([[2, 5], [0, -1], [7, 13]]))):
+        assert np.array_equal(np.array(our_cache.dynamic_roll(x, shifts, axis)),
+                              np.array(lm_cache.dynamic_roll(x, shifts, axis)))
+    theirs, ours = lm_cache.TokenBuffer([5, 6]), our_cache.TokenBuffer([5, 6])
+    for chunk in (mx.array([1, 2, 3]), mx.arange(300), mx.array([7])):
+        assert np.array_equal(np.array(ours.update_and_fetch(chunk)),
+                              np.array(theirs.update_and_fetch(chunk)))
+        assert ours.state.shape == theirs.state.shape
+        assert np.array_equal(np.array(ours.tokens), np.array(theirs.tokens))
+    theirs, ours = lm_cache.ConcatenateKVCache(), our_cache.ConcatenateKVCache()
+    assert ours.empty() and theirs.empty()
+    for n, key in ((5, 10), (1, 11), (3, 12)):
+        keys = mx.random.normal((2, 2, n, 4), key=mx.random.key(key))
+        values = keys * 2 + 1
+        for a, b in zip(theirs.update_and_fetch(keys, values), ours.update_and_fetch(keys, values)):
+            assert np.array_equal(np.array(a), np.array(b))
+        assert ours.offset == theirs.offset
+        for a, b in zip(theirs.state, ours.state):
+            assert np.array_equal(np.array(a), np.array(b))
+    for args in ((4,), (3, 5), (3, 5, 2)):
+        assert np.array_equal(np.array(our_cache.create_causal_mask(*args)),
+                              np.array(lm_cache.create_causal_mask(*args)))
+    # Left padding: the real queries' rows are mlx-lm's (a padding query here sees its
+    # own slot instead of nothing, so it never gets NaN).
+    pads = mx.array([0, 2, 1])
+    ours_m = np.array(our_cache.create_causal_mask(4, 2, None, None, pads))
+    theirs_m = np.array(lm_cache.create_causal_mask(4, 2, None, None, pads))
+    assert ours_m.shape == theirs_m.shape == (3, 1, 4, 6)
+    for row, pad in enumerate([0, 2, 1]):
+        real = slice(max(0, pad - 2), None)
+        assert np.array_equal(ours_m[row, 0, real], theirs_m[row, 0, real])
+    with pytest.raises(NotImplementedError, match="sched.prefix_cache.LRUPromptCache"):
+        our_cache.LRUPromptCache(max_size=4)
+
+
+def test_prompt_trie_matches_mlx_lm_on_random_sequences():
+    """Random stored sequences over a small vocabulary (so prefixes and branches
+    collide): every search, get, pop and pop_prefixes answers as mlx-lm's trie."""
+    import mlx_lm.models.cache as lm_cache
+
+    from mlx_lm_batched.models import cache as our_cache
+    rng = np.random.default_rng(0)
+    theirs, ours = lm_cache.PromptTrie(), our_cache.PromptTrie()
+
+    def seq():
+        return [int(t) for t in rng.integers(0, 3, rng.integers(0, 6))]
+
+    def fields(result):
+        return (result.model, result.exact, result.shorter, result.longer, result.common_prefix)
+
+    stored = []
+    for i in range(40):
+        tokens, model = seq(), ["a", "b"][i % 2]
+        assert ours.add(model, tokens, i) == theirs.add(model, tokens, i)
+        stored.append((model, tokens))
+    for _ in range(200):
+        model, tokens = ["a", "b", "c"][rng.integers(0, 3)], seq()
+        assert fields(ours.search(model, tokens)) == fields(theirs.search(model, tokens))
+    for model, tokens in stored[::3]:
+        try:
+            expected = theirs.get(model, tokens)
+        except KeyError:
+            continue
+        assert ours.get(model, tokens) == expected
+        assert ours.pop(model, tokens) == theirs.pop(model, tokens)
+    def outcome(fn, *args):
+        try:
+            return fn(*args)
+        except KeyError:  # a path pruned by an earlier pop: both raise
+            return KeyError
+
+    for model, tokens in stored[1::4]:
+        assert outcome(ours.pop_prefixes, model, tokens) == outcome(theirs.pop_prefixes, model,
+                                                                    tokens)
+    for _ in range(200):
+        model, tokens = ["a", "b"][rng.integers(0, 2)], seq()
+        assert fields(ours.search(model, tokens)) == fields(theirs.search(model, tokens))
+
+
+def test_create_ssm_mask_and_gather_last_axis_match_mlx_lm():
+    import mlx_lm.models.base as lm_base
+    import mlx_lm.models.cache as lm_cache
+
+    from mlx_lm_batched.models import base
+    from mlx_lm_batched.models import cache as our_cache
+    h = mx.zeros((2, 5, 8))
+    padded = lm_cache.ArraysCache(2, left_padding=[0, 3])
+    assert np.array_equal(np.array(base.create_ssm_mask(h, padded)),
+                          np.array(lm_base.create_ssm_mask(h, padded)))
+    assert base.create_ssm_mask(h) is None and lm_base.create_ssm_mask(h) is None
+    assert base.create_ssm_mask(h, our_cache.ArraysCache(2)) is None
+    group = mx.distributed.init()  # one rank here: the gather is the identity
+    x = mx.random.normal((2, 3, 4), key=mx.random.key(3))
+    assert np.array_equal(np.array(base.gather_last_axis(x, group)),
+                          np.array(lm_base.gather_last_axis(x, group)))

@@ -87,3 +87,13 @@ def ssm_update_kernel(hidden_states, A_log, B, C, D, dt, dt_bias, state, time_st
     (``y`` in the input's dtype, the state in its own), computed by ``ssm_attn``."""
     y, new_state = ssm_attn(hidden_states, A_log, B, C, D, dt, dt_bias, state, time_step_limit)
     return y.astype(hidden_states.dtype), new_state.astype(state.dtype)
+
+
+def create_ssm_mask(h, cache=None):
+    """mlx-lm's ``base.create_ssm_mask``: the cache's mask of real columns for the
+    ``h.shape[1]`` new ones (``cache.make_mask``), or None without such a cache. This
+    package's state caches answer None: their rows are never padded inside a layer
+    cache (the ``PromptCache`` records padding)."""
+    if cache is not None and hasattr(cache, "make_mask"):
+        return cache.make_mask(h.shape[1])
+    return None

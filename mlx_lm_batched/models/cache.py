@@ -11,6 +11,8 @@ from ..cache.compat import (
 from ..cache.factory import make_prompt_cache
 from ..cache.files import load_prompt_cache, save_prompt_cache
 from ..cache.kv import KVCache
+from ..cache.mlx_lm_extras import ConcatenateKVCache, LRUPromptCache, TokenBuffer, dynamic_roll
+from ..cache.prompt_trie import PromptTrie, PromptTrieResult
 from ..cache.prompt_cache import (
     PromptCache,
     as_prompt_cache,
@@ -21,12 +23,14 @@ from ..cache.quantized import QuantizedKVCache
 from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..cache.views import RowsView, ShiftedView
-from ..layers.mlx_lm_api import create_attention_mask
+from ..layers.mlx_lm_api import create_attention_mask, create_causal_mask
 
 __all__ = [
     "ArraysCache", "BatchKVCache", "BatchRotatingKVCache", "CacheList", "ChunkedKVCache",
-    "KVCache", "PromptCache", "QuantizedKVCache", "RotatingKVCache", "RowsView",
-    "ShiftedView", "StateCache", "as_prompt_cache", "can_trim_prompt_cache",
-    "create_attention_mask", "load_prompt_cache", "make_prompt_cache", "save_prompt_cache",
-    "trim_prompt_cache",
+    "ConcatenateKVCache", "KVCache", "LRUPromptCache", "PromptCache", "PromptTrie", "PromptTrieResult",
+    "QuantizedKVCache", "RotatingKVCache", "RowsView", "ShiftedView", "StateCache",
+    "TokenBuffer", "as_prompt_cache", "can_trim_prompt_cache", "create_attention_mask",
+    "create_causal_mask", "dynamic_roll", "load_prompt_cache", "make_prompt_cache",
+    "save_prompt_cache", "trim_prompt_cache",
 ]
+

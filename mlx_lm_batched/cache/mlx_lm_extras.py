@@ -1,0 +1,68 @@
+"""Small names of mlx-lm's ``models.cache`` that code written for mlx-lm imports:
+``ConcatenateKVCache``, ``dynamic_roll`` and ``TokenBuffer``, and ``LRUPromptCache``'s
+name, which points to this package's prefix LRU (``sched/prefix_cache.py``, above the
+models: this layer cannot import it)."""
+
+import mlx.core as mx
+
+from .kv import KVCache
+
+
+class ConcatenateKVCache(KVCache):
+    """mlx-lm's simplest KV cache (it concatenates on every update). Here it is a
+    ``KVCache``: the same keys, values, offset and state after each update; only the
+    buffer growth differs, which no result depends on."""
+
+
+def dynamic_roll(x, shifts, axis):
+    """Roll ``x`` along ``axis`` by a different amount per leading index: ``shifts`` has
+    the shape of ``x``'s axes before ``axis``; element ``i`` moves to ``(i + shift) % n``."""
+    n = x.shape[axis]
+    lead = shifts.reshape(shifts.shape + (1,) * (x.ndim - shifts.ndim))
+    positions = mx.arange(n).reshape((n,) + (1,) * (x.ndim - axis - 1))
+    idx = (positions - lead) % n
+    return mx.take_along_axis(x, idx, axis=axis)
+
+
+class TokenBuffer:
+    """A growing ``int32`` token array (mlx-lm's): ``update_and_fetch`` appends and
+    returns every token so far; the buffer grows in ``step``-sized blocks."""
+
+    step = 256
+
+    def __init__(self, tokens=None):
+        tokens = [] if tokens is None else tokens
+        self._buffer = mx.array(tokens, dtype=mx.int32)
+        self._size = len(tokens)
+
+    def update_and_fetch(self, tokens):
+        """Append ``tokens`` (a list or 1-D array); return all tokens held."""
+        end = self._size + len(tokens)
+        capacity = -(-end // self.step) * self.step
+        if capacity > self._buffer.size:
+            grow = mx.zeros((capacity - self._buffer.size,), mx.int32)
+            self._buffer = mx.concatenate([self._buffer, grow])
+        self._buffer[self._size:end] = mx.array(tokens, mx.int32)
+        self._size = end
+        return self._buffer[:end]
+
+    @property
+    def state(self):
+        """The whole buffer, unused tail included (mlx-lm's ``state``)."""
+        return self._buffer
+
+    @property
+    def tokens(self):
+        """The tokens held."""
+        return self._buffer[: self._size]
+
+
+class LRUPromptCache:
+    """mlx-lm's prompt-cache LRU is ``mlx_lm_batched.sched.prefix_cache.LRUPromptCache``
+    here; constructing this name raises one line saying so."""
+
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError(
+            "mlx_lm_batched.models.cache.LRUPromptCache: use "
+            "mlx_lm_batched.sched.prefix_cache.LRUPromptCache (mlx-lm's methods; an exact "
+            "hit leaves one token to prefill)")
