@@ -374,3 +374,42 @@ def test_create_ssm_mask_and_gather_last_axis_match_mlx_lm():
     x = mx.random.normal((2, 3, 4), key=mx.random.key(3))
     assert np.array_equal(np.array(base.gather_last_axis(x, group)),
                           np.array(lm_base.gather_last_axis(x, group)))
+
+
+# --- utils ---------------------------------------------------------------------------
+
+def test_utils_model_helpers_match_mlx_lm():
+    """bits per weight (float and 4-bit), input-embedding support, the quantization a
+    packed weight was saved with, and Metal's availability, as mlx-lm's utils answer
+    for the same model (a tiny llama built by each library)."""
+    import mlx.nn as nn
+    import mlx_lm.models.llama as lm_llama
+    import mlx_lm.utils as lm_utils
+
+    from mlx_lm_batched import utils
+    from mlx_lm_batched.models import llama
+    config = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=96,
+                  rms_norm_eps=1e-5, tie_word_embeddings=False)
+    ours = llama.Model(llama.ModelArgs.from_dict(config))
+    theirs = lm_llama.Model(lm_llama.ModelArgs.from_dict(config))
+    assert utils.compute_bits_per_weight(ours) == pytest.approx(32.0)
+    assert utils.compute_bits_per_weight(theirs) == lm_utils.compute_bits_per_weight(theirs)
+    nn.quantize(ours, group_size=32, bits=4)
+    nn.quantize(theirs, group_size=32, bits=4)
+    assert utils.compute_bits_per_weight(ours) == pytest.approx(
+        lm_utils.compute_bits_per_weight(theirs), rel=1e-3)
+    assert utils.does_model_support_input_embeddings(theirs) == \
+        lm_utils.does_model_support_input_embeddings(theirs)
+    assert utils.does_model_support_input_embeddings(ours) == \
+        lm_utils.does_model_support_input_embeddings(ours)
+    assert utils.can_run_metal() == lm_utils.can_run_metal()
+    linear = nn.Linear(64, 48)
+    for kwargs in ({"group_size": 32, "bits": 4}, {"group_size": 64, "bits": 8},
+                   {"group_size": 32, "bits": 4, "mode": "mxfp4"}):
+        w, scales, *biases = mx.quantize(linear.weight, **kwargs)
+        weights = {"l.weight": w, "l.scales": scales}
+        assert utils.infer_quant_config("l", linear, weights) == \
+            lm_utils.infer_quant_config("l", linear, weights)
+    with pytest.raises(NotImplementedError, match="hf upload"):
+        utils.upload_to_hub("some/dir", "me/repo")
