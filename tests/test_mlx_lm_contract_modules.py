@@ -413,3 +413,40 @@ def test_utils_model_helpers_match_mlx_lm():
             lm_utils.infer_quant_config("l", linear, weights)
     with pytest.raises(NotImplementedError, match="hf upload"):
         utils.upload_to_hub("some/dir", "me/repo")
+
+
+# --- modules this package does not provide ----------------------------------------------
+
+ABSENT = {"lora": "mlx_lm.lora", "tuner": "mlx_lm.tuner", "tuner.lora": "mlx_lm.tuner",
+          "quant": "mlx_lm.quant", "quant.gptq": "mlx_lm.quant", "manage": "mlx_lm.manage",
+          "upload": "mlx_lm.upload", "share": "mlx_lm.share",
+          "perplexity": "mlx_lm.perplexity"}
+
+
+@pytest.mark.parametrize("name", sorted(ABSENT))
+def test_absent_modules_fail_with_one_line_naming_the_alternative(name):
+    import importlib
+    import sys
+
+    with pytest.raises(ImportError, match=ABSENT[name].replace(".", r"\.")) as info:
+        importlib.import_module(f"mlx_lm_batched.{name}")
+    assert "\n" not in str(info.value)
+    for module in [m for m in sys.modules if m.startswith("mlx_lm_batched.") and
+                   m.split(".")[1] in ("tuner", "quant")]:
+        del sys.modules[module]
+
+
+@pytest.mark.parametrize("name", ["lora", "tuner.lora", "quant.awq", "perplexity"])
+def test_absent_modules_under_python_m_print_one_line(name):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root))
+    run = subprocess.run([sys.executable, "-m", f"mlx_lm_batched.{name}", "--help"], cwd=root,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and run.stdout == ""
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "mlx_lm." in lines[0] and "Traceback" not in lines[0], run.stderr
