@@ -450,3 +450,39 @@ def test_absent_modules_under_python_m_print_one_line(name):
     assert run.returncode == 1 and run.stdout == ""
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "mlx_lm." in lines[0] and "Traceback" not in lines[0], run.stderr
+
+
+# --- tokenizer_utils ---------------------------------------------------------------------
+
+def test_newline_tokenizer_and_no_bos_or_eos_match_mlx_lm(float_dirs, tmp_path):
+    """SmolLM2's tokenizer named "NewlineTokenizer" in its config: this package's loader
+    finds the class, which encodes a text as the plain fast tokenizer encodes it with
+    each line break written ``<n>``, and decodes back. (mlx-lm 0.32.2's own class is
+    no oracle here: under transformers 5 it loses the BPE merges and encodes character
+    by character.)"""
+    import json
+    import shutil
+
+    import mlx_lm.tokenizer_utils as lm_tok
+    from transformers import PreTrainedTokenizerFast
+
+    from mlx_lm_batched import tokenizer_utils
+    for f in float_dirs["smollm2"].iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, tmp_path / f.name)
+    plain = PreTrainedTokenizerFast.from_pretrained(str(tmp_path))
+    config_path = tmp_path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "NewlineTokenizer"
+    config_path.write_text(json.dumps(config))
+    text = "def f(x):\n    return x\n\nprint(f(2))"
+    ours = tokenizer_utils.NewlineTokenizer.from_pretrained(str(tmp_path))
+    ids = ours.encode(text)
+    assert ids == plain.encode(text.replace("\n", "<n>")) != plain.encode(text)
+    assert ours.decode(ids) == text and plain.decode(ids) == text.replace("\n", "<n>")
+    assert ours.batch_decode([ids, ids[:3]]) == [text, plain.decode(ids[:3])]
+    loaded = tokenizer_utils.load(tmp_path)
+    assert type(loaded._tokenizer).__name__ == "NewlineTokenizer"
+    assert loaded.encode(text) == ids and loaded.decode(ids) == text
+    for seq in ([1, 5, 6, 2], [5, 6, 2], [1, 5, 6], [5], [1, 2], [2, 1, 2]):
+        assert tokenizer_utils.no_bos_or_eos(seq, 1, 2) == lm_tok.no_bos_or_eos(seq, 1, 2)
