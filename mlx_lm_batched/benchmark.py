@@ -6,6 +6,11 @@ if __name__ == "__main__":
 
     run_main("benchmark")
 
+from .api.batch import batch_generate
+from .api.generate import stream_generate
 from .cli.benchmark import build_parser as setup_arg_parser, main
+from .loading.load import load
+from .parallel.load import sharded_load
 
-__all__ = ["main", "setup_arg_parser"]
+__all__ = ["batch_generate", "load", "main", "setup_arg_parser", "sharded_load",
+           "stream_generate"]

@@ -6,6 +6,11 @@ if __name__ == "__main__":
 
     run_main("cache_prompt")
 
+from .api.generate import generate_step
+from .cache.factory import make_prompt_cache
+from .cache.files import save_prompt_cache
 from .cli.cache_prompt import build_parser as setup_arg_parser, main
+from .loading.load import load
 
-__all__ = ["main", "setup_arg_parser"]
+__all__ = ["generate_step", "load", "main", "make_prompt_cache", "save_prompt_cache",
+           "setup_arg_parser"]

@@ -6,6 +6,12 @@ if __name__ == "__main__":
 
     run_main("chat")
 
+from .api.generate import stream_generate
+from .cache.factory import make_prompt_cache
 from .cli.chat import build_parser as setup_arg_parser, main
+from .loading.load import load
+from .parallel.load import sharded_load
+from .sampling.samplers import make_sampler
 
-__all__ = ["main", "setup_arg_parser"]
+__all__ = ["load", "main", "make_prompt_cache", "make_sampler", "setup_arg_parser",
+           "sharded_load", "stream_generate"]

@@ -7,5 +7,11 @@ if __name__ == "__main__":
     run_main("fuse")
 
 from .cli.fuse import build_parser as parse_arguments, main
+from .loading.dequantize import dequantize_model
+from .loading.gguf_write import convert_to_gguf
+from .loading.load import load
+from .loading.model_info import upload_to_hub
+from .loading.save import save
 
-__all__ = ["main", "parse_arguments"]
+__all__ = ["convert_to_gguf", "dequantize_model", "load", "main", "parse_arguments", "save",
+           "upload_to_hub"]

@@ -2,6 +2,13 @@
 writing a llama checkpoint as one (``loading/gguf_write.py``)."""
 
 from .loading.gguf import gguf_architecture, read_gguf
+from .loading.gguf_names import (
+    GGMLFileType,
+    TokenType,
+    permute_weights,
+    translate_weight_names,
+)
 from .loading.gguf_write import convert_to_gguf
 
-__all__ = ["convert_to_gguf", "gguf_architecture", "read_gguf"]
+__all__ = ["GGMLFileType", "TokenType", "convert_to_gguf", "gguf_architecture",
+           "permute_weights", "read_gguf", "translate_weight_names"]

@@ -486,3 +486,78 @@ def test_newline_tokenizer_and_no_bos_or_eos_match_mlx_lm(float_dirs, tmp_path):
     assert loaded.encode(text) == ids and loaded.decode(ids) == text
     for seq in ([1, 5, 6, 2], [5, 6, 2], [1, 5, 6], [5], [1, 2], [2, 1, 2]):
         assert tokenizer_utils.no_bos_or_eos(seq, 1, 2) == lm_tok.no_bos_or_eos(seq, 1, 2)
+
+
+# --- gguf, convert and the command modules' re-exports --------------------------------------
+
+def test_gguf_helpers_match_mlx_lm():
+    import mlx_lm.gguf as lm_gguf
+
+    from mlx_lm_batched import gguf
+    names = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+             "model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.o_proj.bias",
+             "model.layers.10.mlp.down_proj.weight", "model.layers.0.input_layernorm.weight",
+             "model.layers.0.post_attention_layernorm.weight",
+             "model.layers.2.block_sparse_moe.gate.weight",
+             "model.layers.2.block_sparse_moe.experts.7.w1.weight",
+             "model.layers.2.block_sparse_moe.experts.7.w2.weight",
+             "model.layers.2.block_sparse_moe.experts.11.w3.weight", "something.else"]
+    for name in names:
+        assert gguf.translate_weight_names(name) == lm_gguf.translate_weight_names(name), name
+    w = mx.random.normal((48, 10), key=mx.random.key(4))
+    for args in ((4,), (4, 2), (4, 4), (6, None)):
+        assert np.array_equal(np.array(gguf.permute_weights(w, *args)),
+                              np.array(lm_gguf.permute_weights(w, *args)))
+    assert {t.name: t.value for t in gguf.TokenType} == {t.name: t.value for t in lm_gguf.TokenType}
+    assert gguf.GGMLFileType.GGML_TYPE_F16 == lm_gguf.GGMLFileType.GGML_TYPE_F16 == 1
+
+
+def test_convert_parser_recipes_and_reexports_match_mlx_lm():
+    """configure_parser parses mlx-lm's flags into what ``convert`` takes; the mixed
+    recipes give every layer of a 16-layer llama the bits mlx-lm's give; the command
+    modules re-export the functions mlx-lm's do."""
+    import importlib
+    import inspect
+
+    import mlx_lm.models.llama as lm_llama
+
+    from mlx_lm_batched.models import cache, llama
+    lm_convert = importlib.import_module("mlx_lm.convert")  # mlx_lm.convert is also a function
+    benchmark, cache_prompt, chat, convert, fuse, generate, gguf, utils = (
+        importlib.import_module(f"mlx_lm_batched.{name}") for name in (
+            "benchmark", "cache_prompt", "chat", "convert", "fuse", "generate", "gguf", "utils"))
+    argv = ["--hf-path", "some/model", "--mlx-path", "out", "-q", "--q-bits", "3",
+            "--q-group-size", "32", "--q-mode", "affine", "--dtype", "bfloat16", "-d",
+            "--trust-remote-code"]
+    ours, theirs = vars(convert.configure_parser().parse_args(argv)), \
+        vars(lm_convert.configure_parser().parse_args(argv))
+    assert ours == {k: v for k, v in theirs.items() if k != "quant_predicate"}
+    assert set(ours) <= set(inspect.signature(convert.convert).parameters)
+    config = dict(model_type="llama", hidden_size=32, num_hidden_layers=16, intermediate_size=64,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+                  rms_norm_eps=1e-5, tie_word_embeddings=False)
+    ours_m = llama.Model(llama.ModelArgs.from_dict(config))
+    theirs_m = lm_llama.Model(lm_llama.ModelArgs.from_dict(config))
+    paths = [name for name, module in theirs_m.named_modules() if hasattr(module, "to_quantized")]
+    assert len(paths) > 16 * 7
+    for recipe in lm_convert.QUANT_RECIPES:
+        ours_p = convert.mixed_quant_predicate_builder(recipe, ours_m, 32)
+        theirs_p = lm_convert.mixed_quant_predicate_builder(recipe, theirs_m, 32)
+        assert [ours_p(p, None) for p in paths] == [theirs_p(p, None) for p in paths], recipe
+    with pytest.raises(ValueError, match="Invalid quant recipe"):
+        convert.mixed_quant_predicate_builder("mixed_1_8", ours_m)
+    same = {convert: ["load", "save", "quantize_model", "dequantize_model", "upload_to_hub"],
+            fuse: ["load", "save", "dequantize_model", "upload_to_hub"],
+            chat: ["load", "sharded_load"], benchmark: ["load", "sharded_load"],
+            cache_prompt: ["load"]}
+    for module, names in same.items():
+        for name in names:
+            assert getattr(module, name) is getattr(utils, name), (module.__name__, name)
+    for module, name in ((chat, "stream_generate"), (benchmark, "stream_generate"),
+                         (benchmark, "batch_generate"), (cache_prompt, "generate_step"),
+                         (chat, "make_sampler")):
+        assert getattr(module, name) is getattr(generate, name)
+    for module in (chat, cache_prompt):
+        assert module.make_prompt_cache is cache.make_prompt_cache
+    assert cache_prompt.save_prompt_cache is cache.save_prompt_cache
+    assert fuse.convert_to_gguf is gguf.convert_to_gguf
