@@ -34,6 +34,7 @@ from .loading.save import (
     save_model,
 )
 from .parallel.load import sharded_load
+from .parallel.pipeline_load import pipeline_load
 from .tokenization.tokenizer import TokenizerWrapper
 
 __all__ = ["ModelLoadError", "TokenizerWrapper", "can_run_metal", "cast_floats",
@@ -42,5 +43,5 @@ __all__ = ["ModelLoadError", "TokenizerWrapper", "can_run_metal", "cast_floats",
            "get_model_path", "get_total_parameters", "hf_repo_to_path", "infer_quant_config",
            "load", "load_adapters", "load_config", "load_model", "load_tokenizer",
            "load_weights", "make_shards", "maybe_set_recommended_wired_limit",
-           "model_from_weights", "quantize_model", "save", "save_config", "save_model",
-           "sharded_load", "upload_to_hub"]
+           "model_from_weights", "pipeline_load", "quantize_model", "save", "save_config",
+           "save_model", "sharded_load", "upload_to_hub"]

@@ -299,3 +299,16 @@ def test_convert_parser_recipes_and_reexports_match_mlx_lm():
         assert module.make_prompt_cache is cache.make_prompt_cache
     assert cache_prompt.save_prompt_cache is cache.save_prompt_cache
     assert fuse.convert_to_gguf is gguf.convert_to_gguf
+
+
+def test_pipeline_load_on_one_rank_is_the_whole_model(float_dirs):
+    """mlx-lm's ``pipeline_load`` signature; on a single rank every layer stays here, so
+    the logits are ``load``'s."""
+    from mlx_lm_batched import utils
+    model, tokenizer, config = utils.pipeline_load(str(float_dirs["smollm2"]), return_config=True)
+    reference, _ = utils.load(str(float_dirs["smollm2"]))
+    assert config["model_type"] == "llama" and len(model.layers) == len(reference.layers)
+    prompt = mx.array([tokenizer.encode("The capital of France is")])
+    np.testing.assert_allclose(np.array(model(prompt)), np.array(reference(prompt)), atol=1e-5,
+                               rtol=1e-5)
+    assert len(utils.pipeline_load(str(float_dirs["smollm2"]))) == 2
