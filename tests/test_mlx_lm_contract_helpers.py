@@ -284,6 +284,14 @@ def test_convert_parser_recipes_and_reexports_match_mlx_lm():
         assert [ours_p(p, None) for p in paths] == [theirs_p(p, None) for p in paths], recipe
     with pytest.raises(ValueError, match="Invalid quant recipe"):
         convert.mixed_quant_predicate_builder("mixed_1_8", ours_m)
+    # The predicate through quantize_model: the same per-layer config as mlx-lm writes.
+    lm_utils = importlib.import_module("mlx_lm.utils")
+    _, ours_c = convert.quantize_model(ours_m, config, 32, 4, quant_predicate=(
+        convert.mixed_quant_predicate_builder("mixed_3_6", ours_m, 32)))
+    _, theirs_c = lm_utils.quantize_model(theirs_m, config, 32, 4, quant_predicate=(
+        lm_convert.mixed_quant_predicate_builder("mixed_3_6", theirs_m, 32)))
+    assert ours_c["quantization"] == theirs_c["quantization"]
+    assert len(ours_c["quantization"]) > 100
     same = {convert: ["load", "save", "quantize_model", "dequantize_model", "upload_to_hub"],
             fuse: ["load", "save", "dequantize_model", "upload_to_hub"],
             chat: ["load", "sharded_load"], benchmark: ["load", "sharded_load"],
