@@ -1,12 +1,14 @@
-"""mlx-lm's ``mlx_lm.perplexity`` is not part of this package. Importing it, or running it with
-``python -m``, stops with one line naming the alternative."""
+"""mlx-lm's ``mlx_lm.perplexity``: ``python -m mlx_lm_batched.perplexity`` evaluates a
+model's perplexity on a local dataset (``cli/perplexity.py``, ``api/perplexity.py``)."""
 
-import sys
+if __name__ == "__main__":
+    from .cli.entry import run_main
 
-MESSAGE = ("mlx_lm_batched has no perplexity command: use mlx_lm.perplexity (models converted here load there)")
+    run_main("perplexity")
 
-# Under ``python -m`` (this module, or one below this package being located, when
-# sys.argv[0] is still "-m"): the line alone, no traceback.
-if __name__ == "__main__" or sys.argv[:1] == ["-m"]:
-    sys.exit(MESSAGE)
-raise ImportError(MESSAGE)
+from .api.perplexity import eval_ppl, load_data
+from .cli.perplexity import build_parser, main
+from .loading.load import load
+from .loading.save import get_total_parameters
+
+__all__ = ["build_parser", "eval_ppl", "get_total_parameters", "load", "load_data", "main"]

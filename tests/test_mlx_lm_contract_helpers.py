@@ -157,8 +157,7 @@ def test_utils_model_helpers_match_mlx_lm():
 
 ABSENT = {"lora": "mlx_lm.lora", "tuner": "mlx_lm.tuner", "tuner.lora": "mlx_lm.tuner",
           "quant": "mlx_lm.quant", "quant.gptq": "mlx_lm.quant", "manage": "mlx_lm.manage",
-          "upload": "mlx_lm.upload", "share": "mlx_lm.share",
-          "perplexity": "mlx_lm.perplexity"}
+          "upload": "mlx_lm.upload", "share": "mlx_lm.share"}
 
 
 @pytest.mark.parametrize("name", sorted(ABSENT))
@@ -174,7 +173,7 @@ def test_absent_modules_fail_with_one_line_naming_the_alternative(name):
         del sys.modules[module]
 
 
-@pytest.mark.parametrize("name", ["lora", "tuner.lora", "quant.awq", "perplexity"])
+@pytest.mark.parametrize("name", ["lora", "tuner.lora", "quant.awq", "upload"])
 def test_absent_modules_under_python_m_print_one_line(name):
     import os
     import subprocess
