@@ -8,7 +8,8 @@ from .loading.gguf_names import (
     permute_weights,
     translate_weight_names,
 )
+from .loading.gguf_vocab import HfVocab, prepare_metadata
 from .loading.gguf_write import convert_to_gguf
 
-__all__ = ["GGMLFileType", "TokenType", "convert_to_gguf", "gguf_architecture",
-           "permute_weights", "read_gguf", "translate_weight_names"]
+__all__ = ["GGMLFileType", "HfVocab", "TokenType", "convert_to_gguf", "gguf_architecture",
+           "permute_weights", "prepare_metadata", "read_gguf", "translate_weight_names"]

@@ -249,6 +249,39 @@ def test_gguf_helpers_match_mlx_lm():
     assert gguf.GGMLFileType.GGML_TYPE_F16 == lm_gguf.GGMLFileType.GGML_TYPE_F16 == 1
 
 
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_gguf_vocab_and_metadata_match_mlx_lm(float_dirs, name):
+    """HfVocab's token list (texts, scores, llama.cpp types: byte tokens in Gemma's
+    vocabulary, control tokens, added tokens) and prepare_metadata's keys and values for
+    the model's config and variants of it (linear RoPE scaling, experts, missing keys)."""
+    import json
+
+    import mlx_lm.gguf as lm_gguf
+
+    from mlx_lm_batched import gguf
+    path = float_dirs[name]
+    ours, theirs = gguf.HfVocab.load(path), lm_gguf.HfVocab.load(path)
+    assert list(ours.all_tokens()) == list(theirs.all_tokens())
+    for attr in ("vocab_size", "vocab_size_base", "added_tokens_list", "added_tokens_dict",
+                 "added_tokens_ids", "specials", "special_ids"):
+        assert getattr(ours, attr) == getattr(theirs, attr), attr
+    assert repr(ours) == repr(theirs) and ours.has_newline_token() == theirs.has_newline_token()
+    config = json.loads((path / "config.json").read_text())
+    config = config.get("text_config", config) | {"_name_or_path": "org/some-model"}
+    variants = [config, config | {"rope_scaling": {"type": "linear", "factor": 2.0}},
+                config | {"num_local_experts": 8, "num_experts_per_tok": 2},
+                {k: v for k, v in config.items() if k not in ("rope_theta", "hidden_size")}]
+    for cfg in variants:
+        ours_md, theirs_md = gguf.prepare_metadata(cfg, ours), lm_gguf.prepare_metadata(cfg, theirs)
+        assert sorted(ours_md) == sorted(theirs_md)
+        for key, value in theirs_md.items():
+            if isinstance(value, mx.array):
+                assert ours_md[key].dtype == value.dtype, key
+                assert np.array_equal(np.array(ours_md[key]), np.array(value)), key
+            else:
+                assert ours_md[key] == value, key
+
+
 def test_convert_parser_recipes_and_reexports_match_mlx_lm():
     """configure_parser parses mlx-lm's flags into what ``convert`` takes; the mixed
     recipes give every layer of a 16-layer llama the bits mlx-lm's give; the command
