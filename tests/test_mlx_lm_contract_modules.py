@@ -268,3 +268,31 @@ def test_activations_and_swiglu_module_match_mlx_lm():
         close(lm_act.xielu(x, theirs.alpha_p, theirs.alpha_n, theirs.beta, theirs.eps),
               activations.xielu(x, theirs.alpha_p, theirs.alpha_n, theirs.beta, theirs.eps),
               atol=1e-4, rtol=1e-5)
+
+
+def test_multi_linear_matches_mlx_lm():
+    """mlx-lm's per-head linear maps (``models.mla``), float and quantized, both call
+    forms, on the same weights."""
+    import mlx.nn as nn
+    import mlx_lm.models.mla as lm_mla
+
+    from mlx_lm_batched.models import mla
+    theirs, ours = lm_mla.MultiLinear(64, 32, 4), mla.MultiLinear(64, 32, 4)
+    assert ours.weight.shape == theirs.weight.shape == (4, 32, 64)
+    ours.weight = theirs.weight
+    x = mx.random.normal((2, 4, 3, 64), key=mx.random.key(11))
+    y = mx.random.normal((2, 4, 3, 32), key=mx.random.key(12))
+    close(theirs(x), ours(x), atol=1e-5, rtol=1e-5)
+    close(theirs(y, transpose=False), ours(y, transpose=False), atol=1e-5, rtol=1e-5)
+    for mode, bits, group in (("affine", 4, 32), ("mxfp4", 4, 32)):
+        tq, oq = theirs.to_quantized(group, bits, mode), ours.to_quantized(group, bits, mode)
+        assert isinstance(oq, mla.QuantizedMultiLinear) and oq.mode == mode
+        for name in ("weight", "scales"):
+            assert np.array_equal(np.array(tq[name]), np.array(oq[name]))
+        close(tq(x), oq(x), atol=1e-5, rtol=1e-5)
+        close(tq(y, transpose=False), oq(y, transpose=False), atol=1e-5, rtol=1e-5)
+        assert not oq.trainable_parameters()
+    holder = nn.Module()
+    holder.embed_q = mla.MultiLinear(64, 32, 4)
+    nn.quantize(holder, group_size=32, bits=4)  # nn.quantize finds to_quantized
+    assert isinstance(holder.embed_q, mla.QuantizedMultiLinear)

@@ -1,5 +1,5 @@
 """mlx-lm's ``models.mla`` module name: the multi-head latent attention
-(``layers/mla.py``)."""
+(``layers/mla.py``) and mlx-lm's per-head linear maps (``layers/multi_linear.py``)."""
 
 from ..layers.mla import (
     LATENT_NORM_EPS,
@@ -7,6 +7,7 @@ from ..layers.mla import (
     merge_absorbed_kv_b,
     mla_softmax_scale,
 )
+from ..layers.multi_linear import MultiLinear, QuantizedMultiLinear
 
-__all__ = ["MultiHeadLatentAttention", "merge_absorbed_kv_b", "mla_softmax_scale",
-           "LATENT_NORM_EPS"]
+__all__ = ["MultiHeadLatentAttention", "MultiLinear", "QuantizedMultiLinear",
+           "merge_absorbed_kv_b", "mla_softmax_scale", "LATENT_NORM_EPS"]
