@@ -352,3 +352,37 @@ def test_pipeline_load_on_one_rank_is_the_whole_model(float_dirs):
     np.testing.assert_allclose(np.array(model(prompt)), np.array(reference(prompt)), atol=1e-5,
                                rtol=1e-5)
     assert len(utils.pipeline_load(str(float_dirs["smollm2"]))) == 2
+
+
+def _run_module(args, timeout=300):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root))
+    return subprocess.run([sys.executable, "-m", *args], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_python_m_package_dispatches_mlx_lm_commands(float_dirs):
+    """``python -m mlx_lm_batched <command>`` as ``python -m mlx_lm <command>``: the same
+    output as the command's own module; mlx-lm's commands absent here, and unknown ones,
+    end with one line."""
+    gen = ["--model", str(float_dirs["smollm2"]), "--prompt", "The capital of France is",
+           "--max-tokens", "5", "--temp", "0"]
+    direct = _run_module(["mlx_lm_batched.generate", *gen])
+    dispatched = _run_module(["mlx_lm_batched", "generate", *gen])
+    assert direct.returncode == dispatched.returncode == 0, dispatched.stderr
+    text = [line for line in direct.stdout.splitlines() if "tokens-per-sec" not in line
+            and "Peak memory" not in line]
+    assert text and text == [line for line in dispatched.stdout.splitlines()
+                             if "tokens-per-sec" not in line and "Peak memory" not in line]
+    for args, needle in ((["evaluate"], "mlx_lm.evaluate"), (["lora", "--train"], "mlx_lm.lora"),
+                         (["gptq"], "mlx_lm.quant"), (["nope"], "unknown command")):
+        run = _run_module(["mlx_lm_batched", *args])
+        lines = run.stderr.strip().splitlines()
+        assert run.returncode == 1 and len(lines) == 1 and needle in lines[0], run.stderr
+    version = _run_module(["mlx_lm_batched", "--version"])
+    assert version.returncode == 0 and version.stdout.strip()
