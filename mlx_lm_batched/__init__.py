@@ -9,6 +9,7 @@ line can install its Ctrl-C handler before the heavy imports.
 """
 
 import importlib
+import importlib.util
 import sys
 import types
 import warnings
@@ -43,6 +44,10 @@ __all__ = list(_LAZY)
 def __getattr__(name):
     module = _LAZY.get(name)
     if module is None:
+        # A submodule (``mlx_lm_batched.utils`` ...): mlx-lm's ``__init__`` imports its
+        # modules eagerly, so code reaches them as attributes after ``import mlx_lm``.
+        if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):
+            return importlib.import_module(f".{name}", __name__)
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value

@@ -115,3 +115,49 @@ def test_make_shards_matches_mlx_lm():
         theirs = lm_utils.make_shards(weights, gb)
         ours = make_shards(weights, gb)
         assert [list(s) for s in ours] == [list(s) for s in theirs]
+
+
+def test_submodules_are_attributes_of_the_package_as_in_mlx_lm():
+    """``import mlx_lm; mlx_lm.utils.load`` works (mlx-lm's ``__init__`` imports its
+    modules); so does it here, in a fresh interpreter, with the functions kept."""
+    import subprocess
+    import sys
+
+    code = ("import mlx_lm_batched as m, types\n"
+            "assert isinstance(m.utils, types.ModuleType) and callable(m.utils.load)\n"
+            "assert isinstance(m.models.cache, types.ModuleType)\n"
+            "assert isinstance(m.sample_utils, types.ModuleType) and callable(m.generate)\n"
+            "assert callable(m.convert) and not hasattr(m, 'no_such_module')\n"
+            "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr[-2000:]
+
+
+def test_switch_glu_takes_mlx_lms_activation_modules():
+    """``SwitchGLU(..., activation=SwiGLU())`` / ``SwigluOAI(...)`` as mlx-lm code writes
+    it: the same output as mlx-lm's SwitchGLU on the same weights, and it still pickles."""
+    import copy
+    import pickle
+
+    import mlx_lm.models.activations as lm_act
+    import mlx_lm.models.switch_layers as lm_switch
+    from mlx.utils import tree_flatten
+
+    from mlx_lm_batched.models import activations, switch_layers
+
+    x = mx.random.normal((1, 3, 8), key=mx.random.key(1))
+    indices = mx.array([[[0, 3], [1, 2], [3, 3]]])
+    for ours_act, theirs_act in ((switch_layers.SwiGLU(), lm_switch.SwiGLU()),
+                                 (activations.SwigluOAI(1.5, 4.0), lm_act.SwigluOAI(1.5, 4.0))):
+        theirs = lm_switch.SwitchGLU(8, 16, 4, activation=theirs_act)
+        ours = switch_layers.SwitchGLU(8, 16, 4, activation=ours_act)
+        ours.load_weights(tree_flatten(theirs.parameters()))
+        np.testing.assert_allclose(np.array(ours(x, indices)), np.array(theirs(x, indices)),
+                                   atol=1e-5, rtol=1e-5)
+        mixed = switch_layers.SwitchGLU(8, 16, 4, activation=theirs_act)  # mlx-lm's own module
+        mixed.load_weights(tree_flatten(theirs.parameters()))
+        np.testing.assert_allclose(np.array(mixed(x, indices)), np.array(theirs(x, indices)),
+                                   atol=1e-5, rtol=1e-5)
+        for clone in (copy.deepcopy(ours), pickle.loads(pickle.dumps(ours))):
+            np.testing.assert_array_equal(np.array(clone(x, indices)), np.array(ours(x, indices)))

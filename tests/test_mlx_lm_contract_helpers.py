@@ -298,10 +298,10 @@ def test_convert_parser_recipes_and_reexports_match_mlx_lm():
             "benchmark", "cache_prompt", "chat", "convert", "fuse", "generate", "gguf", "utils"))
     argv = ["--hf-path", "some/model", "--mlx-path", "out", "-q", "--q-bits", "3",
             "--q-group-size", "32", "--q-mode", "affine", "--dtype", "bfloat16", "-d",
-            "--trust-remote-code"]
+            "--trust-remote-code", "--quant-predicate", "mixed_3_6"]
     ours, theirs = vars(convert.configure_parser().parse_args(argv)), \
         vars(lm_convert.configure_parser().parse_args(argv))
-    assert ours == {k: v for k, v in theirs.items() if k != "quant_predicate"}
+    assert ours == theirs
     assert set(ours) <= set(inspect.signature(convert.convert).parameters)
     config = dict(model_type="llama", hidden_size=32, num_hidden_layers=16, intermediate_size=64,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=64,

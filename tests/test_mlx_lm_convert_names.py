@@ -102,3 +102,35 @@ def test_qwen3_5_moe_with_dense_layers_is_one_warning_and_loads_here(tmp_path):
     assert not model.args.is_moe_layer(1) and model.args.is_moe_layer(0)
     x = mx.array(PROMPT)
     assert mx.allclose(model(x), source(x), atol=1e-5).item()
+
+
+def test_convert_cli_mixed_recipe_loads_in_mlx_lm_with_our_logits(tmp_path):
+    """``python -m mlx_lm_batched.convert -q --quant-predicate mixed_3_6`` (mlx-lm's flags)
+    writes mlx-lm's per-layer bit widths; mlx-lm loads the output with our logits."""
+    import json
+    import subprocess
+    import sys
+
+    config = dict(hidden_size=64, num_hidden_layers=8, intermediate_size=128,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+                  rms_norm_eps=1e-5, tie_word_embeddings=False)
+    save_hf_model(build_hf_model("llama", config), tmp_path / "hf", "transformers5")
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "mlx_lm_batched.convert", "--hf-path",
+                           str(tmp_path / "hf"), "--mlx-path", str(out), "-q", "--q-group-size",
+                           "32", "--quant-predicate", "mixed_3_6"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    quantization = json.loads((out / "config.json").read_text())["quantization"]
+    bits = {v["bits"] for v in quantization.values() if isinstance(v, dict)}
+    assert bits == {3, 6} and quantization["group_size"] == 32
+    ours = load_model(out)
+    ours = ours[0] if isinstance(ours, tuple) else ours
+    theirs, _ = mlx_lm.utils.load_model(out)
+    x = mx.array(PROMPT)
+    assert mx.allclose(theirs(x), ours(x), atol=1e-4).item()
+    bad = subprocess.run([sys.executable, "-m", "mlx_lm_batched.convert", "--hf-path",
+                          str(tmp_path / "hf"), "--mlx-path", str(tmp_path / "o2"),
+                          "--quant-predicate", "mixed_3_6"], capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "--quantize" in bad.stderr

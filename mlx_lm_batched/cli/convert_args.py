@@ -4,12 +4,12 @@
 import argparse
 
 from ..loading.convert import DTYPES
+from ..loading.quant_recipes import QUANT_RECIPES
 
 
 def configure_parser():
-    """The argument parser of ``python -m mlx_lm.convert``, with the flags this
-    package's ``convert`` honours (``--quant-predicate`` recipes are not among them:
-    pass ``mixed_quant_predicate_builder``'s predicate to ``quantize_model``)."""
+    """The argument parser of ``python -m mlx_lm.convert``: mlx-lm's flags, which this
+    package's ``convert`` honours (``--upload-repo`` refused with one line)."""
     parser = argparse.ArgumentParser(description="Convert Hugging Face model to MLX format")
     parser.add_argument("--hf-path", "--model", type=str,
                         help="Local path, Hugging Face repo id or .gguf file.")
@@ -24,6 +24,8 @@ def configure_parser():
                         help="Float type of the parameters that are not quantized.")
     parser.add_argument("--upload-repo", type=str, default=None,
                         help="Refused here: this package does not upload.")
+    parser.add_argument("--quant-predicate", type=str, choices=QUANT_RECIPES, default=None,
+                        help="Mixed-bit quantization recipe (with --quantize).")
     parser.add_argument("-d", "--dequantize", action="store_true", default=False,
                         help="Dequantize a quantized model.")
     parser.add_argument("--trust-remote-code", action="store_true", default=False,

@@ -168,6 +168,8 @@ class SwitchGLU(_SwitchBase):
     """Gated expert MLPs: ``down(glu(gate(x), up(x)))``, default ``act(gate) * up``.
 
     ``glu(gate, up)`` replaces the default combination (e.g. gpt-oss's clamped SwiGLU).
+    ``activation`` may also be mlx-lm's kind: a module called as ``activation(up, gate)``
+    (its default ``SwiGLU()``, ``SwigluOAI(...)``, or code's own), kept as a child module.
     """
 
     def __init__(self, input_dims, hidden_dims, num_experts, activation="silu", bias=False,
@@ -176,14 +178,20 @@ class SwitchGLU(_SwitchBase):
         self.gate_proj = SwitchLinear(input_dims, hidden_dims, num_experts, bias=bias)
         self.up_proj = SwitchLinear(input_dims, hidden_dims, num_experts, bias=bias)
         self.down_proj = SwitchLinear(hidden_dims, input_dims, num_experts, bias=bias)
-        self.activation = activation_fn(activation)
+        if isinstance(activation, nn.Module):  # mlx-lm's two-argument activation module
+            self.pair_activation, self.activation = activation, None
+        else:
+            self.pair_activation, self.activation = None, activation_fn(activation)
         self.glu = glu
 
     def __call__(self, x, indices):
         def project(xs, idx, srt):
             g = self.gate_proj(xs, idx, srt)
             u = self.up_proj(xs, idx, srt)
-            h = self.glu(g, u) if self.glu is not None else self.activation(g) * u
+            if self.pair_activation is not None:
+                h = self.pair_activation(u, g)
+            else:
+                h = self.glu(g, u) if self.glu is not None else self.activation(g) * u
             return self.down_proj(h, idx, srt)
 
         return self._route(x, indices, project)

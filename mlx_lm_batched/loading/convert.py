@@ -12,7 +12,6 @@ import shutil
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .dequantize import cast_floats, dequantize_model
@@ -24,7 +23,8 @@ from .load import (
     model_from_weights,
 )
 from .mlx_lm_layout import mlx_lm_config, mlx_lm_weights
-from .save import TOKENIZER_FILES, save_weights
+from .quant_recipes import mixed_quant_predicate_builder
+from .save import TOKENIZER_FILES, quantize_model, save_weights
 
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 
@@ -77,7 +77,9 @@ def convert(
     ``quantize``: affine-quantize Linear/Embedding weights (``q_bits`` 4 by
     default, ``q_group_size`` 64). ``dtype``: float type of the unquantized
     weights (for a GGUF, also dequantizes its quantized tensors).
-    ``dequantize``: turn a quantized source into floats. Returns the output path.
+    ``dequantize``: turn a quantized source into floats. ``quant_predicate``: a recipe
+    name of ``QUANT_RECIPES`` (mixed bit widths) or mlx-lm's ``(path, module) -> bool |
+    dict`` per layer. Returns the output path.
     """
     if upload_repo is not None:
         raise NotImplementedError("uploading to the hub is not supported")
@@ -101,15 +103,17 @@ def convert(
         cast_floats(model, float_dtype)
         config["torch_dtype"] = config["dtype"] = dtype
     if quantize:
-        group_size, bits = q_group_size or 64, q_bits or 4
-
-        def predicate(path, module):
-            if not hasattr(module, "to_quantized") or module.weight.shape[-1] % group_size:
-                return False
-            return quant_predicate(path, module, config) if quant_predicate else True
-
-        nn.quantize(model, group_size=group_size, bits=bits, mode=q_mode, class_predicate=predicate)
-        config["quantization"] = {"group_size": group_size, "bits": bits, "mode": q_mode}
+        if isinstance(quant_predicate, str):  # a recipe name, as mlx-lm's --quant-predicate
+            if q_mode != "affine":
+                raise ValueError("quantization recipes (quant_predicate) are affine only: "
+                                 f"drop q_mode={q_mode!r} or the recipe")
+            quant_predicate = mixed_quant_predicate_builder(quant_predicate, model,
+                                                            q_group_size or 64)
+        # quant_predicate(path, module) -> bool or per-layer parameters, as mlx-lm calls it
+        model, config = quantize_model(model, config, q_group_size, q_bits, mode=q_mode,
+                                       quant_predicate=quant_predicate)
+    elif quant_predicate is not None:
+        raise ValueError("quant_predicate without quantize: add --quantize (-q)")
     if "quantization" in config:
         config["quantization_config"] = config["quantization"]
     out.mkdir(parents=True, exist_ok=True)

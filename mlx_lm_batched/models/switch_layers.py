@@ -1,7 +1,7 @@
 """mlx-lm's ``models.switch_layers`` module name: the expert layers (``layers/moe.py``).
-``SwitchGLU``/``SwitchMLP`` take the activation by name or as a picklable callable of
-the gate (``act(gate) * up``), not mlx-lm's two-argument ``SwiGLU`` module, which is
-here for code that calls it directly."""
+``SwitchGLU`` takes the activation by name, as a picklable callable of the gate
+(``act(gate) * up``) or as mlx-lm's two-argument module (``SwiGLU()``, called as
+``activation(up, gate)``); ``SwitchMLP`` by name or as a callable."""
 
 from ..layers.activations_api import SwiGLU
 from ..layers.mlp import swiglu
