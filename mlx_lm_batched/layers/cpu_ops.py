@@ -16,6 +16,13 @@ for every size cost the same as the former switch at 32768 elements (decode step
 batch 1/4/16 and a 512-token prefill within 2%), and MLX's ``exp`` for every size
 was 3-10% slower.
 
+Each formula is ~25 ops, and at small batches a decode step is bound by its op count
+(each op is dispatched alone, whatever its size): on the CPU they run fused by
+``mx.compile`` (two kernels around the one op that cannot be traced shapeless, the
+view of the exponent bits). MLX builds fused CPU kernels with the system's C++ compiler
+once per machine (cached under the temp directory); without a compiler, or with
+``MLX_LM_BATCHED_COMPILE=0``, the same ops run unfused, with the same bits.
+
 ``attention`` is the explicit attention used on the CPU (and for soft-capping):
 each KV head's query heads share one matmul (``mx.fast``'s CPU fallback repeats the
 keys per query head), and queries go in chunks so the score tensor, and the
