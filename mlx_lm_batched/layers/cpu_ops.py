@@ -16,6 +16,13 @@ for every size cost the same as the former switch at 32768 elements (decode step
 batch 1/4/16 and a 512-token prefill within 2%), and MLX's ``exp`` for every size
 was 3-10% slower.
 
+Each formula is ~25 ops, and at small batches a decode step is bound by its op count
+(each op is dispatched alone, whatever its size): on the CPU they run fused by
+``mx.compile`` (two kernels around the one op that cannot be traced shapeless, the
+view of the exponent bits). MLX builds fused CPU kernels with the system's C++ compiler
+once per machine (cached under the temp directory); without a compiler, or with
+``MLX_LM_BATCHED_COMPILE=0``, the same ops run unfused, with the same bits.
+
 ``attention`` is the explicit attention used on the CPU (and for soft-capping):
 each KV head's query heads share one matmul (``mx.fast``'s CPU fallback repeats the
 keys per query head), and queries go in chunks so the score tensor, and the
@@ -23,6 +30,7 @@ softmax's temporaries, stay small whatever the prompt length.
 """
 
 import math
+import os
 
 import mlx.core as mx
 
@@ -32,6 +40,9 @@ _POLY = [math.log(2) ** k / math.factorial(k) for k in range(8)]
 # Attention scores computed at once (elements, 512 KB): small chunks keep the softmax
 # temporaries in cache and bound the transient memory of long prompts.
 SCORE_CHUNK = 1 << 17
+# "0": run the formulas below as separate ops, not fused by mx.compile.
+COMPILE_ENV = "MLX_LM_BATCHED_COMPILE"
+_fused_ok = None  # decided at first use (fused())
 
 
 def use_fast(x):
@@ -39,12 +50,9 @@ def use_fast(x):
     return mx.default_device() == mx.cpu
 
 
-def exp(x):
-    """``exp(x)``; on CPU exact to float32 rounding for ``x`` in [-87, 88], 0 below,
-    and saturating at 2.4e38 (instead of inf) above."""
-    if not use_fast(x):
-        return mx.exp(x)
-    dtype = x.dtype
+def _exp_head(x):
+    """``(p, bits)``: ``exp(x) = p * bits.view(float32)`` (float32 ``p`` in [0.7, 1.5],
+    ``bits`` the int32 pattern of a power of two)."""
     t = mx.clip(x.astype(mx.float32) * LOG2E, -127.0, 127.49)
     m = (t + 127.5).astype(mx.int32)  # round(t) + 127 in [0, 254]: a biased exponent
     f = t - (m - 127).astype(mx.float32)  # in [-1/2, 1/2]
@@ -52,8 +60,56 @@ def exp(x):
     for c in reversed(_POLY[:-1]):
         p = p * f + c
     # The float whose exponent bits are m is 2^(m - 127) (m = 0 gives 0.0).
-    power = (m * (1 << 23)).view(mx.float32)
+    return p, m * (1 << 23)
+
+
+def _shifted_exp_head(x, shift):
+    return _exp_head(x - shift)
+
+
+def _exp_tail(p, power, dtype):
     return (p * power).astype(dtype)
+
+
+def _silu_tail(x, p, power):
+    return x / (1 + (p * power).astype(x.dtype))
+
+
+# The same formulas fused by ``mx.compile`` (module functions, never module attributes:
+# models must deepcopy and pickle). A decode step at small batches is bound by the count
+# of ops, and each formula above is ~25 ops; fused, it is one pass. The view of the
+# exponent bits cannot be traced shapeless, so it stays between two compiled parts.
+# Fused and unfused give the same bits (tests/test_cpu_ops_compile.py).
+_FUSED = {
+    "head": mx.compile(_exp_head, shapeless=True),
+    "shifted_head": mx.compile(_shifted_exp_head, shapeless=True),
+    "silu_tail": mx.compile(_silu_tail, shapeless=True),
+}
+
+
+def fused():
+    """True when the CPU formulas run ``mx.compile``d (see :data:`COMPILE_ENV`)."""
+    global _fused_ok
+    if _fused_ok is None:
+        _fused_ok = os.environ.get(COMPILE_ENV, "1").strip() not in ("0", "false", "no")
+        if _fused_ok:
+            # MLX compiles fused CPU kernels with the system's C++ compiler (cached
+            # under the temp directory): without one, keep the unfused ops.
+            try:
+                p, bits = _FUSED["head"](mx.zeros((2,), dtype=mx.float32))
+                mx.eval(p, bits)
+            except Exception:  # noqa: BLE001 (any failure: the unfused path is exact)
+                _fused_ok = False
+    return _fused_ok
+
+
+def exp(x):
+    """``exp(x)``; on CPU exact to float32 rounding for ``x`` in [-87, 88], 0 below,
+    and saturating at 2.4e38 (instead of inf) above."""
+    if not use_fast(x):
+        return mx.exp(x)
+    p, bits = (_FUSED["head"] if fused() else _exp_head)(x)
+    return _exp_tail(p, bits.view(mx.float32), x.dtype)
 
 
 def softmax(x, axis=-1):
@@ -61,7 +117,9 @@ def softmax(x, axis=-1):
     if not use_fast(x):
         return mx.softmax(x, axis=axis, precise=True)
     x32 = x.astype(mx.float32)
-    e = exp(x32 - mx.max(x32, axis=axis, keepdims=True))
+    head = _FUSED["shifted_head"] if fused() else _shifted_exp_head
+    p, bits = head(x32, mx.max(x32, axis=axis, keepdims=True))
+    e = _exp_tail(p, bits.view(mx.float32), mx.float32)
     return (e / mx.sum(e, axis=axis, keepdims=True)).astype(x.dtype)
 
 
@@ -69,7 +127,8 @@ def silu(x):
     """``x * sigmoid(x)``."""
     if not use_fast(x):
         return x * mx.sigmoid(x)
-    return x / (1 + exp(-x))
+    p, bits = (_FUSED["head"] if fused() else _exp_head)(-x)
+    return (_FUSED["silu_tail"] if fused() else _silu_tail)(x, p, bits.view(mx.float32))
 
 
 def attention(q, k, v, scale, mask=None, softcap=None):
