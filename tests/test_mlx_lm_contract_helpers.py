@@ -218,8 +218,19 @@ def test_newline_tokenizer_and_no_bos_or_eos_match_mlx_lm(float_dirs, tmp_path):
     assert ids == plain.encode(text.replace("\n", "<n>")) != plain.encode(text)
     assert ours.decode(ids) == text and plain.decode(ids) == text.replace("\n", "<n>")
     assert ours.batch_decode([ids, ids[:3]]) == [text, plain.decode(ids[:3])]
-    loaded = tokenizer_utils.load(tmp_path)
-    assert type(loaded._tokenizer).__name__ == "NewlineTokenizer"
+    # mlx-lm's class of the same name registered last (as importing mlx-lm can do) does
+    # not take over: the loader picks this package's class by name.
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.register(lm_tok.NewlineTokenizer, fast_tokenizer_class=lm_tok.NewlineTokenizer,
+                           exist_ok=True)
+    try:
+        loaded = tokenizer_utils.load(tmp_path)
+    finally:  # this package's class back in the registry for the rest of the process
+        AutoTokenizer.register(tokenizer_utils.NewlineTokenizer,
+                               fast_tokenizer_class=tokenizer_utils.NewlineTokenizer,
+                               exist_ok=True)
+    assert type(loaded._tokenizer) is tokenizer_utils.NewlineTokenizer
     assert loaded.encode(text) == ids and loaded.decode(ids) == text
     for seq in ([1, 5, 6, 2], [5, 6, 2], [1, 5, 6], [5], [1, 2], [2, 1, 2]):
         assert tokenizer_utils.no_bos_or_eos(seq, 1, 2) == lm_tok.no_bos_or_eos(seq, 1, 2)

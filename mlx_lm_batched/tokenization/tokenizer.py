@@ -16,6 +16,7 @@ from .detokenizers import (
     detect_detokenizer,
 )
 from .markers import find_sequence, infer_structural_markers, infer_thinking
+from .newline import NewlineTokenizer
 
 
 class TokenizerWrapper:
@@ -264,7 +265,15 @@ def load_tokenizer(model_path, tokenizer_config_extra=None, eos_token_ids=None, 
     for the wrapper, or None (the loader passes the tool-call families' detection).
     """
     model_path = os.fspath(model_path)
-    tokenizer = AutoTokenizer.from_pretrained(model_path, **(tokenizer_config_extra or {}))
+    extra = tokenizer_config_extra or {}
+    if _read_json(os.path.join(model_path, "tokenizer_config.json")).get(
+            "tokenizer_class") == "NewlineTokenizer":
+        # Ours by name, not through AutoTokenizer's registry: another library registering
+        # a class of the same name (mlx-lm's loses the merges under transformers 5) wins
+        # there if it registers later.
+        tokenizer = NewlineTokenizer.from_pretrained(model_path, **extra)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(model_path, **extra)
     decoder = None
     if getattr(tokenizer, "backend_tokenizer", None) is None:  # else the backend knows
         decoder = _read_json(os.path.join(model_path, "tokenizer.json")).get("decoder")
