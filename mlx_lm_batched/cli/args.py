@@ -65,6 +65,16 @@ class CliError(Exception):
     """An input problem reported as one ``error:`` line (exit code 2)."""
 
 
+def run_command(build_parser, run, argv=None):
+    """A command line's ``main``: parse ``argv`` and ``run`` the arguments; a
+    :class:`CliError` becomes one ``error:`` line and exit code 2."""
+    try:
+        return run(build_parser().parse_args(argv))
+    except CliError as e:
+        say(e)
+        return EXIT_BAD_INPUT
+
+
 class Parser(argparse.ArgumentParser):
     """argparse without the usage dump: errors become :class:`CliError`."""
 

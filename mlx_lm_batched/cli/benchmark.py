@@ -6,7 +6,7 @@ tokens/s and peak memory per trial, their averages per batch size, and a summary
 import sys
 import time
 
-from .args import EXIT_BAD_INPUT, EXIT_OK, CliError, Parser, one_line, say
+from .args import EXIT_OK, CliError, Parser, one_line, run_command
 
 REPORT = ("prompt_tps", "generation_tps", "peak_memory")
 
@@ -111,11 +111,7 @@ def run(args):
 
 def main(argv=None):
     """Run the benchmark; returns the exit code (one ``error:`` line on bad input)."""
-    try:
-        return run(build_parser().parse_args(argv))
-    except CliError as e:
-        say(e)
-        return EXIT_BAD_INPUT
+    return run_command(build_parser, run, argv)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from .args import EXIT_BAD_INPUT, EXIT_OK, CliError, Parser, one_line, say
+from .args import EXIT_OK, CliError, Parser, one_line, run_command
 
 
 def build_parser():
@@ -121,8 +121,4 @@ def run(args):
 
 def main(argv=None):
     """Run the command line; returns the exit code (one ``error:`` line on bad input)."""
-    try:
-        return run(build_parser().parse_args(argv))
-    except CliError as e:
-        say(e)
-        return EXIT_BAD_INPUT
+    return run_command(build_parser, run, argv)

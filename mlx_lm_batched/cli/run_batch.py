@@ -16,7 +16,7 @@ import sys
 import time
 import uuid
 
-from .args import EXIT_BAD_INPUT, EXIT_OK, CliError, Parser, one_line, say
+from .args import EXIT_OK, CliError, Parser, one_line, run_command, say
 from .batch_lines import LineError, parse_line
 
 
@@ -216,10 +216,7 @@ def _numbered_lines(path, done):
 def main(argv=None):
     """Run the batch file; returns the exit code (one ``error:`` line on bad input)."""
     try:
-        return run(build_parser().parse_args(argv))
-    except CliError as e:
-        say(e)
-        return EXIT_BAD_INPUT
+        return run_command(build_parser, run, argv)
     except KeyboardInterrupt:
         say("interrupted: rerun with the same arguments to finish the remaining lines",
             prefix="note:")

@@ -94,16 +94,18 @@ def _yarn(dims, base, cfg, max_pos):
     pos_freqs = base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
     inv = (1 / pos_freqs) / factor * (1 - extrapolation) + (1 / pos_freqs) * extrapolation
 
-    def get_mscale(scale, m=1.0):
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
     if "attention_factor" in cfg and cfg["attention_factor"] is not None:
         mscale = cfg["attention_factor"]
     elif cfg.get("mscale") and cfg.get("mscale_all_dim"):
-        mscale = get_mscale(factor, cfg["mscale"]) / get_mscale(factor, cfg["mscale_all_dim"])
+        mscale = yarn_mscale(factor, cfg["mscale"]) / yarn_mscale(factor, cfg["mscale_all_dim"])
     else:
-        mscale = get_mscale(factor)
+        mscale = yarn_mscale(factor)
     return 1 / inv, mscale
+
+
+def yarn_mscale(scale, m=1.0):
+    """YaRN's magnitude correction ``0.1 m ln(scale) + 1`` (1 when not extending)."""
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
 
 def _row_lengths(offset, query_len):

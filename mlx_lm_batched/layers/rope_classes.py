@@ -14,7 +14,7 @@ import math
 import mlx.core as mx
 
 # The frequency formulas are rope.py's own (private there: they build its modules).
-from .rope import DynamicNTKRoPE, RoPE, _llama3_freqs, _yarn
+from .rope import DynamicNTKRoPE, RoPE, _llama3_freqs, _yarn, yarn_mscale
 
 
 def _wavelengths(dims, base):
@@ -56,10 +56,6 @@ class SuScaledRoPE(_DefaultOffsetRoPE):
         self.dim = dims
 
 
-def _yarn_mscale(factor, m):
-    return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
-
-
 class YarnRoPE(_DefaultOffsetRoPE):
     """YaRN: interpolated frequencies between ``beta_fast`` and ``beta_slow`` rotations,
     the rotated features scaled by ``mscale(factor, mscale) / mscale(factor,
@@ -71,7 +67,7 @@ class YarnRoPE(_DefaultOffsetRoPE):
         cfg = {"factor": scaling_factor, "beta_fast": beta_fast, "beta_slow": beta_slow,
                "original_max_position_embeddings": original_max_position_embeddings}
         freqs, _ = _yarn(dims, base, cfg, max_position_embeddings)
-        ratio = _yarn_mscale(scaling_factor, mscale) / _yarn_mscale(scaling_factor, mscale_all_dim)
+        ratio = yarn_mscale(scaling_factor, mscale) / yarn_mscale(scaling_factor, mscale_all_dim)
         super().__init__(dims, traditional=traditional, freqs=freqs, mscale=ratio)
 
     def __call__(self, x, offset=0, scale=1.0, inverse=False):
@@ -120,4 +116,4 @@ def apply_yarn_mscale(scale, scaling_config):
     factor = scaling_config.get("factor", 1)
     if rope_type == "default" or not m_all or factor <= 1:
         return scale
-    return scale * _yarn_mscale(factor, m_all) ** 2
+    return scale * yarn_mscale(factor, m_all) ** 2
