@@ -173,6 +173,17 @@ def test_reasoning_is_split_streamed_and_opened_by_the_prompt():
     assert ChatOutputParser().parse("<think>a</think>b")["content"] == "<think>a</think>b"
 
 
+@pytest.mark.parametrize("pair", [("<think>", "</think>"), ("<longcat_think>", "</longcat_think>"),
+                                  ("<|think:start|>", "<|think:end|>")])
+def test_reasoning_markers_are_the_tokenizer_wrappers(pair):
+    # The reasoning split finds the pairs mlx-lm's tokenizer wrapper finds (one list for
+    # both layers): in a vocabulary, and in a template that writes them.
+    vocab = {"a": 0, pair[0]: 1, pair[1]: 2}
+    theirs = mlx_lm_tokenizer_utils._infer_thinking(SimpleNamespace(get_vocab=lambda: vocab))
+    assert detect_think_markers(None, vocab) == theirs[:2] == pair
+    assert detect_think_markers(f"{{% if r %}}{pair[0]}{{{{ r }}}}{pair[1]}{{% endif %}}") == pair
+
+
 def test_a_block_that_is_not_a_call_stays_in_the_content():
     family = get_family("json_tools")
     text = "A <tool_call>not json</tool_call> B"

@@ -6,8 +6,8 @@ conventions (Gemma 4's thought channel, the XTML-style ``<|open|>...<|sep|>`` ma
 whose token ids are what the tokenizer encodes the marker text to.
 """
 
-SINGLE_TOKEN_THINK = [("<think>", "</think>"), ("<longcat_think>", "</longcat_think>"),
-                      ("<|think:start|>", "<|think:end|>")]
+from .._reasoning_markers import GEMMA4_CHANNEL_TOKENS, GEMMA4_THOUGHT, SINGLE_TOKEN_THINK
+
 XTML_TOKENS = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")
 
 
@@ -22,8 +22,8 @@ def infer_thinking(tokenizer, vocab):
     for start, end in SINGLE_TOKEN_THINK:
         if start in vocab and end in vocab:
             return start, end, (vocab[start],), (vocab[end],)
-    if "<|channel>" in vocab and "<channel|>" in vocab:
-        pair = ("<|channel>thought", "<channel|>")
+    if all(t in vocab for t in GEMMA4_CHANNEL_TOKENS):
+        pair = GEMMA4_THOUGHT
     elif is_xtml_vocab(vocab):
         pair = ("<|open|>think<|sep|>", "<|close|>think<|sep|>")
     else:

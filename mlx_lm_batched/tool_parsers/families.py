@@ -4,6 +4,7 @@ of template checks, so both libraries pick the same parser)."""
 from dataclasses import dataclass
 from typing import Callable
 
+from .._reasoning_markers import GEMMA4_THOUGHT, SINGLE_TOKEN_THINK
 from .call_syntax_families import parse_function_gemma, parse_gemma4, parse_pythonic
 from .json_families import parse_json_tools, parse_kimi_k2, parse_mistral
 from .markup_families import parse_glm47, parse_longcat, parse_minimax_m2, parse_qwen3_coder
@@ -49,10 +50,9 @@ _DETECTION = [
     (lambda t: "<tool_call>" in t and "tool_call.name" in t, "json_tools"),
 ]
 
-# Reasoning markers, looked for in the template (then the vocabulary). Gemma 4 has no
-# reasoning tokens of its own: its thought channel is "<|channel>thought" ... "<channel|>".
-THINK_MARKERS = [("<think>", "</think>"), ("<longcat_think>", "</longcat_think>"),
-                 ("<|channel>thought", "<channel|>")]
+# Reasoning markers, looked for in the template (then the vocabulary): the pairs the
+# tokenizer wrapper knows too (one list, in ``_reasoning_markers``).
+THINK_MARKERS = [*SINGLE_TOKEN_THINK, GEMMA4_THOUGHT]
 
 
 def get_family(name):
