@@ -88,6 +88,29 @@ def test_reasoning_markers_from_the_vocabulary(float_dirs, tmp_path, pair):
             ours.think_start_id
 
 
+def test_the_vocabulary_is_read_once_per_wrapper(float_dirs, tmp_path, monkeypatch):
+    # Loading (tool-call markup), the reasoning and structural markers, add_eos_token and
+    # the server's reasoning split all read one listing of the vocabulary.
+    from transformers import AutoTokenizer
+
+    from mlx_lm_batched.server.tool_calls import chat_output
+
+    path = tokenizer_dir(float_dirs, tmp_path, (TEMPLATES / "json_tools.jinja").read_text(),
+                         add_tokens=("<think>", "</think>"))
+    cls = type(AutoTokenizer.from_pretrained(str(path)))
+    reads = []
+    listing = cls.get_vocab
+    monkeypatch.setattr(cls, "get_vocab", lambda self: reads.append(1) or listing(self))
+    ours = load_tokenizer(path)
+    for _ in range(2):
+        assert ours.has_tool_calling and ours.has_thinking and ours.structural_markers == ()
+        ours.add_eos_token("</think>")
+        assert chat_output(ours, [{"role": "user", "content": "hi"}], None, None, {}).think == (
+            "<think>", "</think>")
+    assert len(reads) == 1
+    assert ours.vocab == listing(ours._tokenizer) and ours.vocab["</think>"] in ours.eos_token_ids
+
+
 @pytest.mark.parametrize("family", ["json_tools", "pythonic", "mistral"])
 def test_text_state_machine_for_a_tokenizer_follows_mlx_lms(float_dirs, tmp_path, family):
     """``make_text_state_machine`` over a reasoning + tool-call tokenizer splits streamed
