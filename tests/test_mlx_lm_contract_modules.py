@@ -207,6 +207,7 @@ ROPE_CASES = [
                       beta_slow=1, mscale=0.707, mscale_all_dim=0.707)),
     ("YarnRoPE", dict(dims=12, scaling_factor=2.0, mscale=1.2)),
     ("ProportionalRoPE", dict(dims=16, rotated_dims=8, base=10000.0, factor=2.0)),
+    ("ProportionalRoPE", dict(dims=16, rotated_dims=5, base=1e6)),  # ceil(5/2) rotated
     ("DynamicNTKScalingRoPE", dict(dims=16, max_position_embeddings=8, traditional=False,
                                    base=10000.0, factor=2.0)),
 ]
@@ -228,6 +229,8 @@ def test_rope_classes_match_mlx_lm(name, kwargs):
     for offset in offsets:
         args = () if offset is None else (offset,)
         close(theirs(x, *args), ours(x, *args), atol=2e-5, rtol=2e-5)
+    if name == "ProportionalRoPE":  # the same frequencies, bit for bit
+        assert mx.array_equal(ours._freqs, theirs._freqs)
     if name == "YarnRoPE":
         for extra in ({"inverse": True}, {"scale": 0.5}):
             close(theirs(x, 4, **extra), ours(x, 4, **extra), atol=2e-5, rtol=2e-5)

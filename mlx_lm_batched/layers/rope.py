@@ -16,6 +16,14 @@ import mlx.core as mx
 import mlx.nn as nn
 
 
+def rope_wavelengths(dims, base, count=None):
+    """``base ** (2i / dims)`` for the first ``count`` (default: all) rotated pairs ``i``:
+    each pair's wavelength over 2 pi, the inverse of the usual inverse frequencies and
+    what ``mx.fast.rope``'s ``freqs`` takes. ``base`` may be an array (one per row)."""
+    stop = dims if count is None else 2 * count
+    return base ** (mx.arange(0, stop, 2, dtype=mx.float32) / dims)
+
+
 class RoPE(nn.Module):
     """Rotary embedding over the first ``dims`` features with fixed frequencies.
 
@@ -53,7 +61,7 @@ class RoPE(nn.Module):
 def negated_rope(dims, base):
     """RoPE rotating by the negated angle (nanochat's and talkie's ``rotate_half`` with
     flipped signs): the wavelengths of ``base`` with their signs flipped."""
-    return RoPE(dims, freqs=-(base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)))
+    return RoPE(dims, freqs=-rope_wavelengths(dims, base))
 
 
 def _llama3_freqs(dims, base, cfg):
@@ -63,7 +71,7 @@ def _llama3_freqs(dims, base, cfg):
     old_ctx = cfg.get("original_max_position_embeddings", 8192)
     low_wavelen = old_ctx / low
     high_wavelen = old_ctx / high
-    freqs = base ** (mx.arange(0, dims, 2) / dims)  # wavelength / (2 pi)
+    freqs = rope_wavelengths(dims, base)
     wavelens = 2 * math.pi * freqs
     freqs = mx.where(wavelens > low_wavelen, freqs * factor, freqs)
     is_medium = (wavelens > high_wavelen) & (wavelens < low_wavelen)
@@ -91,7 +99,7 @@ def _yarn(dims, base, cfg, max_pos):
         high += 0.001
     ramp = mx.clip((mx.arange(dims // 2, dtype=mx.float32) - low) / (high - low), 0, 1)
     extrapolation = 1 - ramp
-    pos_freqs = base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
+    pos_freqs = rope_wavelengths(dims, base)
     inv = (1 / pos_freqs) / factor * (1 - extrapolation) + (1 / pos_freqs) * extrapolation
 
     if "attention_factor" in cfg and cfg["attention_factor"] is not None:
@@ -128,7 +136,7 @@ class LongRoPE(nn.Module):
 
     def __init__(self, dims, base, traditional, short_factor, long_factor, original_max, mscale):
         super().__init__()
-        wavelengths = base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
+        wavelengths = rope_wavelengths(dims, base)
         short = mx.array(short_factor, dtype=mx.float32) * wavelengths
         long = mx.array(long_factor, dtype=mx.float32) * wavelengths
         self.short = RoPE(dims, traditional=traditional, freqs=short, mscale=mscale)
@@ -164,7 +172,7 @@ class DynamicNTKRoPE(nn.Module):
         L, d = x.shape[2], self.dims
         n = mx.maximum(_row_lengths(offset, L), self.max_pos).astype(mx.float32)
         base = self.base * (self.factor * n / self.max_pos - (self.factor - 1)) ** (d / (d - 2))
-        inv_freq = 1.0 / (base[:, None] ** (mx.arange(0, d, 2, dtype=mx.float32) / d))  # (B, d/2)
+        inv_freq = 1.0 / rope_wavelengths(d, base[:, None])  # (B, d/2)
         positions = (offset[:, None] + mx.arange(L)).astype(mx.float32)  # (B, L)
         angles = positions[:, None, :, None] * inv_freq[:, None, None, :]  # (B, 1, L, d/2)
         cos, sin = mx.cos(angles), mx.sin(angles)
@@ -189,15 +197,21 @@ def _longrope(dims, base, traditional, cfg, max_pos):
                     original, mscale)
 
 
-def _proportional_freqs(dims, base, cfg):
+def proportional_wavelengths(dims, angles, base, factor=1.0):
     """Gemma 4's ``proportional`` RoPE: a rotation over the whole head (features ``i``
-    and ``i + dims/2`` pair up) whose first ``partial_rotary_factor * dims / 2``
-    frequencies are the usual ones for ``dims`` and the rest zero (infinite
-    wavelength: those features pass unrotated). Not the same as rotating the first
-    ``partial_rotary_factor * dims`` features, which would pair other features."""
-    angles = int(cfg.get("partial_rotary_factor", 1.0) * dims // 2)
-    rotated = cfg.get("factor", 1.0) * base ** (mx.arange(0, 2 * angles, 2, dtype=mx.float32) / dims)
+    and ``i + dims/2`` pair up) whose first ``angles`` frequencies are the usual ones
+    for ``dims`` (wavelengths times ``factor``) and the rest zero (infinite wavelength:
+    those features pass unrotated). Not the same as rotating the first ``2 * angles``
+    features, which would pair other features."""
+    rotated = factor * rope_wavelengths(dims, base, angles)
     return mx.concatenate([rotated, mx.full((dims // 2 - angles,), mx.inf, mx.float32)])
+
+
+def _proportional_freqs(dims, base, cfg):
+    """:func:`proportional_wavelengths` of a ``rope_scaling`` dict, counting the rotated
+    frequencies as transformers does: ``int(partial_rotary_factor * dims // 2)``."""
+    angles = int(cfg.get("partial_rotary_factor", 1.0) * dims // 2)
+    return proportional_wavelengths(dims, angles, base, cfg.get("factor", 1.0))
 
 
 def initialize_rope(dims, base=10000.0, traditional=False, scaling_config=None,

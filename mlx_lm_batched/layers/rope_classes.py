@@ -13,12 +13,16 @@ import math
 
 import mlx.core as mx
 
-# The frequency formulas are rope.py's own (private there: they build its modules).
-from .rope import DynamicNTKRoPE, RoPE, _llama3_freqs, _yarn, yarn_mscale
-
-
-def _wavelengths(dims, base):
-    return base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
+# The frequency formulas are rope.py's own (the private ones build its modules).
+from .rope import (
+    DynamicNTKRoPE,
+    RoPE,
+    _llama3_freqs,
+    _yarn,
+    proportional_wavelengths,
+    rope_wavelengths,
+    yarn_mscale,
+)
 
 
 class _DefaultOffsetRoPE(RoPE):
@@ -50,7 +54,7 @@ class SuScaledRoPE(_DefaultOffsetRoPE):
         factor = max_position_embeddings / original_max_position_embeddings
         default = 1.0 if factor <= 1.0 else math.sqrt(
             1 + math.log(factor) / math.log(original_max_position_embeddings))
-        freqs = mx.array(long_factor, dtype=mx.float32) * _wavelengths(dims, base)
+        freqs = mx.array(long_factor, dtype=mx.float32) * rope_wavelengths(dims, base)
         super().__init__(dims, freqs=freqs, mscale=long_mscale or default)
         self.original_max_position_embeddings = original_max_position_embeddings
         self.dim = dims
@@ -86,9 +90,9 @@ class ProportionalRoPE(_DefaultOffsetRoPE):
     def __init__(self, dims, rotated_dims, traditional=False, base=10000.0, factor=1.0):
         if rotated_dims > dims:
             raise ValueError("rotated_dims should be smaller than dims")
-        rotated = factor * base ** (mx.arange(0, rotated_dims, 2, dtype=mx.float32) / dims)
-        still = mx.full(((dims - rotated_dims) // 2,), mx.inf, mx.float32)
-        super().__init__(dims, traditional=traditional, freqs=mx.concatenate([rotated, still]))
+        # mlx-lm rotates the frequencies of arange(0, rotated_dims, 2): ceil(rotated_dims / 2).
+        freqs = proportional_wavelengths(dims, (rotated_dims + 1) // 2, base, factor)
+        super().__init__(dims, traditional=traditional, freqs=freqs)
 
 
 class DynamicNTKScalingRoPE(DynamicNTKRoPE):

@@ -24,7 +24,7 @@ from ..cache.state import StateCache
 from ..layers.compressed_attention import CompressedSparseAttention, TailRope
 from ..layers.hyper_connection import HyperConnection, collapse, expand
 from ..layers.moe import SwitchGLU
-from ..layers.rope import _yarn
+from ..layers.rope import _yarn, rope_wavelengths
 from ..layers.step import resolve_offset
 from .args import BaseModelArgs
 
@@ -98,7 +98,7 @@ def _wavelengths(args, layer):
             return _yarn(dims, base, scaling, args.max_position_embeddings)[0]
     else:
         base = args.rope_theta
-    return base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
+    return rope_wavelengths(dims, base)
 
 
 def clamped_swiglu(gate, up, limit):
