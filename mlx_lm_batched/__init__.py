@@ -9,12 +9,12 @@ line can install its Ctrl-C handler before the heavy imports.
 """
 
 import importlib
-import importlib.util
 import sys
 import types
 import warnings
 
 from . import _blas  # noqa: F401  (must run before the first `import mlx.core`)
+from . import _submodules
 
 # `python -m mlx_lm_batched.generate` runs a module this package also imports
 # (as mlx-lm's does); runpy's warning about that is noise for users.
@@ -44,11 +44,8 @@ __all__ = list(_LAZY)
 def __getattr__(name):
     module = _LAZY.get(name)
     if module is None:
-        # A submodule (``mlx_lm_batched.utils`` ...): mlx-lm's ``__init__`` imports its
-        # modules eagerly, so code reaches them as attributes after ``import mlx_lm``.
-        if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):
-            return importlib.import_module(f".{name}", __name__)
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        # A submodule (``mlx_lm_batched.utils`` ...), as after ``import mlx_lm``.
+        return _submodules.submodule(__name__, name)
     value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value

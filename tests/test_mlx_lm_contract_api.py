@@ -123,11 +123,19 @@ def test_submodules_are_attributes_of_the_package_as_in_mlx_lm():
     import subprocess
     import sys
 
-    code = ("import mlx_lm_batched as m, types\n"
+    code = ("import mlx_lm_batched as m, sys, types\n"
             "assert isinstance(m.utils, types.ModuleType) and callable(m.utils.load)\n"
             "assert isinstance(m.models.cache, types.ModuleType)\n"
             "assert isinstance(m.sample_utils, types.ModuleType) and callable(m.generate)\n"
             "assert callable(m.convert) and not hasattr(m, 'no_such_module')\n"
+            "assert m.models.llama is sys.modules['mlx_lm_batched.models.llama']\n"
+            "for pkg, name in ((m, '_blas_x'), (m.models, 'no_such_arch'), (m.models, '_x')):\n"
+            "    try:\n"
+            "        getattr(pkg, name)\n"
+            "    except AttributeError as e:\n"
+            "        assert str(e) == f'module {pkg.__name__!r} has no attribute {name!r}'\n"
+            "    else:\n"
+            "        raise AssertionError(name)\n"
             "print('ok')\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)

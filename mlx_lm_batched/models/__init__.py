@@ -1,7 +1,8 @@
 """Architecture registry: maps a config's ``model_type`` to its module."""
 
 import importlib
-import importlib.util
+
+from .. import _submodules
 
 # model_type -> module in this package. Aliases share a module when the
 # Hugging Face architectures differ only in config values.
@@ -186,8 +187,5 @@ def get_model_module(model_type):
 
 
 def __getattr__(name):
-    # ``mlx_lm_batched.models.cache`` ... as attributes, as after ``import mlx_lm`` (whose
-    # ``__init__`` imports its modules): imported on first use.
-    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # ``mlx_lm_batched.models.cache`` ... as attributes, as after ``import mlx_lm``.
+    return _submodules.submodule(__name__, name)
