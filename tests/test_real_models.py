@@ -5,6 +5,7 @@ logits within 1e-4, as the same prompt generated alone. Gemma's sliding window i
 512 tokens, so prompts of 513+ tokens and long generations cross it.
 """
 
+import copy
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -107,14 +108,20 @@ def test_grouped_decode_attention_matches_one_call(float_models):
     engine = BatchEngine(model)
     tokens, padding = left_pad(prompts)
     y, _ = engine.prefill(tokens, padding)
+    # The prefill stored its groups' rows in buffers of their own (row blocks); the
+    # first step reads them by group, later ones (after a step without groups turned
+    # them into one rectangle) slice the rectangle.
+    assert all(len(c.blocks) >= 2 and c.blocks[0].first > 0 for c in engine.cache)
     for _ in range(3):
         groups = engine._decode_groups
         assert groups is not None and len(groups) >= 2 and groups[0][2] > 0
-        snapshot = [(c.keys, c.values, c.size) for c in engine.cache]
+        snapshot = [(c.keys, c.values, [copy.copy(b) for b in c.blocks or ()], c.size)
+                    for c in engine.cache]
         grouped = engine.step(y)[1]
         mx.eval(grouped)
-        for c, (k, v, size) in zip(engine.cache, snapshot):
-            c.keys, c.values, c.size = k, v, size
+        for c, (k, v, blocks, size) in zip(engine.cache, snapshot):
+            c.keys, c.values, c.blocks, c.size = k, v, blocks or None, size
+        # Without groups every layer fetches all rows at once: one rectangle.
         engine._decode_groups = None
         single = engine.step(y)[1]
         engine._decode_groups = groups

@@ -33,7 +33,7 @@ def _layer_state(c, padded=False):
         k, v = c.state or (None, None)
         return [k, v, c.offset, c.chunk_size, c.start_position]
     if type(c) is KVCache:
-        k, v = (c.keys[..., : c.size, :], c.values[..., : c.size, :]) if c.keys is not None else (None, None)
+        k, v = c.state or (None, None)
         return [k, v, c.size]
     if type(c) is RotatingKVCache:
         k, v = c.ordered()

@@ -10,12 +10,19 @@ all the mask needs.
   memory follows what is generated and decoding does not copy the cache every token.
 - ``RotatingKVCache`` (``rotating.py``) keeps the last ``max_size`` slots in a ring.
 
+A ``KVCache`` of a batch prefilled group by group stores each group of rows in its own
+buffer from the group's first real slot (``row_blocks.py``), so short rows do not keep
+the long rows' slots; decode attention reads those buffers by row group
+(``update_and_fetch_groups``). Any other use sees the usual rectangle: a caller that
+fetches all rows at once (``update_and_fetch``) turns the cache back into one buffer.
+
 Both support removing rows (``filter``), appending rows of another cache (``extend``)
 and appending a chunk whose rows start at different columns (``update_shifted``).
 """
 
 import mlx.core as mx
 
+from . import row_blocks
 from .protocol import FullSlotFrame
 
 # Slots a cache allocates beyond those needed when the driver expects more: bounded,
@@ -61,6 +68,7 @@ class KVCache(FullSlotFrame):
     """Cache of every slot, for global attention layers (a :class:`KVLayerCache`)."""
 
     step = 256
+    blocks = None  # list of ``row_blocks.RowBlock`` when stored by row blocks
 
     def __init__(self):
         self.keys = None
@@ -84,7 +92,26 @@ class KVCache(FullSlotFrame):
     def reset(self):
         """Forget every slot and free the buffers."""
         self.keys = self.values = None
+        self.blocks = None
         self.size = 0
+
+    def unblock(self):
+        """Store the slots as one rectangle again (no-op when they are)."""
+        if self.blocks is not None:
+            blocks, self.blocks = self.blocks, None
+            self.keys, self.values = row_blocks.materialize(blocks, self.size)
+
+    def add_block(self, start, stop, first, keys, values, needed):
+        """Store rows ``[start, stop)`` from slot ``first`` in a buffer of their own,
+        shaped like ``keys``/``values``, with room for ``needed`` slots of the frame
+        (more when the cache expects more; a grouped prefill's first write, see
+        ``views.RowsView``). Returns the block."""
+        if self.keys is not None:
+            raise ValueError("a cache holding a rectangle cannot take row blocks")
+        block = row_blocks.new_block(start, stop, first, keys, values,
+                                     self._capacity(needed) - first)
+        self.blocks = sorted((self.blocks or []) + [block], key=lambda b: b.start)
+        return block
 
     def _capacity(self, needed):
         if self.expected >= needed:
@@ -108,6 +135,7 @@ class KVCache(FullSlotFrame):
 
     def update_and_fetch(self, keys, values):
         """Append ``(B, H, L, D)`` keys/values; return all cached keys/values."""
+        self.unblock()
         end = self.size + keys.shape[2]
         self.allocate(end, keys, values)
         self.keys[..., self.size : end, :] = keys
@@ -115,8 +143,36 @@ class KVCache(FullSlotFrame):
         self.size = end
         return self.keys[..., :end, :], self.values[..., :end, :]
 
+    def update_and_fetch_groups(self, keys, values, groups):
+        """Append ``(B, H, L, D)`` keys/values; return, per row group ``(start, stop,
+        first_slot)``, the lists of the group's cached keys and values from
+        ``first_slot`` on (what grouped attention reads), without building the
+        rectangle when the cache is stored by row blocks."""
+        if self.blocks is not None:
+            end = self.size + keys.shape[2]
+            row_blocks.write(self.blocks, keys, values, self.size, self._capacity)
+            parts = row_blocks.fetch_groups(self.blocks, groups, end)
+            if parts is not None:
+                self.size = end
+                return parts
+            self.size = end  # the groups do not fit the blocks: one rectangle
+            self.unblock()
+            k, v = self.keys[..., :end, :], self.values[..., :end, :]
+        else:
+            k, v = self.update_and_fetch(keys, values)
+        return ([k[a:b, :, f:] for a, b, f in groups], [v[a:b, :, f:] for a, b, f in groups])
+
+    def row_slots(self, row, first):
+        """Row ``row``'s ``(1, H, size - first, D)`` keys and values from slot ``first``."""
+        if self.blocks is not None:
+            return row_blocks.row_slots(self.blocks, row, first, self.size)
+        r = slice(row, row + 1)
+        return self.keys[r, :, first : self.size], self.values[r, :, first : self.size]
+
     def ordered(self):
         """Cached ``(keys, values)`` in slot order, or ``(None, None)``."""
+        if self.blocks is not None:
+            return row_blocks.materialize(self.blocks, self.size)
         if self.keys is None:
             return None, None
         return self.keys[..., : self.size, :], self.values[..., : self.size, :]
@@ -124,11 +180,13 @@ class KVCache(FullSlotFrame):
     def load_ordered(self, keys, values, size):
         """Hold ``keys``/``values``: the slots up to slot ``size`` (exclusive) in order."""
         self.keys, self.values, self.size = keys, values, size
+        self.blocks = None
 
     def update_shifted(self, keys, values, shift):
         """Like ``update_and_fetch`` for a chunk whose first ``shift[b]`` columns are
         padding of row ``b``: they go before the row's cached slots (its padding
         grows by ``shift[b]``), so the row stays contiguous. Copies the cache once."""
+        self.unblock()
         old_k, old_v = self.ordered()
         keys = shift_rows(old_k, keys, shift)
         values = shift_rows(old_v, values, shift)
@@ -137,26 +195,37 @@ class KVCache(FullSlotFrame):
 
     def empty(self):
         """True before the first write (mlx-lm's cache API)."""
-        return self.keys is None
+        return self.keys is None and not self.blocks
 
     @property
     def batch_size(self):
+        if self.blocks:
+            return self.blocks[-1].stop
         return 0 if self.keys is None else self.keys.shape[0]
 
     @property
     def state(self):
         """The cached slots' ``[keys, values]`` in slot order (empty when none)."""
+        if self.blocks is not None:
+            return list(row_blocks.materialize(self.blocks, self.size))
         if self.keys is None:
             return []
         return [self.keys[..., : self.size, :], self.values[..., : self.size, :]]
 
     @state.setter
     def state(self, value):
+        self.blocks = None
         if not value:
             self.reset()
             return
         self.keys, self.values = value
         self.size = self.keys.shape[2]
+
+    def buffers(self):
+        """The arrays holding the slots (to evaluate pending writes), in any layout."""
+        if self.blocks is not None:
+            return [a for b in self.blocks for a in (b.keys, b.values)]
+        return [] if self.keys is None else [self.keys, self.values]
 
     def is_trimmable(self):
         return True
@@ -165,10 +234,20 @@ class KVCache(FullSlotFrame):
         """Drop the last ``n`` slots; returns how many were dropped."""
         n = min(self.size, n)
         self.size -= n
+        if self.blocks is not None and any(b.first > self.size for b in self.blocks):
+            self.size += n  # later writes to those rows would land before their block
+            self.unblock()
+            self.size -= n
         return n
 
     def filter(self, rows):
         """Keep only ``rows`` (indices into the batch axis)."""
+        if self.blocks is not None:
+            keep = [int(r) for r in (rows.tolist() if isinstance(rows, mx.array) else rows)]
+            if all(a < b for a, b in zip(keep, keep[1:])):
+                self.blocks = row_blocks.filter_blocks(self.blocks, keep)
+                return
+            self.unblock()  # a new row order: blocks hold contiguous rows
         if self.keys is not None:
             rows = mx.array(rows)
             self.keys = self.keys[rows]
@@ -176,6 +255,10 @@ class KVCache(FullSlotFrame):
 
     def drop_leading(self, n):
         """Drop the first ``n`` slots (padding every row shares)."""
+        if n > 0 and self.blocks is not None:
+            row_blocks.drop_leading(self.blocks, n)
+            self.size -= n
+            return
         if n <= 0 or self.keys is None:
             return
         self.keys = self.keys[..., n : self.size, :]
@@ -190,10 +273,18 @@ class KVCache(FullSlotFrame):
         """
         size = max(self.size, other.size)
         pads = (size - self.size, size - other.size)
+        if self.empty() or other.empty():
+            raise ValueError("cannot extend an empty cache: prefill both first")
+        if (self.blocks is not None or other.blocks is not None) and \
+                type(self) is KVCache and type(other) is KVCache:
+            # Blocks join without a copy: each side's padding is a later first slot.
+            self.blocks = row_blocks.joined(self.as_blocks(), other.as_blocks(), pads,
+                                            self.batch_size)
+            self.keys = self.values = None
+            self.size = size
+            return pads
         parts = []
         for cache, pad in ((self, pads[0]), (other, pads[1])):
-            if cache.keys is None:
-                raise ValueError("cannot extend an empty cache: prefill both first")
             k, v = cache.state
             parts.append((pad_left(k, pad), pad_left(v, pad)))
         self.keys = mx.concatenate([parts[0][0], parts[1][0]], axis=0)
@@ -201,8 +292,29 @@ class KVCache(FullSlotFrame):
         self.size = size
         return pads
 
+    def to_blocks(self):
+        """Hold the slots as row blocks (a rectangle becomes one block, no copy), so
+        that rows joining later (``extend``) keep buffers of their own."""
+        if self.blocks is None and self.keys is not None and type(self) is KVCache:
+            self.blocks = self.as_blocks()
+            self.keys = self.values = None
+
+    def merge_blocks(self, spans):
+        """Store each span ``(i, j)`` of neighbouring row blocks as one block (see
+        ``row_blocks.plan_merges``)."""
+        if self.blocks is not None:
+            self.blocks = row_blocks.merged(self.blocks, spans)
+
+    def as_blocks(self):
+        """The slots as row blocks (a rectangle is one block of every row)."""
+        if self.blocks is not None:
+            return self.blocks
+        return [row_blocks.RowBlock(0, self.keys.shape[0], 0, self.keys, self.values)]
+
     @property
     def nbytes(self):
+        if self.blocks is not None:
+            return row_blocks.nbytes(self.blocks)
         if self.keys is None:
             return 0
         return self.keys.nbytes + self.values.nbytes

@@ -75,9 +75,9 @@ def _empty_like(c):
 
 
 def _row_of_full(c, row, pad):
-    k, v = c.state
+    k, v = c.row_slots(row, pad)
     new = KVCache()
-    new.state = [mx.contiguous(k[row : row + 1, :, pad:]), mx.contiguous(v[row : row + 1, :, pad:])]
+    new.state = [mx.contiguous(k), mx.contiguous(v)]
     return new
 
 

@@ -20,16 +20,25 @@ class RowsView(KVCache):
     the view is an ordinary full cache whose slot 0 is the parent's ``first_slot``;
     the parent's slots before it stay zero and are padding of those rows. The parent
     holds the slots the views have written.
+
+    With ``own_block`` (a full ``KVCache`` parent) the group's rows go to a buffer of
+    their own from ``first_slot`` on (``KVCache.add_block``, ``row_blocks.py``), so the
+    parent never holds the slots before it; else the first group allocates the
+    parent's rectangle of every row.
     """
 
-    def __init__(self, parent, start, stop, first_slot, batch_size, total):
+    def __init__(self, parent, start, stop, first_slot, batch_size, total, own_block=False):
         super().__init__()
         self.parent, self.start, self.stop = parent, start, stop
         self.first, self.rows, self.total = first_slot, batch_size, total
+        self.own_block = own_block and type(parent) is KVCache
+        self.block = None
 
     def update_and_fetch(self, keys, values):
         p = self.parent
         begin, end = self.first + self.size, self.first + self.size + keys.shape[2]
+        if self.own_block:
+            return self._block_update(keys, values, begin, end)
         if p.keys is None:  # the first group allocates what all groups fill
             p.allocate(max(end, self.total), keys, values, batch=self.rows)
         elif end > p.keys.shape[2]:
@@ -41,9 +50,25 @@ class RowsView(KVCache):
         p.size = max(p.size, end)
         return p.keys[rows, :, self.first : end, :], p.values[rows, :, self.first : end, :]
 
+    def _block_update(self, keys, values, begin, end):
+        p = self.parent
+        if self.block is None:  # sized for every column of the prompt and what follows
+            self.block = p.add_block(self.start, self.stop, self.first, keys, values,
+                                     max(end, self.total + 1))
+        b = self.block
+        if end - b.first > b.keys.shape[2]:
+            raise ValueError(f"a RowsView cannot grow its block past {b.keys.shape[2]} slots")
+        b.keys[..., begin - b.first : end - b.first, :] = keys
+        b.values[..., begin - b.first : end - b.first, :] = values
+        self.size += keys.shape[2]
+        p.size = max(p.size, end)
+        return b.keys[..., : end - b.first, :], b.values[..., : end - b.first, :]
+
     @property
     def state(self):
         # The whole buffers: evaluating them runs this group's writes.
+        if self.block is not None:
+            return [self.block.keys, self.block.values]
         return [self.parent.keys, self.parent.values]
 
 
@@ -91,13 +116,14 @@ def has_rows_view(cache, slots):
     return type(cache) in (KVCache, StateCache)
 
 
-def rows_view(cache, start, stop, first_slot, batch_size, total):
+def rows_view(cache, start, stop, first_slot, batch_size, total, own_block=False):
     """The view of rows ``[start, stop)`` from slot ``first_slot`` of a fresh layer cache
     of ``batch_size`` rows that the groups fill to ``total`` slots (see
-    ``has_rows_view``)."""
+    ``has_rows_view``); ``own_block``: a full key/value cache stores the group in a
+    buffer of its own (``RowsView``)."""
     if type(cache) is StateCache:
         return StateRowsView(cache, start, stop, first_slot, batch_size)
-    return RowsView(cache, start, stop, first_slot, batch_size, total)
+    return RowsView(cache, start, stop, first_slot, batch_size, total, own_block)
 
 
 class ShiftedView:

@@ -15,6 +15,7 @@ import mlx.core as mx
 from ..cache.factory import make_prompt_cache
 from ..cache.kv import KVCache
 from ..cache.prompt_cache import as_prompt_cache
+from ..cache.row_blocks import plan_merges
 from ..cache.quantized import (QuantizedKVCache, check_kv_quantization, quantize_prompt_cache,
                                to_quantized)
 from ..cache.rows import cache_nbytes, extract_row
@@ -160,15 +161,50 @@ class BatchEngine:
         """
         self._decode_groups = None
         padding = self.cache.padding
-        if padding is None or mx.default_device() != mx.cpu or len(padding) < 2:
+        if padding is None or not self.groups_rows():
             return
-        if not all(type(c) is KVCache for c in self.cache):
-            return
-        keys = max(padding) + 1  # any count above every row's padding plans the same
-        lengths = [keys - p for p in padding]
-        groups = plan_prefill_groups(lengths, DECODE_GROUP_OVERHEAD_KEYS, float("inf"))
-        if len(groups) > 1:
-            self._decode_groups = [(a, b, min(padding[a:b])) for a, b in groups]
+        blocks = self._row_blocks()
+        if blocks is not None:
+            # One group per row block (it reads the block's buffer): neighbouring blocks
+            # merge where one attention call over both costs less than two.
+            spans = plan_merges(blocks, self.cache.slots, DECODE_GROUP_OVERHEAD_KEYS)
+            if len(spans) < len(blocks):
+                for c in self.cache:
+                    c.merge_blocks(spans)
+                blocks = self._row_blocks()
+            self._decode_groups = [(b.start, b.stop, min(padding[b.start:b.stop]))
+                                   for b in blocks]
+        elif len(padding) > 1:
+            groups = _plan_decode_groups(padding, 0, len(padding))
+            if len(groups) > 1:
+                self._decode_groups = groups
+
+    def groups_rows(self):
+        """True when decode attention runs by row groups and fresh prompts are stored
+        by row blocks (``cache/row_blocks.py``): on the CPU, for models whose caches are
+        all full key/value caches (devices with fused attention keep one call; ring
+        caches do not hold their slots in order)."""
+        return mx.default_device() == mx.cpu and all(type(c) is KVCache for c in self.cache)
+
+    def _row_blocks(self):
+        """The row blocks of the first layer cache stored by them (all such layers
+        have the same), or None."""
+        return next((c.blocks for c in self.cache if getattr(c, "blocks", None) is not None),
+                    None)
+
+    def block_groups(self):
+        """One attention row group per row block, for a call before the rows' padding is
+        recorded (a prefill's last column), or None when the caches hold no blocks."""
+        blocks = self._row_blocks()
+        if blocks is None or not self.groups_rows():
+            return None
+        B = self.cache[0].batch_size
+        covered = [(b.start, b.stop, b.first) for b in blocks]
+        # Rows with no block yet (nothing before their last column) get one at the call.
+        starts = [0] + [b.stop for b in blocks]
+        stops = [b.start for b in blocks] + [B]
+        gaps = [(a, z, self.cache[0].size) for a, z in zip(starts, stops) if z > a]
+        return sorted(covered + gaps)
 
     def extract_row(self, row):
         """Row ``row``'s caches as a one-row prompt cache without padding (see
@@ -200,6 +236,11 @@ class BatchEngine:
         """
         mine, theirs = self.rows, other.rows
         self._match_quantization(other.cache)
+        if self.groups_rows() and other.groups_rows():
+            # Each side's rows keep their own buffers: the join copies nothing and the
+            # short rows never take the long rows' slots (``cache/row_blocks.py``).
+            for c in [*self.cache, *other.cache]:
+                c.to_blocks()
         self.cache.extend(other.cache)
         self.sampling.extend(other.sampling)
         if self.row_ids is not None or other.row_ids is not None:
@@ -220,6 +261,16 @@ class BatchEngine:
                 other[i] = to_quantized(b, a.group_size, a.bits)
             elif qb and not qa:
                 self.cache[i] = to_quantized(a, b.group_size, b.bits)
+
+
+def _plan_decode_groups(padding, start, stop):
+    """Decode attention groups ``(start, stop, first_slot)`` of rows ``[start, stop)``:
+    the split that least costs attending the slots padding for a whole group."""
+    rows = padding[start:stop]
+    keys = max(rows) + 1  # any count above every row's padding plans the same
+    groups = plan_prefill_groups([keys - p for p in rows], DECODE_GROUP_OVERHEAD_KEYS,
+                                 float("inf"))
+    return [(start + a, start + b, min(rows[a:b])) for a, b in groups]
 
 
 class KVQuantization:

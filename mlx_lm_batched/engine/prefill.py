@@ -21,6 +21,7 @@ import mlx.core as mx
 
 from ..cache.views import ShiftedView, has_rows_view, rows_view
 from ..layers.lora import adapter_rows
+from ..layers.step import StepAttention
 from .prefill_plan import plan_prefill_groups
 from .prompt_scores import PromptScores
 
@@ -75,8 +76,10 @@ class PrefillJob:
                   *[c for c in self.cuts if c > col] or [limit])
         return end - col
 
-    def _call(self, tokens, offset, cache, cols, rows=slice(None)):
+    def _call(self, tokens, offset, cache, cols, rows=slice(None), groups=None):
         kwargs = {}
+        if groups:  # caches stored by row blocks: attention reads them by group
+            kwargs["attention"] = StepAttention(row_groups=groups)
         if self.embeddings is not None:
             kwargs["input_embeddings"] = self.embeddings[rows, cols]
         with adapter_rows(self.engine.adapter_slots(rows)):
@@ -130,7 +133,8 @@ class PrefillJob:
             self._fed_up_to(done)
             self.progress = (done, L)
             yield
-        logits = self._call(tokens, base + done, cache, slice(done, None))
+        logits = self._call(tokens, base + done, cache, slice(done, None),
+                            groups=engine.block_groups())
         engine.quantize_caches()
         self.calls += 1
         cache.add_padding(pad)
@@ -148,12 +152,15 @@ class PrefillJob:
         groups = plan_prefill_groups(lengths)
         total = sum((stop - start) * max(lengths[start:stop]) for start, stop in groups)
         processed = 0
+        # Each group's rows in a buffer of their own (one group: the usual rectangle).
+        own_block = len(groups) > 1 and engine.groups_rows()
         for start, stop in groups:
             longest = max(lengths[start:stop])
             if longest == 0:
                 continue  # one-token prompts: nothing before their last token
             first = width - longest
-            views = [rows_view(c, start, stop, first, B, width) for c in engine.cache]
+            views = [rows_view(c, start, stop, first, B, width, own_block)
+                     for c in engine.cache]
             offset = base[start:stop] + first
             done = 0
             while done < longest:

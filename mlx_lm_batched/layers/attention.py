@@ -33,14 +33,31 @@ def scaled_dot_product_attention(q, k, v, scale, mask, softcap=None, sinks=None)
 
 def grouped_attention(q, k, v, scale, mask, softcap, sinks, groups):
     """Attention by contiguous row groups ``(start, stop, first_slot)``: each group
-    skips the key slots before ``first_slot``, padding (masked) for all its rows."""
+    skips the key slots before ``first_slot``, padding (masked) for all its rows.
+    ``k``/``v``: all rows' keys and values, or per group its rows' from ``first_slot``
+    on (a cache stored by row blocks, ``KVCache.update_and_fetch_groups``)."""
     outs = []
-    for start, stop, first in groups:
+    for i, (start, stop, first) in enumerate(groups):
         rows = slice(start, stop)
-        outs.append(scaled_dot_product_attention(
-            q[rows], k[rows, :, first:], v[rows, :, first:], scale, mask[rows, ..., first:],
-            softcap, sinks))
+        if isinstance(k, list):
+            k_g, v_g = k[i], v[i]
+        else:
+            k_g, v_g = k[rows, :, first:], v[rows, :, first:]
+        mask_g = None if mask is None else mask[rows, ..., first:]
+        outs.append(scaled_dot_product_attention(q[rows], k_g, v_g, scale, mask_g, softcap,
+                                                 sinks))
     return mx.concatenate(outs, axis=0)
+
+
+def step_row_groups(attention, q, mask):
+    """The step's decode row groups when grouped attention applies to queries ``q``
+    ``(B, heads, L, D)`` under ``mask``: one query per row and a per-row mask (or none)."""
+    B, _, L, _ = q.shape
+    groups = attention.row_groups if attention is not None and L == 1 else None
+    if groups and (mask is None or (isinstance(mask, mx.array) and mask.ndim == 4
+                                    and mask.shape[0] == B)):
+        return groups
+    return None
 
 
 class Attention(nn.Module):
@@ -139,7 +156,12 @@ class Attention(nn.Module):
             v = self.v_norm(v)
         v = v.transpose(0, 2, 1, 3)
         if cache is not None:
-            k, v = update_kv(cache, k, v, offset)
+            groups = step_row_groups(attention, q, mask)
+            if groups and getattr(cache, "blocks", None) is not None:
+                # Stored by row blocks: each group's keys come from its block.
+                k, v = cache.update_and_fetch_groups(k, v, groups)
+            else:
+                k, v = update_kv(cache, k, v, offset)
         return self._attend(q, k, v, mask, attention, output_gate)
 
     def _attend(self, q, k, v, mask, attention, output_gate=None):
@@ -147,8 +169,8 @@ class Attention(nn.Module):
         and values, times ``output_gate`` when given, then ``o_proj``."""
         B, _, L, _ = q.shape
         sinks = self.sinks.astype(q.dtype) if "sinks" in self else None
-        groups = attention.row_groups if attention is not None and L == 1 else None
-        if groups and mask is not None and mask.ndim == 4 and mask.shape[0] == B:
+        groups = step_row_groups(attention, q, mask)
+        if groups:
             out = grouped_attention(q, k, v, self.scale, mask, self.softcap, sinks, groups)
         else:
             out = scaled_dot_product_attention(q, k, v, self.scale, mask, self.softcap, sinks)

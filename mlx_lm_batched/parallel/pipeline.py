@@ -130,6 +130,7 @@ class _DecodeRows:
         wrapped = isinstance(p, RotatingKVCache) and S >= p.max_size
         slot, held = (S % p.max_size, p.max_size) if wrapped else (S, S + 1)
         if not wrapped:
+            p.unblock()  # micro-batches write one rectangle (no-op for rings)
             p.allocate(S + 1, keys, values, batch=self.batch)
         rows = slice(self.start, self.stop)
         p.keys[rows, :, slot:slot + 1, :] = keys

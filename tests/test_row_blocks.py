@@ -1,0 +1,122 @@
+"""Full key/value caches stored by row blocks (``cache/row_blocks.py``): a batch of mixed
+prompt lengths keeps about the ideal cache (each row's own tokens), and every path that
+reads or reshapes a layer cache (decode, join, filter, extract, save) gives what
+the rows give alone. Real SmolLM2 weights (float32)."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from conftest import corpus_prompts
+from mlx_lm_batched.cache.files import load_prompt_cache, save_prompt_cache
+from mlx_lm_batched.engine.batch_engine import BatchEngine
+from mlx_lm_batched.engine.kv_budget import cache_bytes
+from mlx_lm_batched.engine.prefill_plan import left_pad
+from mlx_lm_batched.models.cache import make_prompt_cache
+
+LENGTHS = [5, 9, 30, 34, 120, 128, 300, 310]
+STEPS = 6
+
+
+def _alone(model, prompt, steps=STEPS + 2):
+    """Tokens and per-step logits of ``prompt`` alone (one row, one rectangle)."""
+    engine = BatchEngine(model)
+    engine.reserve(steps)
+    y, _ = engine.prefill(mx.array([prompt]))
+    tokens, logits = [y.item()], []
+    for _ in range(steps):
+        y, lp = engine.step(y)
+        tokens.append(y.item())
+        logits.append(np.array(lp[0]))
+    return tokens, logits
+
+
+def _batch(model, prompts, steps=STEPS):
+    engine = BatchEngine(model)
+    engine.reserve(steps)
+    tokens, padding = left_pad(prompts)
+    y, _ = engine.prefill(tokens, padding)
+    return engine, y
+
+
+def _decode(engine, y, steps=STEPS):
+    tokens, logits = [[t] for t in y.tolist()], [[] for _ in range(engine.rows)]
+    for _ in range(steps):
+        y, lp = engine.step(y)
+        for row, t in enumerate(y.tolist()):
+            tokens[row].append(t)
+            logits[row].append(np.array(lp[row]))
+    return tokens, logits, y
+
+
+@pytest.fixture(scope="module")
+def smol(float_models):
+    model, tokenizer = float_models["smollm2"]
+    prompts = sorted(corpus_prompts(tokenizer, LENGTHS), key=len)
+    return model, prompts, [_alone(model, p) for p in prompts]
+
+
+def test_batch_keeps_about_the_ideal_cache_and_each_rows_logits(smol):
+    model, prompts, alone = smol
+    engine, y = _batch(model, prompts)
+    blocks = engine.cache[0].blocks
+    assert blocks is not None and len(blocks) >= 2 and blocks[0].first > 0
+    assert all(c.blocks is not None and len(c.blocks) == len(blocks) for c in engine.cache)
+    tokens, logits, _ = _decode(engine, y)
+    for row, (want_tokens, want_logits) in enumerate(alone):
+        assert tokens[row] == want_tokens[:STEPS + 1]
+        np.testing.assert_allclose(np.stack(logits[row]), np.stack(want_logits[:STEPS]),
+                                   atol=1e-4)
+    # The rectangle would hold every row at the longest row's slots; the blocks hold
+    # each row from its block's first slot: within 1.2x the rows' own caches here.
+    slots = engine.cache.slots
+    ideal = sum(sum(cache_bytes(model, make_prompt_cache(model), 1, n + STEPS + 1))
+                for n in map(len, prompts))
+    rectangle = sum(cache_bytes(model, make_prompt_cache(model), len(prompts), slots))
+    assert engine.nbytes <= 1.2 * ideal < 0.6 * rectangle
+
+
+def test_rows_join_mid_decode_and_leave(smol):
+    model, prompts, alone = smol
+    first, y1 = _batch(model, prompts[:4])
+    second, y2 = _batch(model, prompts[4:])
+    t1, _, y1 = _decode(first, y1, 2)
+    first.extend(second)  # rows join without copying: their blocks move after ours
+    assert first.cache[0].blocks is not None and first.rows == len(prompts)
+    y = mx.concatenate([y1, y2])
+    tokens, logits, y = _decode(first, y, 3)
+    for row in range(4):
+        assert t1[row] + tokens[row][1:] == alone[row][0][:6]
+    for row in range(4, 8):
+        assert tokens[row] == alone[row][0][:4]
+        np.testing.assert_allclose(np.stack(logits[row]), np.stack(alone[row][1][:3]), atol=1e-4)
+    # Rows leave (kept in order: blocks filter in place) and the rest continue exactly.
+    keep = [1, 4, 6]
+    first.filter(keep)
+    assert first.cache[0].blocks is not None
+    more, _, _ = _decode(first, y[mx.array(keep)], 2)
+    for row, orig in enumerate(keep):
+        done = 6 if orig < 4 else 4
+        assert more[row][1:] == alone[orig][0][done:done + 2]
+
+
+def test_extract_save_and_reorder_see_the_rows_alone(smol, tmp_path):
+    model, prompts, alone = smol
+    engine, y = _batch(model, prompts)
+    _decode(engine, y, 2)
+    for row in (0, 3, 7):  # one row's cache: exactly its tokens, as a prompt cache alone
+        cache = engine.extract_row(row)
+        assert cache[0].size == len(prompts[row]) + 2
+    # A saved batch cache is the rectangle (mlx-lm's layout) and continues every row.
+    path = str(tmp_path / "batch.safetensors")
+    save_prompt_cache(path, engine.cache)
+    loaded = load_prompt_cache(path)
+    assert loaded[0].blocks is None and loaded.padding == engine.cache.padding
+    for c, d in zip(engine.cache, loaded):
+        np.testing.assert_array_equal(np.array(c.state[0]), np.array(d.state[0]))
+    # Rows in a new order: one rectangle (blocks hold contiguous rows), same rows.
+    engine.filter([7, 0, 3])
+    assert engine.cache[0].blocks is None
+    y = mx.array([alone[7][0][2], alone[0][0][2], alone[3][0][2]])
+    tokens, _, _ = _decode(engine, y, 2)
+    assert [t[1:] for t in tokens] == [alone[r][0][3:5] for r in (7, 0, 3)]
