@@ -301,7 +301,7 @@ class KVCache(FullSlotFrame):
 
     def merge_blocks(self, spans):
         """Store each span ``(i, j)`` of neighbouring row blocks as one block (see
-        ``row_blocks.plan_merges``)."""
+        ``engine.prefill_plan.plan_block_merges``)."""
         if self.blocks is not None:
             self.blocks = row_blocks.merged(self.blocks, spans)
 

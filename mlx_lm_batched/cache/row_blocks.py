@@ -173,31 +173,10 @@ def joined(ours, theirs, pads, rows):
     return out
 
 
-def plan_merges(blocks, size, overhead):
-    """Spans ``(i, j)`` of neighbouring blocks to merge (``j`` exclusive) so that decode
-    attention, one call per block, costs least: a call costs ``overhead`` plus its rows
-    times the slots from the merged block's first to ``size`` (dynamic programming over
-    the block order, as ``plan_prefill_groups`` over rows)."""
-    n = len(blocks)
-    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
-    for stop in range(1, n + 1):
-        rows, first = 0, size
-        for start in range(stop - 1, -1, -1):
-            rows += blocks[start].rows
-            first = min(first, blocks[start].first)
-            cost = best[start] + rows * (size - first) + overhead
-            if cost < best[stop]:
-                best[stop], cut[stop] = cost, start
-    spans, stop = [], n
-    while stop > 0:
-        spans.append((cut[stop], stop))
-        stop = cut[stop]
-    return spans[::-1]
-
-
 def merged(blocks, spans):
     """``blocks`` with each span ``(i, j)`` of neighbours stored as one block (a copy of
-    their slots, padded to the span's earliest first slot)."""
+    their slots, padded to the span's earliest first slot; the engine plans the spans,
+    ``engine.prefill_plan.plan_block_merges``)."""
     return [blocks[i] if j == i + 1 else _merge(blocks[i:j]) for i, j in spans]
 
 

@@ -15,7 +15,6 @@ import mlx.core as mx
 from ..cache.factory import make_prompt_cache
 from ..cache.kv import KVCache
 from ..cache.prompt_cache import as_prompt_cache
-from ..cache.row_blocks import plan_merges
 from ..cache.quantized import (QuantizedKVCache, check_kv_quantization, quantize_prompt_cache,
                                to_quantized)
 from ..cache.rows import cache_nbytes, extract_row
@@ -24,7 +23,7 @@ from ..layers.step import StepAttention
 from ..models.context import context_length
 from .kv_budget import check_kv_fits
 from .prefill import PrefillJob
-from .prefill_plan import DECODE_GROUP_OVERHEAD_KEYS, plan_prefill_groups
+from .prefill_plan import DECODE_GROUP_OVERHEAD_KEYS, plan_block_merges, plan_prefill_groups
 from .sampling import SharedSampling
 
 
@@ -167,7 +166,7 @@ class BatchEngine:
         if blocks is not None:
             # One group per row block (it reads the block's buffer): neighbouring blocks
             # merge where one attention call over both costs less than two.
-            spans = plan_merges(blocks, self.cache.slots, DECODE_GROUP_OVERHEAD_KEYS)
+            spans = plan_block_merges(blocks, self.cache.slots)
             if len(spans) < len(blocks):
                 for c in self.cache:
                     c.merge_blocks(spans)

@@ -24,6 +24,24 @@ def left_pad(prompts, pad_id=0):
     return mx.array(rows, dtype=mx.int32), padding
 
 
+def cheapest_spans(n, span_costs):
+    """Split ``n`` units (in order) into contiguous ``(start, stop)`` spans of least total
+    cost (dynamic programming). ``span_costs(stop)`` yields ``(start, cost)`` of the spans
+    ending at ``stop``, for ``start`` from ``stop - 1`` down, and stops yielding where
+    longer spans are not allowed."""
+    best = [0.0] + [float("inf")] * n
+    cut = [0] * (n + 1)
+    for stop in range(1, n + 1):
+        for start, cost in span_costs(stop):
+            if best[start] + cost < best[stop]:
+                best[stop], cut[stop] = best[start] + cost, start
+    spans, stop = [], n
+    while stop > 0:
+        spans.append((cut[stop], stop))
+        stop = cut[stop]
+    return spans[::-1]
+
+
 def plan_prefill_groups(lengths, overhead=None, budget=None):
     """Split rows into contiguous ``(start, stop)`` groups for prefill.
 
@@ -37,21 +55,29 @@ def plan_prefill_groups(lengths, overhead=None, budget=None):
     if budget is None:
         cpu = mx.default_device() == mx.cpu
         budget = GROUP_TOKEN_BUDGET_CPU if cpu else GROUP_TOKEN_BUDGET
-    n = len(lengths)
-    best = [0.0] + [float("inf")] * n
-    cut = [0] * (n + 1)
-    for stop in range(1, n + 1):
+
+    def span_costs(stop):
         longest = 0
         for start in range(stop - 1, -1, -1):
             longest = max(longest, lengths[start])
             rows = stop - start
             if rows > 1 and rows * longest > budget:
-                break  # adding rows only grows the group
-            cost = best[start] + rows * longest + (overhead if longest else 0)
-            if cost < best[stop]:
-                best[stop], cut[stop] = cost, start
-    groups, stop = [], n
-    while stop > 0:
-        groups.append((cut[stop], stop))
-        stop = cut[stop]
-    return groups[::-1]
+                return  # adding rows only grows the group
+            yield start, rows * longest + (overhead if longest else 0)
+
+    return cheapest_spans(len(lengths), span_costs)
+
+
+def plan_block_merges(blocks, slots, overhead=DECODE_GROUP_OVERHEAD_KEYS):
+    """Spans ``(i, j)`` of neighbouring row blocks (``cache/row_blocks.py``) to store as
+    one (``j`` exclusive) so that decode attention, one call per block, costs least: a
+    call costs ``overhead`` plus its rows times the slots from the merged block's first
+    to ``slots``."""
+    def span_costs(stop):
+        rows, first = 0, slots
+        for start in range(stop - 1, -1, -1):
+            rows += blocks[start].rows
+            first = min(first, blocks[start].first)
+            yield start, rows * (slots - first) + overhead
+
+    return cheapest_spans(len(blocks), span_costs)
