@@ -9,6 +9,8 @@ import pytest
 
 from conftest import corpus_prompts
 from mlx_lm_batched.cache.files import load_prompt_cache, save_prompt_cache
+from mlx_lm_batched.cache.kv import KVCache
+from mlx_lm_batched.cache.views import RowsView
 from mlx_lm_batched.engine.batch_engine import BatchEngine
 from mlx_lm_batched.engine.kv_budget import cache_bytes
 from mlx_lm_batched.engine.prefill_plan import left_pad
@@ -120,3 +122,36 @@ def test_extract_save_and_reorder_see_the_rows_alone(smol, tmp_path):
     y = mx.array([alone[7][0][2], alone[0][0][2], alone[3][0][2]])
     tokens, _, _ = _decode(engine, y, 2)
     assert [t[1:] for t in tokens] == [alone[r][0][3:5] for r in (7, 0, 3)]
+
+
+def test_rows_with_only_a_last_token_join_their_blocks(smol, float_models):
+    # One-token prompts have nothing before their last column, so no prefill group
+    # writes them; placed after the others (unsorted rows), they get their block at the
+    # last column's call, grouped (shared attention) or not (a layer that fetches every
+    # row at once turns the blocks into the rectangle).
+    model, prompts, alone = smol
+    one = [prompts[0][-1:]]
+    rows = [prompts[3], prompts[2], one[0]]
+    engine, y = _batch(model, rows)
+    tokens, logits, _ = _decode(engine, y, 3)
+    assert tokens[0] == alone[3][0][:4] and tokens[1] == alone[2][0][:4]
+    assert tokens[2] == _alone(model, one[0], 3)[0]
+
+
+def test_fetching_every_row_covers_rows_no_block_holds():
+    # Rows 0-1 prefilled from slot 1 in their own block; row 2 (a one-token prompt) has
+    # none yet. A layer fetching every row at once gets the rectangle with row 2's
+    # earlier slots as padding (zeros) and its new key after them.
+    c = KVCache()
+    c.reserve(5)
+    prefix = mx.arange(12, dtype=mx.float32).reshape(2, 1, 3, 2) + 1
+    RowsView(c, 0, 2, 1, 3, 4, own_block=True).update_and_fetch(prefix, prefix)
+    assert c.blocks is not None and c.size == 4
+    new = mx.full((3, 1, 1, 2), -1.0)
+    keys, values = c.update_and_fetch(new, new)
+    assert c.blocks is None and keys.shape == (3, 1, 5, 2)
+    want = np.zeros((3, 1, 5, 2), np.float32)
+    want[:2, :, 1:4] = np.array(prefix)
+    want[:, :, 4] = -1
+    np.testing.assert_array_equal(np.array(keys), want)
+    np.testing.assert_array_equal(np.array(values), want)

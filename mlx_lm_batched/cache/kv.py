@@ -135,8 +135,12 @@ class KVCache(FullSlotFrame):
 
     def update_and_fetch(self, keys, values):
         """Append ``(B, H, L, D)`` keys/values; return all cached keys/values."""
-        self.unblock()
         end = self.size + keys.shape[2]
+        if self.blocks is not None:  # every row at once: one rectangle from now on
+            row_blocks.write(self.blocks, keys, values, self.size, self._capacity)
+            self.size = end
+            self.unblock()
+            return self.keys, self.values
         self.allocate(end, keys, values)
         self.keys[..., self.size : end, :] = keys
         self.values[..., self.size : end, :] = values

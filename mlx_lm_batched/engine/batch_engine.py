@@ -191,17 +191,17 @@ class BatchEngine:
         return next((c.blocks for c in self.cache if getattr(c, "blocks", None) is not None),
                     None)
 
-    def block_groups(self):
-        """One attention row group per row block, for a call before the rows' padding is
-        recorded (a prefill's last column), or None when the caches hold no blocks."""
+    def block_groups(self, rows):
+        """One attention row group per row block, for a call on ``rows`` rows before
+        their padding is recorded (a prefill's last column), or None when the caches
+        hold no blocks."""
         blocks = self._row_blocks()
         if blocks is None or not self.groups_rows():
             return None
-        B = self.cache[0].batch_size
         covered = [(b.start, b.stop, b.first) for b in blocks]
         # Rows with no block yet (nothing before their last column) get one at the call.
         starts = [0] + [b.stop for b in blocks]
-        stops = [b.start for b in blocks] + [B]
+        stops = [b.start for b in blocks] + [rows]
         gaps = [(a, z, self.cache[0].size) for a, z in zip(starts, stops) if z > a]
         return sorted(covered + gaps)
 

@@ -134,7 +134,7 @@ class PrefillJob:
             self.progress = (done, L)
             yield
         logits = self._call(tokens, base + done, cache, slice(done, None),
-                            groups=engine.block_groups())
+                            groups=engine.block_groups(B))
         engine.quantize_caches()
         self.calls += 1
         cache.add_padding(pad)
