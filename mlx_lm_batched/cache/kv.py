@@ -23,6 +23,7 @@ and appending a chunk whose rows start at different columns (``update_shifted``)
 import mlx.core as mx
 
 from . import row_blocks
+from .row_blocks import pad_left
 from .protocol import FullSlotFrame
 
 # Slots a cache allocates beyond those needed when the driver expects more: bounded,
@@ -30,14 +31,6 @@ from .protocol import FullSlotFrame
 # that growing (one copy of the cache) happens once per this many decode steps; each
 # decode step reads the whole cache anyway, so the copies cost well under 1%.
 RESERVE_AHEAD = 256
-
-
-def pad_left(x, n):
-    """Prepend ``n`` zero slots on the sequence axis (axis 2)."""
-    if n == 0 or x is None:
-        return x
-    pad = mx.zeros((*x.shape[:2], n, x.shape[3]), dtype=x.dtype)
-    return mx.concatenate([pad, x], axis=2)
 
 
 def shift_rows(old, new, shift):
@@ -155,13 +148,12 @@ class KVCache(FullSlotFrame):
         if self.blocks is not None:
             end = self.size + keys.shape[2]
             row_blocks.write(self.blocks, keys, values, self.size, self._capacity)
+            self.size = end
             parts = row_blocks.fetch_groups(self.blocks, groups, end)
             if parts is not None:
-                self.size = end
                 return parts
-            self.size = end  # the groups do not fit the blocks: one rectangle
-            self.unblock()
-            k, v = self.keys[..., :end, :], self.values[..., :end, :]
+            self.unblock()  # the groups do not fit the blocks: one rectangle
+            k, v = self.keys, self.values
         else:
             k, v = self.update_and_fetch(keys, values)
         return ([k[a:b, :, f:] for a, b, f in groups], [v[a:b, :, f:] for a, b, f in groups])
@@ -225,23 +217,15 @@ class KVCache(FullSlotFrame):
         self.keys, self.values = value
         self.size = self.keys.shape[2]
 
-    def buffers(self):
-        """The arrays holding the slots (to evaluate pending writes), in any layout."""
-        if self.blocks is not None:
-            return [a for b in self.blocks for a in (b.keys, b.values)]
-        return [] if self.keys is None else [self.keys, self.values]
-
     def is_trimmable(self):
         return True
 
     def trim(self, n):
         """Drop the last ``n`` slots; returns how many were dropped."""
         n = min(self.size, n)
+        if self.blocks is not None and any(b.first > self.size - n for b in self.blocks):
+            self.unblock()  # later writes to those rows would land before their block
         self.size -= n
-        if self.blocks is not None and any(b.first > self.size for b in self.blocks):
-            self.size += n  # later writes to those rows would land before their block
-            self.unblock()
-            self.size -= n
         return n
 
     def filter(self, rows):

@@ -45,34 +45,33 @@ def new_block(start, stop, first, keys, values, capacity):
                     mx.zeros((*shape, values.shape[3]), values.dtype))
 
 
+def pad_left(x, n):
+    """Prepend ``n`` zero slots on the sequence axis (axis 2)."""
+    if n == 0 or x is None:
+        return x
+    pad = mx.zeros((*x.shape[:2], n, x.shape[3]), dtype=x.dtype)
+    return mx.concatenate([pad, x], axis=2)
+
+
 def materialize(blocks, size):
     """The blocks' slots ``[0, size)`` as one ``(keys, values)`` rectangle (zeros where a
     block does not store: padding of all its rows)."""
     parts_k, parts_v = [], []
     for b in blocks:
         held = max(0, size - b.first)
-        k, v = b.keys[..., :held, :], b.values[..., :held, :]
-        pad = size - held
-        if pad:
-            k = mx.concatenate([mx.zeros((*k.shape[:2], pad, k.shape[3]), k.dtype), k], axis=2)
-            v = mx.concatenate([mx.zeros((*v.shape[:2], pad, v.shape[3]), v.dtype), v], axis=2)
-        parts_k.append(k)
-        parts_v.append(v)
+        parts_k.append(pad_left(b.keys[..., :held, :], size - held))
+        parts_v.append(pad_left(b.values[..., :held, :], size - held))
     return mx.concatenate(parts_k, axis=0), mx.concatenate(parts_v, axis=0)
 
 
 def grow(block, needed, capacity):
-    """Make ``block`` hold at least ``needed`` slots from its first (``capacity``: how
-    many to allocate when it must grow), keeping the ``kept`` slots it holds."""
-    if needed <= block.keys.shape[2]:
+    """Make ``block`` hold at least ``needed`` slots from its first: when it must grow,
+    ``capacity`` slots, its held slots first and zeros after."""
+    held = block.keys.shape[2]
+    if needed <= held:
         return
-    k, v = block.keys, block.values
-    new_k = mx.zeros((k.shape[0], k.shape[1], capacity, k.shape[3]), k.dtype)
-    new_v = mx.zeros((v.shape[0], v.shape[1], capacity, v.shape[3]), v.dtype)
-    held = k.shape[2]
-    new_k[..., :held, :] = k
-    new_v[..., :held, :] = v
-    block.keys, block.values = new_k, new_v
+    widths = [(0, 0), (0, 0), (0, capacity - held), (0, 0)]
+    block.keys, block.values = mx.pad(block.keys, widths), mx.pad(block.values, widths)
 
 
 def write(blocks, keys, values, size, capacity_for):
@@ -92,18 +91,19 @@ def write(blocks, keys, values, size, capacity_for):
         b.values[..., begin - b.first : end - b.first, :] = values[rows, :, cols]
 
 
+def uncovered(blocks, rows):
+    """The ``(start, stop)`` row ranges of a batch of ``rows`` rows that no block holds
+    (a grouped prefill's rows with nothing before their last column)."""
+    starts = [0] + [b.stop for b in blocks]
+    stops = [b.start for b in blocks] + [rows]
+    return [(a, z) for a, z in zip(starts, stops) if z > a]
+
+
 def _cover(blocks, keys, values, size, capacity):
-    """Give rows no block holds (a grouped prefill's rows with nothing before their
-    last column) a block from slot ``size``: they held only padding so far."""
-    rows, covered, gaps = keys.shape[0], 0, []
-    for b in blocks:
-        if b.start > covered:
-            gaps.append((covered, b.start))
-        covered = b.stop
-    if covered < rows:
-        gaps.append((covered, rows))
+    """Give rows no block holds a block from slot ``size``: they held only padding."""
+    gaps = uncovered(blocks, keys.shape[0])
     if gaps:
-        blocks += [new_block(a, b, size, keys, values, capacity) for a, b in gaps]
+        blocks += [new_block(a, z, size, keys, values, capacity) for a, z in gaps]
         blocks.sort(key=lambda b: b.start)
 
 
@@ -128,12 +128,9 @@ def row_slots(blocks, row, first, end):
     b = next(b for b in blocks if b.start <= row < b.stop)
     rows = slice(row - b.start, row - b.start + 1)
     lo = max(first, b.first) - b.first
-    k, v = b.keys[rows, :, lo : end - b.first], b.values[rows, :, lo : end - b.first]
-    if first < b.first:  # only padding lies before the block's first slot
-        pad = b.first - first
-        k = mx.concatenate([mx.zeros((*k.shape[:2], pad, k.shape[3]), k.dtype), k], axis=2)
-        v = mx.concatenate([mx.zeros((*v.shape[:2], pad, v.shape[3]), v.dtype), v], axis=2)
-    return k, v
+    pad = max(0, b.first - first)  # only padding lies before the block's first slot
+    return (pad_left(b.keys[rows, :, lo : end - b.first], pad),
+            pad_left(b.values[rows, :, lo : end - b.first], pad))
 
 
 def filter_blocks(blocks, keep):

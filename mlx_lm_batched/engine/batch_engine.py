@@ -15,6 +15,7 @@ import mlx.core as mx
 from ..cache.factory import make_prompt_cache
 from ..cache.kv import KVCache
 from ..cache.prompt_cache import as_prompt_cache
+from ..cache.row_blocks import uncovered
 from ..cache.quantized import (QuantizedKVCache, check_kv_quantization, quantize_prompt_cache,
                                to_quantized)
 from ..cache.rows import cache_nbytes, extract_row
@@ -174,7 +175,7 @@ class BatchEngine:
             self._decode_groups = [(b.start, b.stop, min(padding[b.start:b.stop]))
                                    for b in blocks]
         elif len(padding) > 1:
-            groups = _plan_decode_groups(padding, 0, len(padding))
+            groups = _plan_decode_groups(padding)
             if len(groups) > 1:
                 self._decode_groups = groups
 
@@ -200,9 +201,7 @@ class BatchEngine:
             return None
         covered = [(b.start, b.stop, b.first) for b in blocks]
         # Rows with no block yet (nothing before their last column) get one at the call.
-        starts = [0] + [b.stop for b in blocks]
-        stops = [b.start for b in blocks] + [rows]
-        gaps = [(a, z, self.cache[0].size) for a, z in zip(starts, stops) if z > a]
+        gaps = [(a, z, self.cache.slots) for a, z in uncovered(blocks, rows)]
         return sorted(covered + gaps)
 
     def extract_row(self, row):
@@ -262,14 +261,13 @@ class BatchEngine:
                 self.cache[i] = to_quantized(a, b.group_size, b.bits)
 
 
-def _plan_decode_groups(padding, start, stop):
-    """Decode attention groups ``(start, stop, first_slot)`` of rows ``[start, stop)``:
-    the split that least costs attending the slots padding for a whole group."""
-    rows = padding[start:stop]
-    keys = max(rows) + 1  # any count above every row's padding plans the same
-    groups = plan_prefill_groups([keys - p for p in rows], DECODE_GROUP_OVERHEAD_KEYS,
+def _plan_decode_groups(padding):
+    """Decode attention groups ``(start, stop, first_slot)`` of a batch's rows: the split
+    that least costs attending the slots padding for a whole group."""
+    keys = max(padding) + 1  # any count above every row's padding plans the same
+    groups = plan_prefill_groups([keys - p for p in padding], DECODE_GROUP_OVERHEAD_KEYS,
                                  float("inf"))
-    return [(start + a, start + b, min(rows[a:b])) for a, b in groups]
+    return [(a, b, min(padding[a:b])) for a, b in groups]
 
 
 class KVQuantization:
