@@ -14,6 +14,7 @@ import types
 import warnings
 
 from . import _blas  # noqa: F401  (must run before the first `import mlx.core`)
+from . import _malloc  # noqa: F401  (glibc keeps freed arrays' pages: see _malloc)
 from . import _submodules
 
 # `python -m mlx_lm_batched.generate` runs a module this package also imports
