@@ -69,12 +69,14 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start(name, model, batch_size, same_blas=True):
+def start(name, model, batch_size, same_blas=True, same_malloc=True):
     """Start server ``name`` on a free port; ``(process, url, log file)`` once it answers.
 
     With ``same_blas``, mlx_lm.server runs after ``import mlx_lm_batched`` has preloaded
     the fast CPU BLAS (see ``mlx_lm_batched._blas``), so both servers multiply with the
     same library; without it mlx-lm runs as shipped (MLX's bundled BLAS on Linux CPUs).
+    That import also sets glibc's malloc thresholds (``mlx_lm_batched._malloc``);
+    without ``same_malloc`` mlx-lm keeps glibc's defaults, as when run as shipped.
     """
     port = free_port()
     launch = ["-m", SERVERS[name]]
@@ -87,8 +89,11 @@ def start(name, model, batch_size, same_blas=True):
             if name == "ours" else
             ["--decode-concurrency", str(batch_size), "--prompt-concurrency", "8",
              "--log-level", "WARNING"])
+    env = dict(os.environ)
+    if name == "mlx-lm" and not same_malloc:
+        env["MLX_LM_BATCHED_MALLOC"] = "system"
     log = tempfile.NamedTemporaryFile("w+", suffix=f"-{name}.log", delete=False)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -245,7 +250,8 @@ def run(args):
     results = {c: {} for c in levels}
     texts = {c: {} for c in levels}
     for name in servers:
-        proc, url, log = start(name, args.model, args.batch_size, not args.mlx_lm_bundled_blas)
+        proc, url, log = start(name, args.model, args.batch_size, not args.mlx_lm_bundled_blas,
+                               not args.mlx_lm_system_malloc)
         try:
             for c in levels:
                 job = (replay(name, url, args.model, traces[c], bias) if c is None else
@@ -265,6 +271,7 @@ def run(args):
             "prompt_len": list(args.prompt_len), "output_len": list(args.output_len),
             "requests_per_stream": args.requests_per_stream,
             "mlx_lm_blas": "bundled" if args.mlx_lm_bundled_blas else "same as ours",
+            "mlx_lm_malloc": "glibc defaults" if args.mlx_lm_system_malloc else "same as ours",
             "eos_banned": sorted(int(i) for i in bias),
             "levels": [{"concurrency": c, "requests": len(traces[c]), "results": results[c],
                         "texts": texts[c]} for c in levels],
@@ -276,6 +283,7 @@ def run(args):
         "prompt_len": list(args.prompt_len), "output_len": list(args.output_len),
         "batch_size": args.batch_size,
         "mlx_lm_blas": "bundled" if args.mlx_lm_bundled_blas else "same as ours",
+        "mlx_lm_malloc": "glibc defaults" if args.mlx_lm_system_malloc else "same as ours",
         "eos_banned": sorted(int(i) for i in bias),
         "results": results, "texts": texts,
     }
@@ -283,7 +291,8 @@ def run(args):
 
 def print_table(out, file=sys.stdout):
     print(f"model {out['model']} ({out['machine']}; BLAS: {out['blas']}; mlx-lm's BLAS: "
-          f"{out['mlx_lm_blas']})", file=file)
+          f"{out['mlx_lm_blas']}; mlx-lm's malloc: {out.get('mlx_lm_malloc', 'same as ours')})",
+          file=file)
     lengths = (f"prompts {out['prompt_len'][0]}-{out['prompt_len'][1]} tokens, outputs "
                f"{out['output_len'][0]}-{out['output_len'][1]}, seed {out['seed']}, decode batch "
                f"{out['batch_size']}")
@@ -317,6 +326,9 @@ def main(argv=None):
     p.add_argument("--servers", default=",".join(SERVERS))
     p.add_argument("--mlx-lm-bundled-blas", action="store_true",
                    help="run mlx_lm.server as shipped (default: with our BLAS preload, like ours)")
+    p.add_argument("--mlx-lm-system-malloc", action="store_true",
+                   help="run mlx_lm.server with glibc's malloc defaults (default: with the "
+                        "thresholds `import mlx_lm_batched` sets, like ours)")
     p.add_argument("--fixed-len", type=int, nargs=2, default=None, metavar=("PROMPT", "OUTPUT"),
                    help="every prompt PROMPT tokens and every output OUTPUT tokens "
                         "(sets --prompt-len PROMPT PROMPT --output-len OUTPUT OUTPUT)")
