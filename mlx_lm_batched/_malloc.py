@@ -7,9 +7,10 @@ on ``free``, and trims the heap whenever more than twice that threshold is free 
 top. The arrays of a forward pass (a prefill's activations, attention scores, the
 exponentials of a softmax: a few MB each, allocated and freed on every layer) then come
 back as new pages every time, and every page faults in and is zeroed by the kernel.
-Measured on SmolLM2-135M float32 (2-core AMD EPYC, OpenBLAS): 1.14 million page faults
-for 16 prompts and 32 tokens each at batch 16, 10.6 s of system time in a 15 s run; the
-fused SiLU of a ``(4, 256, 1536)`` prefill took 30 ms instead of 3.
+Measured on SmolLM2-135M float32 (2-core AMD EPYC, OpenBLAS; ``scripts/bench_malloc.py``):
+2.5 million page faults for 16 prompts and 32 tokens each in one batch, 16 s of system time
+in an 18 s run (12.7 s and 83 thousand faults with the thresholds below); the fused SiLU
+of a ``(4, 256, 1536)`` prefill activation took 30 ms instead of 5.
 
 :func:`configure` fixes both thresholds at import (``mallopt``), so memory freed by one
 array serves the next of its size:
