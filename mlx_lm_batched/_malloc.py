@@ -1,16 +1,18 @@
 """Keep freed arrays' memory in the heap on Linux (glibc), for MLX's CPU backend.
 
-MLX's CPU allocator takes every array from ``malloc`` and returns it with ``free``: it
-keeps no cache of its own (its Metal and CUDA allocators do). glibc serves a request above
-its mmap threshold (128 KB at start, raised adaptively) with a fresh ``mmap``, unmaps it
-on ``free``, and trims the heap whenever more than twice that threshold is free at its
-top. The arrays of a forward pass (a prefill's activations, attention scores, the
-exponentials of a softmax: a few MB each, allocated and freed on every layer) then come
-back as new pages every time, and every page faults in and is zeroed by the kernel.
-Measured on SmolLM2-135M float32 (2-core AMD EPYC, OpenBLAS; ``scripts/bench_malloc.py``):
-2.5 million page faults for 16 prompts and 32 tokens each in one batch, 16 s of system time
-in an 18 s run (12.7 s and 83 thousand faults with the thresholds below); the fused SiLU
-of a ``(4, 256, 1536)`` prefill activation took 30 ms instead of 5.
+MLX's CPU allocator takes every array from ``malloc`` and keeps freed buffers for reuse
+only up to its cache limit, 32 MiB by default on the CPU (``mx.set_cache_limit``); a
+forward pass frees more than that, and the rest goes back with ``free``. glibc serves a
+request above its mmap threshold (128 KB at start, raised adaptively) with a fresh
+``mmap``, unmaps it on ``free``, and trims the heap whenever more than twice that
+threshold is free at its top. The arrays of a forward pass (a prefill's activations,
+attention scores, the exponentials of a softmax: a few MB each, allocated and freed on
+every layer) then come back as new pages every time, and every page faults in and is
+zeroed by the kernel. Measured on SmolLM2-135M float32 (2-core AMD EPYC, OpenBLAS;
+``scripts/bench_malloc.py``): 2.5 million page faults for 16 prompts and 32 tokens each in
+one batch, 16 s of system time in an 18 s run (12.7 s and 83 thousand faults with the
+thresholds below); the fused SiLU of a ``(4, 256, 1536)`` prefill activation took 30 ms
+instead of 5.
 
 :func:`configure` fixes both thresholds at import (``mallopt``), so memory freed by one
 array serves the next of its size:
