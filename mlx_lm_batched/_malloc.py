@@ -39,6 +39,8 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20  # glibc's maximum on 64-bit (4 * 1024 * 1024 * sizeof(long))
 TRIM_THRESHOLD = 1 << 30
+# glibc's own ways to set the same thresholds (read at process start).
+GLIBC_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")
 
 configured = False  # True once configure() has set the thresholds
 
@@ -53,11 +55,14 @@ def requested():
     return value
 
 
-def _glibc():
+def supported():
+    """True on Linux with glibc, where ``mallopt`` and these thresholds exist."""
+    if not sys.platform.startswith("linux"):
+        return False
     try:
-        return os.confstr("CS_GNU_LIBC_VERSION") or ""
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
     except (AttributeError, ValueError, OSError):
-        return ""
+        return False
 
 
 def configure(choice=None):
@@ -69,9 +74,7 @@ def configure(choice=None):
     global configured
     if configured:
         return True
-    if (choice or requested()) == "system" or not sys.platform.startswith("linux"):
-        return False
-    if not _glibc().startswith("glibc"):
+    if (choice or requested()) == "system" or not supported():
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt

@@ -21,6 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from mlx_lm_batched import _blas, _malloc  # noqa: E402  (preloads the BLAS before mlx.core)
+
 CHILD = r"""
 import json, random, resource, sys, time
 import mlx_lm_batched as mb
@@ -45,7 +47,7 @@ print(json.dumps({"wall_s": wall, "faults": after.ru_minflt - before.ru_minflt,
 
 def run_once(args, choice):
     env = dict(os.environ, MLX_LM_BATCHED_MALLOC=choice, PYTHONPATH=str(REPO))
-    for name in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"):
+    for name in _malloc.GLIBC_ENV:
         env.pop(name, None)  # glibc's own variables would blur the comparison
     out = subprocess.run(
         [sys.executable, "-c", CHILD, str(args.model), str(REPO / "tests" / "data" / "corpus.txt"),
@@ -62,7 +64,6 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    from mlx_lm_batched import _blas  # before bench_report's `import mlx.core`: the BLAS preload
     from bench_report import machine
 
     print(f"{machine()}; BLAS: {_blas.describe()}; load average {os.getloadavg()[0]:.2f}")

@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 
 from conftest import model_dir
+from mlx_lm_batched import _malloc
 
 BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_malloc.py"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux")
-                    or not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"),
-                    reason="the thresholds are glibc's (Linux)")
+@pytest.mark.skipif(not _malloc.supported(), reason="the thresholds are glibc's (Linux)")
 def test_bench_malloc_table_and_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, str(BENCH), "--model", str(model_dir("smollm2", dtype="float32")),

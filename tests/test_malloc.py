@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from mlx_lm_batched import _malloc
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The fused SiLU of a (4, 256, 1536) prefill activation, 10 times: 6 MB per array.
@@ -31,16 +33,14 @@ print(json.dumps({"configured": _malloc.configured, "faults": faults}))
 
 def probe(choice):
     env = dict(os.environ, MLX_LM_BATCHED_MALLOC=choice, PYTHONPATH=REPO)
-    for name in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"):
+    for name in _malloc.GLIBC_ENV:
         env.pop(name, None)
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True,
                          text=True, timeout=300, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux")
-                    or not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"),
-                    reason="the thresholds are glibc's (Linux)")
+@pytest.mark.skipif(not _malloc.supported(), reason="the thresholds are glibc's (Linux)")
 def test_freed_arrays_do_not_fault_in_again():
     ours, system = probe("auto"), probe("system")
     assert ours["configured"] is True and system["configured"] is False
