@@ -121,7 +121,11 @@ class Theirs:
 
         B = self.tokens.shape[0]
         self.cache = [BatchKVCache([0] * B) for _ in self.model.layers]
-        logits = self.model(self.tokens, cache=self.cache)
+        # As mlx-lm's BatchGenerator prefills: every column but the last without logits
+        # (only the caches are evaluated), then the last one.
+        self.model(self.tokens[:, :-1], cache=self.cache)
+        mx.eval([c.state for c in self.cache])
+        logits = self.model(self.tokens[:, -1:], cache=self.cache)
         self.y = mx.argmax(logits[:, -1], axis=-1)
         mx.eval(self.y)
 

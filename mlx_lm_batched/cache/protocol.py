@@ -67,6 +67,12 @@ class LayerCache(Protocol):
         """The slot each key returned for ``query_len`` new queries holds (the mask's
         only view of the cache)."""
 
+    def keys_in_slot_order(self, query_len: int) -> bool:
+        """True when the keys returned for ``query_len`` new queries hold consecutive
+        slots in order, the last one the last query's own (``key_slots`` is a range
+        ending at ``size + query_len - 1``): then query ``i`` of a causal mask attends
+        no key after index ``K - query_len + i``, and attention may skip those keys."""
+
     def effective_window(self, window: Optional[int]) -> Optional[int]:
         """The sliding window the mask applies over this cache's keys."""
 
@@ -99,6 +105,9 @@ class FullSlotFrame:
 
     def key_slots(self, query_len):
         return mx.arange(self.size + query_len)
+
+    def keys_in_slot_order(self, query_len):
+        return True
 
     def effective_window(self, window):
         return window

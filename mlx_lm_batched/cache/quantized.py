@@ -72,6 +72,9 @@ class QuantizedKVCache:
     def key_slots(self, query_len):
         return self.parts[0].key_slots(query_len)
 
+    def keys_in_slot_order(self, query_len):
+        return self.parts[0].keys_in_slot_order(query_len)
+
     def effective_window(self, window):
         return self.parts[0].effective_window(window)
 

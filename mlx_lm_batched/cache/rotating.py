@@ -165,6 +165,11 @@ class RotatingKVCache(KVCache):
             return r + M * ((S - r) // M)
         return mx.arange(S - min(S, M - 1), S + L)
 
+    def keys_in_slot_order(self, query_len):
+        # Every case of key_slots but a decode step over a full ring is a range ending
+        # at the last query's slot; sinks (keep) come first, out of that order.
+        return not self.keep and (query_len > 1 or self.size + query_len <= self.max_size)
+
     def effective_window(self, window):
         return self.max_size if window is None else min(window, self.max_size)
 

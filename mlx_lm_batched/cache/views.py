@@ -158,6 +158,9 @@ class ShiftedView:
     def key_slots(self, query_len):
         return self.cache.key_slots(query_len)
 
+    def keys_in_slot_order(self, query_len):
+        return self.cache.keys_in_slot_order(query_len)
+
     def effective_window(self, window):
         return self.cache.effective_window(window)
 

@@ -23,6 +23,10 @@ A block-sparse layer (Phi-3-small, :class:`BlockSparse`) also keeps, per head, o
 the keys of the query's last ``local_blocks`` blocks and of that head's "vertical"
 blocks; its mask is ``(B, heads, L, K)``. Blocks are counted in each row's own
 positions too, so the pattern is the same under padding, chunked prefill and decode.
+
+A mask built over keys in slot order (:meth:`LayerCache.keys_in_slot_order`, or no
+cache) comes back as a :class:`CausalMask`: the same boolean array, typed to say that no
+query attends a key after its own slot, so attention may skip those keys.
 """
 
 from dataclasses import dataclass
@@ -71,6 +75,14 @@ class BlockSparse:
         return local | vertical
 
 
+class CausalMask(mx.array):
+    """A boolean mask ``(..., L, K)`` (an ``mx.array`` like any other) whose keys hold
+    consecutive slots ending at the last query's: query ``i`` attends no key after
+    index ``K - L + i``. ``cpu_ops.attention`` skips, for each block of queries, the
+    keys after its last query's (half the work of a long causal prefill). Any op on
+    it (a slice, ``&``) gives a plain array, which claims nothing."""
+
+
 def attention_mask(key_slots, slots_before, query_len, offset, window=None, chunk=None,
                    block_sparse=None):
     """Boolean mask ``(B, 1, query_len, K)`` (``(B, heads, query_len, K)`` with
@@ -108,8 +120,8 @@ def attention_mask(key_slots, slots_before, query_len, offset, window=None, chun
 
 def causal_mask(query_len, offset, window=None, chunk=None, block_sparse=None):
     """Mask for a forward pass without a cache: keys are the queries themselves."""
-    return attention_mask(mx.arange(query_len), 0, query_len, offset, window, chunk,
-                          block_sparse)
+    return CausalMask(attention_mask(mx.arange(query_len), 0, query_len, offset, window,
+                                     chunk, block_sparse))
 
 
 def masks_for_layers(caches, windows, query_len, offset, chunks=None, block_sparse=None):
@@ -145,5 +157,7 @@ def masks_for_layers(caches, windows, query_len, offset, chunks=None, block_spar
             elif key not in built:
                 built[key] = attention_mask(cache.key_slots(query_len), cache.size, query_len,
                                             offset, window, chunk, pattern)
+                if cache.keys_in_slot_order(query_len):
+                    built[key] = CausalMask(built[key])
         masks.append(built[key])
     return masks
