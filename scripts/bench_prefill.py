@@ -11,7 +11,8 @@ caches as each library's generation loop does it: ours through the batch engine
 "untrimmed" is ours with every mask treated as a plain array, so ``cpu_ops.attention``
 reads all keys for every block of queries (the attention before causal key trimming).
 All three load the same weights in one process and run interleaved, best of
-``--repeats`` kept; the header names the CPU, the BLAS and the load average.
+``--repeats`` kept; ``same``: all three sampled the same first token for every row
+(greedy). The header names the CPU, the BLAS and the load average.
 """
 
 import argparse
@@ -89,19 +90,23 @@ def main(argv=None):
     print(f"{machine()}; BLAS: {_blas.describe()}; load average {load_start[0]:.2f}; "
           f"best of {args.repeats} interleaved")
     print(f"{'shape':>7s} {'ours t/s':>9s} {'untrimmed':>9s} {'mlx-lm':>8s} "
-          f"{'ours/untrimmed':>14s} {'ours/mlx-lm':>11s}")
+          f"{'ours/untrimmed':>14s} {'ours/mlx-lm':>11s} {'same':>5s}")
     rows = []
     for batch, length in parse_shapes(args.shapes):
         prompts = equal_prompts(tokenizer, batch, length)
         sides = [Ours(model, prompts), OursUntrimmed(model, prompts), Theirs(ref, prompts)]
         best = time_prefill(sides, args.repeats)
         tps = {name: batch * length / t for name, t in best.items()}
+        # Every side's first sampled token of each row (greedy): the same work was done.
+        first = [s.y.tolist() for s in sides]
+        same = all(f == first[0] for f in first)
         row = {"batch": batch, "length": length, "ours_tps": tps["ours"],
-               "untrimmed_tps": tps["untrimmed"], "mlx_tps": tps["mlx-lm"]}
+               "untrimmed_tps": tps["untrimmed"], "mlx_tps": tps["mlx-lm"],
+               "same_first_tokens": same}
         rows.append(row)
         print(f"{batch:>3d}x{length:<3d} {tps['ours']:9.0f} {tps['untrimmed']:9.0f} "
               f"{tps['mlx-lm']:8.0f} {tps['ours'] / tps['untrimmed']:14.2f} "
-              f"{tps['ours'] / tps['mlx-lm']:11.2f}", flush=True)
+              f"{tps['ours'] / tps['mlx-lm']:11.2f} {str(same):>5s}", flush=True)
     load_end = os.getloadavg()
     print(f"load average at end {load_end[0]:.2f}")
     if args.json:
