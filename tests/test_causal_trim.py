@@ -1,7 +1,8 @@
 """Causal key trimming in the CPU attention (``masks.CausalMask``, ``cpu_ops.attention``).
 
 Masks built over keys in slot order come back typed as causal; the CPU attention then
-reads, for each block of queries, only the keys up to its last query's. Checked here:
+reads, for each block of queries, only the keys up to its last query's (and, with a
+sliding window, from its first query's window start). Checked here:
 which masks make that claim (and that it holds), the key extents each block reads, and
 that real models' decoder stacks give the same outputs as with the very same masks as plain arrays, in
 a left-padded batch, in chunks after cached tokens, and over Gemma 3's sliding-window
@@ -28,11 +29,15 @@ def _mask(cache, query_len, window=None):
 
 
 def _assert_no_key_after_own(mask):
-    """The claim a CausalMask makes: query i attends no key after index K - L + i."""
+    """The claim a CausalMask makes: query i attends no key after index K - L + i, and
+    with a window none before K - L + i - window + 1."""
     m = np.array(mask)
     L, K = m.shape[-2:]
-    future = np.arange(K)[None, :] > (K - L + np.arange(L))[:, None]
-    assert not m[..., future].any()
+    own = (K - L + np.arange(L))[:, None]
+    outside = np.arange(K)[None, :] > own
+    if mask.window:
+        outside |= np.arange(K)[None, :] < own - mask.window + 1
+    assert not m[..., outside].any()
 
 
 def test_masks_claim_slot_order_only_where_keys_are_in_order():
@@ -47,27 +52,33 @@ def test_masks_claim_slot_order_only_where_keys_are_in_order():
     _feed(ring, 6)  # wrapped: a multi-token chunk still gets its keys in slot order
     chunk = _mask(ring, 2)
     assert isinstance(chunk, CausalMask) and chunk.shape[-1] == 3 + 2
+    assert chunk.window == 4  # the ring's size bounds what a query sees
     _assert_no_key_after_own(chunk)
+    windowed = _mask(ring, 2, window=2)
+    assert windowed.window == 2
+    _assert_no_key_after_own(windowed)
     # A decode step over a full ring reads the ring as stored: not in slot order.
     step = _mask(ring, 1)
     assert type(step) is mx.array
     assert type(_mask(RotatingKVCache(8, keep=4), 3)) is mx.array  # sinks first
 
     m = causal_mask(6, mx.array([0, -2]), window=3)
-    assert isinstance(m, CausalMask)
+    assert isinstance(m, CausalMask) and m.window == 3
     _assert_no_key_after_own(m)
+    assert causal_mask(6, mx.array([0])).window is None
     # Any op on the mask claims nothing: a slice or a combination is a plain array.
     assert type(m[..., 1:, :]) is mx.array and type(m & m) is mx.array
 
 
-def test_each_query_block_reads_keys_up_to_its_last_query(monkeypatch):
+@pytest.mark.parametrize("window", [None, 100])
+def test_each_query_block_reads_keys_up_to_its_last_query(monkeypatch, window):
     B, H, n_kv, L, before, D = 2, 6, 2, 150, 30, 16
     S = before + L
     rng = np.random.default_rng(0)
     q = mx.array(rng.standard_normal((B, H, L, D)), dtype=mx.float32)
     k = mx.array(rng.standard_normal((B, n_kv, S, D)), dtype=mx.float32)
     v = mx.array(rng.standard_normal((B, n_kv, S, D)), dtype=mx.float32)
-    plain = attention_mask(mx.arange(S), before, L, mx.array([before, before - 20]))
+    plain = attention_mask(mx.arange(S), before, L, mx.array([before, before - 20]), window)
     reference = cpu_ops.attention(q, k, v, 0.25, plain)
 
     extents = []
@@ -78,11 +89,15 @@ def test_each_query_block_reads_keys_up_to_its_last_query(monkeypatch):
         return inner(q_block, k_block, *args)
 
     monkeypatch.setattr(cpu_ops, "_attention", spy)
-    out = cpu_ops.attention(q, k, v, 0.25, CausalMask(plain))
+    out = cpu_ops.attention(q, k, v, 0.25, CausalMask(plain, window))
     block = cpu_ops.CAUSAL_QUERY_BLOCK
     stops = list(range(block, L, block)) + [L]
-    assert extents == [(stop - start, before + stop)
-                       for start, stop in zip([0] + stops[:-1], stops)]
+    # Keys from the block's first query's window start to its last query's own key.
+    firsts = [max(0, before + start - window + 1) if window else 0
+              for start in [0] + stops[:-1]]
+    assert extents == [(stop - start, before + stop - first)
+                       for start, stop, first in zip([0] + stops[:-1], stops, firsts)]
+    assert window is None or firsts[-1] > 0  # the last block skips leading keys
     np.testing.assert_allclose(np.array(out), np.array(reference), rtol=1e-5, atol=1e-6)
 
 

@@ -27,7 +27,8 @@ once per machine (cached under the temp directory); without a compiler, or with
 each KV head's query heads share one matmul (``mx.fast``'s CPU fallback repeats the
 keys per query head), and queries go in chunks so the score tensor, and the
 softmax's temporaries, stay small whatever the prompt length. Under a causal mask
-(``masks.CausalMask``) each chunk also stops at its last query's key.
+(``masks.CausalMask``) each chunk also stops at its last query's key, and starts at its
+first query's window.
 """
 
 import math
@@ -147,7 +148,8 @@ def attention(q, k, v, scale, mask=None, softcap=None):
     (GQA when ``n_kv < H``). ``mask``: boolean (True = attend) or additive,
     broadcastable to ``(B, 1 or H, L, S)``; ``softcap``: tanh soft-capping of logits.
     Under a :class:`~.masks.CausalMask` each block of queries reads only the keys up to
-    its last query's slot (the rest are masked for all of them)."""
+    its last query's slot, and with a window none before its first query's window (the
+    rest are masked for all of them)."""
     B, H, L, _ = q.shape
     S = k.shape[2]
     step = max(1, SCORE_CHUNK // (B * H * S))
@@ -163,7 +165,10 @@ def attention(q, k, v, scale, mask=None, softcap=None):
         k_block, v_block, m = k, v, mask
         if causal:
             end = S - L + stop  # one past the last query's own key
-            k_block, v_block, m = k[:, :, :end], v[:, :, :end], m[..., rows, :end]
+            # The first query's window starts here (the keys before it are masked).
+            first = max(0, S - L + start - mask.window + 1) if mask.window else 0
+            keys = slice(first, end)
+            k_block, v_block, m = k[:, :, keys], v[:, :, keys], m[..., rows, keys]
         elif m is not None and m.ndim >= 2 and m.shape[-2] == L:
             m = m[..., rows, :]
         outs.append(_attention(q[:, :, rows], k_block, v_block, scale, m, softcap))

@@ -78,9 +78,15 @@ class BlockSparse:
 class CausalMask(mx.array):
     """A boolean mask ``(..., L, K)`` (an ``mx.array`` like any other) whose keys hold
     consecutive slots ending at the last query's: query ``i`` attends no key after
-    index ``K - L + i``. ``cpu_ops.attention`` skips, for each block of queries, the
-    keys after its last query's (half the work of a long causal prefill). Any op on
-    it (a slice, ``&``) gives a plain array, which claims nothing."""
+    index ``K - L + i`` and, with a sliding ``window``, none before
+    ``K - L + i - window + 1``. ``cpu_ops.attention`` skips, for each block of queries,
+    the keys outside that range (half the work of a long causal prefill; all but a
+    window's worth with a window). Any op on it (a slice, ``&``) gives a plain array,
+    which claims nothing."""
+
+    def __init__(self, mask, window=None):
+        super().__init__(mask)
+        self.window = window
 
 
 def attention_mask(key_slots, slots_before, query_len, offset, window=None, chunk=None,
@@ -121,7 +127,7 @@ def attention_mask(key_slots, slots_before, query_len, offset, window=None, chun
 def causal_mask(query_len, offset, window=None, chunk=None, block_sparse=None):
     """Mask for a forward pass without a cache: keys are the queries themselves."""
     return CausalMask(attention_mask(mx.arange(query_len), 0, query_len, offset, window,
-                                     chunk, block_sparse))
+                                     chunk, block_sparse), window)
 
 
 def masks_for_layers(caches, windows, query_len, offset, chunks=None, block_sparse=None):
@@ -158,6 +164,6 @@ def masks_for_layers(caches, windows, query_len, offset, chunks=None, block_spar
                 built[key] = attention_mask(cache.key_slots(query_len), cache.size, query_len,
                                             offset, window, chunk, pattern)
                 if cache.keys_in_slot_order(query_len):
-                    built[key] = CausalMask(built[key])
+                    built[key] = CausalMask(built[key], window)
         masks.append(built[key])
     return masks
