@@ -153,7 +153,7 @@ def attention(q, k, v, scale, mask=None, softcap=None):
     B, H, L, _ = q.shape
     S = k.shape[2]
     step = max(1, SCORE_CHUNK // (B * H * S))
-    causal = isinstance(mask, CausalMask) and L > 1 and mask.shape[-2:] == (L, S)
+    causal = isinstance(mask, CausalMask) and mask.shape[-2:] == (L, S)
     if causal:
         step = min(step, CAUSAL_QUERY_BLOCK)
     if L <= step:
