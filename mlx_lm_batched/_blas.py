@@ -30,6 +30,8 @@ import glob
 import os
 import sys
 
+from . import _small_gemm
+
 ENV = "MLX_LM_BATCHED_BLAS"
 CHOICES = ("auto", "mkl", "openblas", "none")
 DISABLE_ENV = "MLX_LM_BATCHED_NO_OPENBLAS"  # older switch: an alias of MLX_LM_BATCHED_BLAS=none
@@ -148,11 +150,16 @@ def _load(kind):
     if path is None:
         return None
     try:
-        lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        lib = ctypes.CDLL(path)  # loadable? (local scope: no symbol is bound to it yet)
     except OSError:
         return None
+    # Our small-row matmul kernel takes the global scope's cblas_sgemm first, then hands
+    # the calls it does not serve to this library (see _small_gemm).
+    _small_gemm.install()
+    lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     if kind == "mkl":
         _configure_mkl_threads(lib)
+    _small_gemm.attach(lib)
     return path
 
 
@@ -223,7 +230,7 @@ def describe():
         return "bundled (reference)"
     version = _version(loaded_kind, loaded_path)
     where = os.path.basename(loaded_path) if loaded_kind == "mkl" else loaded_path
-    return f"{loaded_kind} {version} ({where})".replace("  ", " ")
+    return f"{loaded_kind} {version} ({where}); {_small_gemm.describe()}".replace("  ", " ")
 
 
 preload()

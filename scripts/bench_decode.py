@@ -18,11 +18,14 @@ over ``--repeats``, best kept), so the machine's noise hits both alike. Per batc
   per row, greedy, no EOS): the tokens after each row's first over the wall time from the
   last row's first token to the end (one clock for both; each library's own "prompt time"
   ends at a different point of its pipelined first step).
-  Also ours with ``cpu_ops``' formulas unfused (``MLX_LM_BATCHED_COMPILE=0``), and the
-  prompt tokens/s of each side's prefill of the B rows (one call of ``--prompt-len``).
+  Also the prompt tokens/s of each side's prefill of the B rows (one call of
+  ``--prompt-len``).
 
-The header names the CPU, the BLAS (``MLX_LM_BATCHED_BLAS`` chooses it; both sides use
-the same, it is process-wide) and the load average.
+Columns ``blas``: ours with every matmul through the BLAS (our small-row kernel switched
+off, ``mlx_lm_batched._small_gemm``). The header names the CPU, the BLAS
+(``MLX_LM_BATCHED_BLAS`` chooses it; process-wide, so mlx-lm multiplies with it too) and
+the load average. mlx-lm runs with the BLAS alone, not our kernel, unless
+``--mlx-lm-small-gemm`` lends it.
 """
 
 import argparse
@@ -41,9 +44,8 @@ import mlx.core as mx  # noqa: E402
 
 from bench import build_prompts, no_eos, run_mlx_lm, run_ours  # noqa: E402
 from bench_report import machine  # noqa: E402
-from mlx_lm_batched import _blas, load  # noqa: E402
+from mlx_lm_batched import _blas, _small_gemm, load  # noqa: E402
 from mlx_lm_batched.engine.batch_engine import BatchEngine  # noqa: E402
-from mlx_lm_batched.layers import cpu_ops  # noqa: E402
 
 
 def equal_prompts(tokenizer, batch, length, seed=0):
@@ -84,27 +86,27 @@ class Ours:
         mx.eval(logits)
 
 
-class OursUnfused(Ours):
-    """Ours with ``cpu_ops``' formulas as separate ops (``MLX_LM_BATCHED_COMPILE=0``)."""
+class OursBlas(Ours):
+    """Ours with every matmul through the BLAS (our small-row kernel switched off)."""
 
-    name = "unfused"
+    name = "blas"
 
     def prefill(self):
-        with unfused():
+        with _small_gemm.switched_off():
             super().prefill()
 
     def forward(self):
-        with unfused():
+        with _small_gemm.switched_off():
             super().forward()
 
 
-@contextlib.contextmanager
-def unfused():
-    saved, cpu_ops._fused_ok = cpu_ops._fused_ok, False
-    try:
-        yield
-    finally:
-        cpu_ops._fused_ok = saved
+def mlx_lm_side():
+    """The BLAS mlx-lm multiplies with: ours without our small-row kernel, unless
+    ``--mlx-lm-small-gemm`` lends it the kernel too."""
+    return contextlib.nullcontext() if LEND_KERNEL else _small_gemm.switched_off()
+
+
+LEND_KERNEL = False
 
 
 class Theirs:
@@ -117,6 +119,14 @@ class Theirs:
         self.tokens = mx.array(prompts)
 
     def prefill(self):
+        with mlx_lm_side():
+            self._prefill()
+
+    def forward(self):
+        with mlx_lm_side():
+            self._forward()
+
+    def _prefill(self):
         from mlx_lm.models.cache import BatchKVCache
 
         B = self.tokens.shape[0]
@@ -129,7 +139,7 @@ class Theirs:
         self.y = mx.argmax(logits[:, -1], axis=-1)
         mx.eval(self.y)
 
-    def forward(self):
+    def _forward(self):
         logits = self.model(self.y[:, None], cache=self.cache)
         mx.eval(logits)
 
@@ -156,7 +166,7 @@ def time_forward(sides, steps, repeats):
 
 def time_loop(model, ref, tokenizer, prompts, steps, repeats, bs):
     """Decode tok/s of both generation loops (best over repeats)."""
-    res = {"ours": [], "mlx-lm": []}
+    res = {"ours": [], "blas": [], "mlx-lm": []}
     same = None
     for _ in range(repeats):
         for name in res:
@@ -164,8 +174,12 @@ def time_loop(model, ref, tokenizer, prompts, steps, repeats, bs):
             tic = time.perf_counter()
             if name == "ours":
                 out, timeline, _, _ = run_ours(model, tokenizer, prompts, steps, bs)
+            elif name == "blas":
+                with _small_gemm.switched_off():
+                    out, timeline, _, _ = run_ours(model, tokenizer, prompts, steps, bs)
             else:
-                out, timeline, _, _ = run_mlx_lm(ref, prompts, steps, bs)
+                with mlx_lm_side():
+                    out, timeline, _, _ = run_mlx_lm(ref, prompts, steps, bs)
             wall = time.perf_counter() - tic
             # The same clock for both: from the moment every row has its first token
             # (prefill done, whatever each library counts as prompt time) to the end.
@@ -173,7 +187,7 @@ def time_loop(model, ref, tokenizer, prompts, steps, repeats, bs):
             res[name].append(decoded / max(wall - max(timeline.first.values()), 1e-9))
             if name == "ours":
                 mine = out
-            else:
+            elif name == "mlx-lm":
                 same = sum(a == b for a, b in zip(mine, out)) / len(out)
     return {k: max(v) for k, v in res.items()}, same
 
@@ -187,7 +201,11 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--parts", default="forward,loop")
     p.add_argument("--json")
+    p.add_argument("--mlx-lm-small-gemm", action="store_true",
+                   help="lend mlx-lm our small-row matmul kernel too (default: its BLAS only)")
     args = p.parse_args(argv)
+    global LEND_KERNEL
+    LEND_KERNEL = args.mlx_lm_small_gemm
     import mlx_lm
 
     model, tokenizer = load(args.model)
@@ -198,24 +216,25 @@ def main(argv=None):
     print(f"{machine()}; BLAS: {_blas.describe()}; load average {load_start[0]:.2f}; "
           f"prompts of {args.prompt_len} tokens, {args.steps} decode steps, "
           f"best of {args.repeats} interleaved")
-    print(f"{'bs':>3s} {'fwd ours ms':>11s} {'unfused':>7s} {'fwd mlx ms':>10s} {'fwd x':>6s} "
-          f"{'pf ours t/s':>11s} {'unfused':>7s} {'pf mlx t/s':>10s} {'pf x':>5s} "
-          f"{'loop ours t/s':>13s} {'loop mlx t/s':>12s} {'loop x':>6s} {'=mlx':>5s}")
+    print(f"{'bs':>3s} {'fwd ours ms':>11s} {'blas':>7s} {'fwd mlx ms':>10s} {'fwd x':>6s} "
+          f"{'pf ours t/s':>11s} {'blas':>7s} {'pf mlx t/s':>10s} {'pf x':>5s} "
+          f"{'loop ours t/s':>13s} {'blas':>6s} {'loop mlx t/s':>12s} {'loop x':>6s} {'=mlx':>5s}")
     rows = []
     for bs in [int(b) for b in args.batch_sizes.split(",")]:
         prompts = equal_prompts(tokenizer, bs, args.prompt_len)
         row = {"bs": bs}
         if "forward" in parts:
-            sides = [Ours(model, prompts), OursUnfused(model, prompts), Theirs(ref, prompts)]
+            sides = [Ours(model, prompts), OursBlas(model, prompts), Theirs(ref, prompts)]
             fwd, pf = time_forward(sides, args.steps, args.repeats)
             row.update(fwd_ours_ms=fwd["ours"] * 1e3, fwd_mlx_ms=fwd["mlx-lm"] * 1e3,
-                       fwd_unfused_ms=fwd["unfused"] * 1e3,
+                       fwd_blas_ms=fwd["blas"] * 1e3,
                        prefill_ours_tps=bs * args.prompt_len / pf["ours"],
-                       prefill_unfused_tps=bs * args.prompt_len / pf["unfused"],
+                       prefill_blas_tps=bs * args.prompt_len / pf["blas"],
                        prefill_mlx_tps=bs * args.prompt_len / pf["mlx-lm"])
         if "loop" in parts:
             loop, same = time_loop(model, ref, tokenizer, prompts, args.steps, args.repeats, bs)
-            row.update(loop_ours_tps=loop["ours"], loop_mlx_tps=loop["mlx-lm"], same=same)
+            row.update(loop_ours_tps=loop["ours"], loop_blas_tps=loop["blas"],
+                       loop_mlx_tps=loop["mlx-lm"], same=same)
         rows.append(row)
 
         def f(key, fmt, width):
@@ -227,13 +246,14 @@ def main(argv=None):
             x = row[b] / row[a] if inverse else row[a] / row[b]
             return f"{x:.2f}".rjust(width)
 
-        print(f"{bs:3d} {f('fwd_ours_ms', '.1f', 11)} {f('fwd_unfused_ms', '.1f', 7)} "
+        print(f"{bs:3d} {f('fwd_ours_ms', '.1f', 11)} {f('fwd_blas_ms', '.1f', 7)} "
               f"{f('fwd_mlx_ms', '.1f', 10)} "
               f"{ratio('fwd_ours_ms', 'fwd_mlx_ms', 6, True)} "
-              f"{f('prefill_ours_tps', '.0f', 11)} {f('prefill_unfused_tps', '.0f', 7)} "
+              f"{f('prefill_ours_tps', '.0f', 11)} {f('prefill_blas_tps', '.0f', 7)} "
               f"{f('prefill_mlx_tps', '.0f', 10)} "
               f"{ratio('prefill_ours_tps', 'prefill_mlx_tps', 5)} "
-              f"{f('loop_ours_tps', '.1f', 13)} {f('loop_mlx_tps', '.1f', 12)} "
+              f"{f('loop_ours_tps', '.1f', 13)} {f('loop_blas_tps', '.1f', 6)} "
+              f"{f('loop_mlx_tps', '.1f', 12)} "
               f"{ratio('loop_ours_tps', 'loop_mlx_tps', 6)} "
               f"{f('same', '.0%', 5)}", flush=True)
     load_end = os.getloadavg()

@@ -1,0 +1,230 @@
+"""Our own kernel for MLX's CPU matmuls with few rows (decode steps), ahead of the BLAS.
+
+MLX's CPU ``matmul`` calls ``cblas_sgemm`` once per matrix. In a decode step each
+projection multiplies a handful of rows (one per sequence) by a weight matrix; BLAS
+libraries pack the weights before multiplying, which for a few rows costs as much as
+the product, and OpenBLAS runs a one-row product on one core, so a decode step streamed
+the float32 weights at about half the machine's memory bandwidth.
+``native/small_gemm.c`` exports a ``cblas_sgemm`` that computes row-major ``A @ B.T``
+(MLX's ``x @ W.T``) with at most :data:`max_rows` rows itself, on all cores and with no
+packing, and passes every other call to the BLAS. :func:`install` builds it with the
+system's C compiler (once per machine, cached like MLX's own compiled CPU kernels) and
+loads it into the global symbol scope just before the BLAS, so MLX binds to it.
+
+Every output of the kernel is the same chain of float32 operations whatever the number
+of rows, their block or the thread split: a decode row gets the same bits alone as in a
+batch of up to :data:`max_rows` rows. Calls with more rows (prefill, bigger decode
+batches) keep the BLAS, whose kernels round differently (about 1e-6 relative: the same
+order as the BLAS's own blocking differences; see the README's "How batching stays
+exact"). Attention's decode products (each KV head's query heads against its keys: a
+few rows whatever the batch) are served at every batch size.
+
+Environment:
+
+- ``MLX_LM_BATCHED_SMALL_GEMM``: ``auto`` (default: on where a C compiler builds it),
+  ``off`` (or ``0``) to leave every matmul to the BLAS.
+- ``MLX_LM_BATCHED_SMALL_GEMM_ROWS``: the most rows it computes itself (default 8: from
+  16 rows on, OpenBLAS's packed kernels are as fast here; see docs/PERF.md).
+- ``MLX_LM_BATCHED_GEMM_THREADS``: its threads (default: the usable cores, at most 8).
+- ``CC``: the compiler (default ``cc``).
+
+Linux only, where a BLAS is loaded by ``mlx_lm_batched._blas``; macOS keeps Accelerate.
+"""
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ENV = "MLX_LM_BATCHED_SMALL_GEMM"
+ROWS_ENV = "MLX_LM_BATCHED_SMALL_GEMM_ROWS"
+THREADS_ENV = "MLX_LM_BATCHED_GEMM_THREADS"
+DEFAULT_MAX_ROWS = 8
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "small_gemm.c")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-fast-math"]
+
+_lib = None  # the loaded kernel library, once installed
+max_rows = 0  # rows up to which our kernel serves (0: not installed or switched off)
+threads = 0
+problem = None  # why it is not installed, when it was asked for and is not
+
+
+_ON = ("", "auto", "1", "on")
+_OFF = ("0", "off")
+
+
+def requested():
+    """False when ``MLX_LM_BATCHED_SMALL_GEMM`` switches the kernel off.
+
+    Raises ValueError for a value other than auto, 1, on, 0, off.
+    """
+    value = os.environ.get(ENV, "").strip().lower()
+    if value not in _ON + _OFF:
+        raise ValueError(f"{ENV}={value!r}: expected auto, on, 1, off or 0")
+    return value in _ON
+
+
+def _positive_env(name, default):
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected a whole number") from None
+    if number < 0:
+        raise ValueError(f"{name}={value!r}: expected 0 or more")
+    return number
+
+
+def default_threads():
+    """The usable cores, at most 8 (more only add fork-join cost to small products)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, 8))
+
+
+def _cpu_signature():
+    # A build with -march=native runs only on CPUs with the same instruction sets: the
+    # cache key holds the CPU's model and flags (a home directory may be shared).
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags",
+                                                            "Features", "CPU part"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor()
+
+
+def _cache_dir():
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "mlx_lm_batched", "native")
+
+
+def _compiler():
+    compiler = os.environ.get("CC", "cc")
+    return shutil.which(compiler)
+
+
+def build():
+    """Path of the compiled kernel library, building it when it is not cached.
+
+    Raises OSError (no compiler, compile error) with the reason.
+    """
+    compiler = _compiler()
+    if compiler is None:
+        raise OSError("no C compiler (cc) to build the small-matmul kernel")
+    with open(SOURCE, "rb") as f:
+        source = f.read()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+    key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(FLAGS).encode(),
+                                     _cpu_signature().encode()])).hexdigest()[:16]
+    for directory in (_cache_dir(), os.path.join(tempfile.gettempdir(), "mlx_lm_batched")):
+        path = os.path.join(directory, f"small_gemm-{key}.so")
+        if os.path.exists(path):
+            return path
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd, partial = tempfile.mkstemp(suffix=".so", dir=directory)
+            os.close(fd)
+        except OSError:
+            continue
+        try:
+            done = subprocess.run([compiler, *FLAGS, "-o", partial, SOURCE],
+                                  capture_output=True, text=True, timeout=120)
+            if done.returncode != 0:
+                raise OSError("building the small-matmul kernel failed: "
+                              + (done.stderr.strip().splitlines() or ["?"])[-1])
+            os.replace(partial, path)  # atomic: concurrent builders each write their own
+            return path
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+    raise OSError("no writable cache directory for the small-matmul kernel")
+
+
+def install():
+    """Build (or find) and load the kernel into the global symbol scope.
+
+    Called by ``mlx_lm_batched._blas`` just before it loads the BLAS, and before
+    ``mlx.core`` is imported; :func:`attach` then gives it the BLAS. Returns True when
+    loaded. Failures leave every matmul to the BLAS and are kept in :data:`problem`.
+    """
+    global _lib, problem
+    if _lib is not None:
+        return True
+    if not requested() or not sys.platform.startswith("linux") or "mlx.core" in sys.modules:
+        return False
+    try:
+        _lib = ctypes.CDLL(build(), mode=ctypes.RTLD_GLOBAL)
+    except (OSError, subprocess.SubprocessError) as e:
+        problem = str(e)
+        return False
+    _lib.mlxlmb_configure.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    _lib.mlxlmb_configure.restype = ctypes.c_int
+    return True
+
+
+def attach(blas):
+    """Hand the kernel the BLAS (a ctypes library) for every call it does not serve,
+    and switch it on with the configured rows and threads."""
+    global max_rows, threads
+    if _lib is None:
+        return
+    rows = _positive_env(ROWS_ENV, DEFAULT_MAX_ROWS)
+    threads = _positive_env(THREADS_ENV, 0) or default_threads()
+    address = ctypes.cast(blas.cblas_sgemm, ctypes.c_void_p).value
+    _lib.mlxlmb_configure(address, rows, threads)
+    max_rows = rows
+
+
+def set_max_rows(rows):
+    """Serve matmuls of up to ``rows`` rows with our kernel (0: all to the BLAS).
+
+    Returns the previous value. Benchmarks use it to give another library the plain
+    BLAS in the same process; evaluate pending work first (MLX computes lazily).
+    """
+    global max_rows
+    if _lib is None:
+        return 0
+    previous = _lib.mlxlmb_configure(None, int(rows), threads)
+    max_rows = int(rows)
+    return previous
+
+
+def counts():
+    """``(served, passed)``: matmul calls our kernel computed, and calls it handed to
+    the BLAS, since the process started (``(0, 0)`` when not installed)."""
+    if _lib is None:
+        return 0, 0
+    out = (ctypes.c_long * 2)()
+    _lib.mlxlmb_counts(out)
+    return out[0], out[1]
+
+
+@contextlib.contextmanager
+def switched_off():
+    """Every matmul to the BLAS inside the block (see :func:`set_max_rows`)."""
+    previous = set_max_rows(0)
+    try:
+        yield
+    finally:
+        set_max_rows(previous)
+
+
+def describe():
+    """A short phrase for ``_blas.describe``: ``"small-row kernel <= 64 rows, 2 threads"``,
+    ``"small-row kernel off"`` or ``"small-row kernel not built: <why>"``."""
+    if _lib is not None and max_rows:
+        return f"small-row kernel <= {max_rows} rows, {threads} thread{'s' * (threads != 1)}"
+    if problem:
+        return f"small-row kernel not built: {problem}"
+    return "small-row kernel off"

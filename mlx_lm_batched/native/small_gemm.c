@@ -1,0 +1,194 @@
+/* Matmuls with few rows for MLX's CPU backend: C = alpha * A * B^T + beta * C.
+ *
+ * MLX's CPU matmul calls cblas_sgemm once per matrix. A decode step multiplies a few
+ * rows (one per sequence) by every weight matrix, stored (out, in) row-major, so MLX
+ * asks for A * B^T with B the weights. BLAS libraries pack B into panels before
+ * multiplying, which for a few rows costs as much as the product, and OpenBLAS runs a
+ * one-row product on one core: a decode step then streams the weights at about half
+ * the memory bandwidth. This file exports its own cblas_sgemm, loaded into the global
+ * symbol scope before the BLAS (mlx_lm_batched/_small_gemm.py), that computes
+ * row-major A * B^T with at most `max_rows` rows of A itself and hands every other
+ * call to the BLAS's cblas_sgemm.
+ *
+ * Each output is a dot product of a row of A and a row of B, read straight from the
+ * arrays (no packing), in 16 lanes (lane l sums the products k = l, l + 16, ... in
+ * order, with fused multiply-adds) and then one fixed tree over the lanes. That chain
+ * of operations is the same for every element whatever M, N, the block it falls in or
+ * the number of threads: a row's result does not depend on the other rows of the call
+ * (batch invariance), only on the build (compiler, -march).
+ *
+ * Blocks of 8 rows of A by 3 rows of B keep 24 accumulators in registers; A's rows
+ * stay in L1 while B's rows stream; threads split the rows of B.
+ */
+#include <stddef.h>
+#include <omp.h>
+
+#define VW 16
+typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));
+typedef int vi __attribute__((vector_size(VW * 4)));
+
+static inline vf load(const float *p) { vf v; __builtin_memcpy(&v, p, sizeof v); return v; }
+static inline vf load_tail(const float *p, int n) {
+  vf v = {0};
+  for (int i = 0; i < n; i++) v[i] = p[i];
+  return v;
+}
+
+/* The one order in which a dot product's 16 lane partials are added: lane l with
+ * l + 8, then l + 4, l + 2, l + 1. hsum1 and hsum16 both follow it. */
+static inline float hsum1(vf v) {
+  float s8[8], s4[4];
+  for (int i = 0; i < 8; i++) s8[i] = v[i] + v[i + 8];
+  for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+static inline vf pairsum(vf x, vf y, vi lo, vi hi) {
+  return __builtin_shuffle(x, y, lo) + __builtin_shuffle(x, y, hi);
+}
+/* 16 accumulators at once: lane q of the result is hsum1(acc[q]). */
+static inline vf hsum16(const vf *acc) {
+  const vi l1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}, h1 = l1 + 8;
+  const vi l2 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}, h2 = l2 + 4;
+  const vi l3 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29}, h3 = l3 + 2;
+  const vi l4 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}, h4 = l4 + 1;
+  vf s1[8], s2[4], s3[2];
+  for (int i = 0; i < 8; i++) s1[i] = pairsum(acc[2 * i], acc[2 * i + 1], l1, h1);
+  for (int i = 0; i < 4; i++) s2[i] = pairsum(s1[2 * i], s1[2 * i + 1], l2, h2);
+  for (int i = 0; i < 2; i++) s3[i] = pairsum(s2[2 * i], s2[2 * i + 1], l3, h3);
+  return pairsum(s3[0], s3[1], l4, h4);
+}
+
+static inline void store(float *c, float dot, float alpha, float beta) {
+  float v = alpha * dot;
+  *c = beta == 0.0f ? v : v + beta * *c;
+}
+
+#define MR 8 /* rows of A per block */
+#define NR 3 /* rows of B per block */
+
+/* One block of mr rows of A by nr rows of B (compile-time constants once inlined). */
+static inline __attribute__((always_inline)) void block(
+    const int mr, const int nr, int K, const float *A, int lda, const float *B, int ldb,
+    float *C, int ldc, float alpha, float beta) {
+  vf acc[32];
+  for (int q = 0; q < mr * nr; q++) acc[q] = (vf){0};
+  int k = 0;
+  for (; k + VW <= K; k += VW) {
+    vf b[8];
+    for (int j = 0; j < nr; j++) b[j] = load(B + (size_t)j * ldb + k);
+    for (int i = 0; i < mr; i++) {
+      vf a = load(A + (size_t)i * lda + k);
+      __asm__("" : "+v"(a)); /* one load, nr uses (GCC would reload it per use) */
+      for (int j = 0; j < nr; j++) acc[i * nr + j] += a * b[j];
+    }
+  }
+  if (k < K) {
+    vf b[8];
+    for (int j = 0; j < nr; j++) b[j] = load_tail(B + (size_t)j * ldb + k, K - k);
+    for (int i = 0; i < mr; i++) {
+      vf a = load_tail(A + (size_t)i * lda + k, K - k);
+      for (int j = 0; j < nr; j++) acc[i * nr + j] += a * b[j];
+    }
+  }
+  if (mr * nr >= 8) {
+    for (int g = 0; g < mr * nr; g += 16) { /* zeros fill the last group of 16 */
+      vf group[16];
+      for (int q = 0; q < 16; q++) group[q] = g + q < mr * nr ? acc[g + q] : (vf){0};
+      vf sums = hsum16(group);
+      for (int q = 0; q < 16 && g + q < mr * nr; q++)
+        store(C + (size_t)((g + q) / nr) * ldc + (g + q) % nr, sums[q], alpha, beta);
+    }
+  } else {
+    for (int q = 0; q < mr * nr; q++)
+      store(C + (size_t)(q / nr) * ldc + q % nr, hsum1(acc[q]), alpha, beta);
+  }
+}
+
+static __attribute__((noinline)) void one_by_one(int mr, int nr, int K, const float *A,
+    int lda, const float *B, int ldb, float *C, int ldc, float alpha, float beta) {
+  for (int i = 0; i < mr; i++)
+    for (int j = 0; j < nr; j++)
+      block(1, 1, K, A + (size_t)i * lda, lda, B + (size_t)j * ldb, ldb,
+            C + (size_t)i * ldc + j, ldc, alpha, beta);
+}
+
+/* Rows [m, m + mr) of A against rows [n0, n1) of B, in blocks of mr x nr. */
+#define SWEEP(mr, nr)                                                                   \
+  do {                                                                                  \
+    int n = n0;                                                                         \
+    for (; n + (nr) <= n1; n += (nr))                                                   \
+      block((mr), (nr), K, A + (size_t)m * lda, lda, B + (size_t)n * ldb, ldb,          \
+            C + (size_t)m * ldc + n, ldc, alpha, beta);                                 \
+    if (n < n1)                                                                         \
+      one_by_one((mr), n1 - n, K, A + (size_t)m * lda, lda, B + (size_t)n * ldb, ldb,   \
+                 C + (size_t)m * ldc + n, ldc, alpha, beta);                            \
+  } while (0)
+
+static void rows_of_b(int M, int n0, int n1, int K, float alpha, const float *A, int lda,
+                      const float *B, int ldb, float beta, float *C, int ldc) {
+  int m = 0;
+  for (; m + MR <= M; m += MR) SWEEP(MR, NR);
+  for (; m + 4 <= M; m += 4) SWEEP(4, 4); /* rows left over: smaller blocks, same values */
+  for (; m + 2 <= M; m += 2) SWEEP(2, 8);
+  for (; m < M; m++) SWEEP(1, 8);
+}
+
+/* Rows of B per pass: enough for the threads' memory streams, few enough for L2. */
+#define PANEL_BYTES (128 * 1024)
+
+void mlxlmb_gemm_nt(int M, int N, int K, float alpha, const float *A, int lda,
+                    const float *B, int ldb, float beta, float *C, int ldc, int threads) {
+  int panel = PANEL_BYTES / (4 * (K > 0 ? K : 1));
+  if (panel < 24) panel = 24;
+  long work = (long)M * N * K;
+  if (threads > 1 && work >= (1L << 17) && N >= 8 * threads) {
+    /* Threads take panels of B's rows as they come free (a thread the OS descheduled
+     * takes fewer); no value depends on who computes it. */
+    int per_thread = (N + 4 * threads - 1) / (4 * threads);
+    if (panel > per_thread) panel = (per_thread + 7) / 8 * 8;
+    int panels = (N + panel - 1) / panel;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int p = 0; p < panels; p++) {
+      int n0 = p * panel, n1 = n0 + panel < N ? n0 + panel : N;
+      rows_of_b(M, n0, n1, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    }
+  } else {
+    for (int n0 = 0; n0 < N; n0 += panel)
+      rows_of_b(M, n0, n0 + panel < N ? n0 + panel : N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+}
+
+/* CBLAS's enum values (cblas.h). */
+enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
+                         const float *, int, float, float *, int);
+static sgemm_fn blas_sgemm;
+static int max_rows, threads = 1;
+static long served, passed; /* calls computed here / handed to the BLAS (for tests) */
+
+void mlxlmb_counts(long *out) {
+  out[0] = __atomic_load_n(&served, __ATOMIC_RELAXED);
+  out[1] = __atomic_load_n(&passed, __ATOMIC_RELAXED);
+}
+
+/* Set by mlx_lm_batched/_small_gemm.py right after the BLAS is loaded; max_rows 0
+ * sends every call to the BLAS. Returns the previous max_rows. */
+int mlxlmb_configure(void *sgemm, int rows, int nthreads) {
+  int previous = max_rows;
+  if (sgemm) blas_sgemm = (sgemm_fn)sgemm;
+  max_rows = blas_sgemm ? rows : 0;
+  threads = nthreads > 0 ? nthreads : 1;
+  return previous;
+}
+
+void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                 const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                 int ldc) {
+  if (order == ROW_MAJOR && trans_a == NO_TRANS && trans_b == TRANS && M <= max_rows) {
+    __atomic_fetch_add(&served, 1, __ATOMIC_RELAXED);
+    mlxlmb_gemm_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, threads);
+    return;
+  }
+  __atomic_fetch_add(&passed, 1, __ATOMIC_RELAXED);
+  blas_sgemm(order, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
