@@ -76,7 +76,9 @@ def start(name, model, batch_size, same_blas=True, same_malloc=True):
     the fast CPU BLAS (see ``mlx_lm_batched._blas``), so both servers multiply with the
     same library; without it mlx-lm runs as shipped (MLX's bundled BLAS on Linux CPUs).
     That import also sets glibc's malloc thresholds (``mlx_lm_batched._malloc``);
-    without ``same_malloc`` mlx-lm keeps glibc's defaults, as when run as shipped.
+    without ``same_malloc`` mlx-lm keeps glibc's defaults, as when run as shipped. mlx-lm
+    never gets our small-row matmul kernel (``mlx_lm_batched._small_gemm``): that is
+    ours, not the BLAS.
     """
     port = free_port()
     launch = ["-m", SERVERS[name]]
@@ -90,6 +92,8 @@ def start(name, model, batch_size, same_blas=True, same_malloc=True):
             ["--decode-concurrency", str(batch_size), "--prompt-concurrency", "8",
              "--log-level", "WARNING"])
     env = dict(os.environ)
+    if name == "mlx-lm":
+        env["MLX_LM_BATCHED_SMALL_GEMM"] = "off"
     if name == "mlx-lm" and not same_malloc:
         env["MLX_LM_BATCHED_MALLOC"] = "system"
     log = tempfile.NamedTemporaryFile("w+", suffix=f"-{name}.log", delete=False)
