@@ -123,9 +123,12 @@ def build():
         raise OSError("no C compiler (cc) to build the small-matmul kernel")
     with open(SOURCE, "rb") as f:
         source = f.read()
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
-                             timeout=30).stdout
-    key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(FLAGS).encode(),
+    # The compiler by its file (a new compiler is a new file), not by running it: this
+    # runs at every import.
+    real = os.path.realpath(compiler)
+    stat = os.stat(real)
+    identity = f"{real} {stat.st_size} {stat.st_mtime_ns}"
+    key = hashlib.sha256(b"\0".join([source, identity.encode(), " ".join(FLAGS).encode(),
                                      _cpu_signature().encode()])).hexdigest()[:16]
     for directory in (_cache_dir(), os.path.join(tempfile.gettempdir(), "mlx_lm_batched")):
         path = os.path.join(directory, f"small_gemm-{key}.so")
