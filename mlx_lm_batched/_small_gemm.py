@@ -25,7 +25,8 @@ Environment:
   ``off`` (or ``0``) to leave every matmul to the BLAS.
 - ``MLX_LM_BATCHED_SMALL_GEMM_ROWS``: the most rows it computes itself (default 8: from
   16 rows on, OpenBLAS's packed kernels are as fast here; see docs/PERF.md).
-- ``MLX_LM_BATCHED_GEMM_THREADS``: its threads (default: the usable cores, at most 8).
+- ``MLX_LM_BATCHED_GEMM_THREADS``: its threads (default: the usable cores, at most 8,
+  divided among the ranks of a distributed launch on the same machine).
 - ``CC``: the compiler (default ``cc``).
 
 Linux only, where a BLAS is loaded by ``mlx_lm_batched._blas``; macOS keeps Accelerate.
@@ -34,6 +35,7 @@ Linux only, where a BLAS is loaded by ``mlx_lm_batched._blas``; macOS keeps Acce
 import contextlib
 import ctypes
 import hashlib
+import json
 import os
 import platform
 import shutil
@@ -82,13 +84,34 @@ def _positive_env(name, default):
     return number
 
 
+def processes_on_this_host():
+    """How many processes of a distributed launch share this machine (1 outside one):
+    MPI's local size, or the hosts of ``mlx.launch``'s ring hostfile that have this rank's
+    address."""
+    for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        if os.environ.get(name, "").isdigit():
+            return max(1, int(os.environ[name]))
+    rank, hostfile = os.environ.get("MLX_RANK"), os.environ.get("MLX_HOSTFILE")
+    if rank is None or not rank.isdigit():
+        return 1
+    try:
+        with open(hostfile) as f:
+            hosts = json.load(f)
+        address = hosts[int(rank)][0].rsplit(":", 1)[0]
+        return max(1, sum(1 for h in hosts if h and h[0].rsplit(":", 1)[0] == address))
+    except (OSError, TypeError, ValueError, IndexError, KeyError, AttributeError):
+        return max(1, int(os.environ.get("MLX_WORLD_SIZE", "1") or 1))
+
+
 def default_threads():
-    """The usable cores, at most 8 (more only add fork-join cost to small products)."""
+    """The usable cores over the processes of a distributed launch on this machine, at
+    most 8 (more only add fork-join cost to small products). Ranks sharing the cores with
+    a thread each of their own spinning made a 2-rank pipeline on 2 cores 1.7x slower."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    return max(1, min(cores, 8))
+    return max(1, min(cores // processes_on_this_host(), 8))
 
 
 def _cpu_signature():

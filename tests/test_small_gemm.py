@@ -213,3 +213,23 @@ def test_a_bad_setting_is_named(name, value):
     proc = run_switch_probe(**{name: value})
     assert proc.returncode != 0
     assert f"ValueError: {name}={value!r}" in proc.stderr
+
+
+def test_ranks_on_one_machine_share_its_cores(tmp_path):
+    # mlx.launch's ring hostfile: two ranks on this machine, one elsewhere.
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([["127.0.0.1:5000"], ["127.0.0.1:5001"], ["10.0.0.9:5002"]]))
+    code = ("import mlx_lm_batched._small_gemm as g; "
+            "print(g.processes_on_this_host(), g.default_threads(), g.threads)")
+    for rank, local in (("0", 2), ("2", 1)):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300, env=clean_env(MLX_RANK=rank,
+                                                         MLX_HOSTFILE=str(hostfile)))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        processes, default, threads = map(int, proc.stdout.split())
+        cores = len(os.sched_getaffinity(0))
+        assert processes == local
+        assert default == threads == max(1, min(cores // local, 8))
+    alone = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=300, env=clean_env())
+    assert alone.stdout.split()[0] == "1"
