@@ -247,7 +247,7 @@ def switched_off():
 
 
 def describe():
-    """A short phrase for ``_blas.describe``: ``"small-row kernel <= 64 rows, 2 threads"``,
+    """A short phrase for ``_blas.describe``: ``"small-row kernel <= 8 rows, 2 threads"``,
     ``"small-row kernel off"`` or ``"small-row kernel not built: <why>"``."""
     if _lib is not None and max_rows:
         return f"small-row kernel <= {max_rows} rows, {threads} thread{'s' * (threads != 1)}"

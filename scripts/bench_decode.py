@@ -100,13 +100,10 @@ class OursBlas(Ours):
             super().forward()
 
 
-def mlx_lm_side():
+def mlx_lm_side(lend_kernel):
     """The BLAS mlx-lm multiplies with: ours without our small-row kernel, unless
-    ``--mlx-lm-small-gemm`` lends it the kernel too."""
-    return contextlib.nullcontext() if LEND_KERNEL else _small_gemm.switched_off()
-
-
-LEND_KERNEL = False
+    ``lend_kernel`` (``--mlx-lm-small-gemm``) lends it the kernel too."""
+    return contextlib.nullcontext() if lend_kernel else _small_gemm.switched_off()
 
 
 class Theirs:
@@ -114,16 +111,17 @@ class Theirs:
 
     name = "mlx-lm"
 
-    def __init__(self, model, prompts):
+    def __init__(self, model, prompts, lend_kernel=False):
         self.model = model
         self.tokens = mx.array(prompts)
+        self.lend_kernel = lend_kernel
 
     def prefill(self):
-        with mlx_lm_side():
+        with mlx_lm_side(self.lend_kernel):
             self._prefill()
 
     def forward(self):
-        with mlx_lm_side():
+        with mlx_lm_side(self.lend_kernel):
             self._forward()
 
     def _prefill(self):
@@ -164,7 +162,7 @@ def time_forward(sides, steps, repeats):
     return {k: best(v) for k, v in out.items()}, {k: best(v) for k, v in prefill.items()}
 
 
-def time_loop(model, ref, tokenizer, prompts, steps, repeats, bs):
+def time_loop(model, ref, tokenizer, prompts, steps, repeats, bs, lend_kernel=False):
     """Decode tok/s of both generation loops (best over repeats)."""
     res = {"ours": [], "blas": [], "mlx-lm": []}
     same = None
@@ -178,7 +176,7 @@ def time_loop(model, ref, tokenizer, prompts, steps, repeats, bs):
                 with _small_gemm.switched_off():
                     out, timeline, _, _ = run_ours(model, tokenizer, prompts, steps, bs)
             else:
-                with mlx_lm_side():
+                with mlx_lm_side(lend_kernel):
                     out, timeline, _, _ = run_mlx_lm(ref, prompts, steps, bs)
             wall = time.perf_counter() - tic
             # The same clock for both: from the moment every row has its first token
@@ -204,8 +202,6 @@ def main(argv=None):
     p.add_argument("--mlx-lm-small-gemm", action="store_true",
                    help="lend mlx-lm our small-row matmul kernel too (default: its BLAS only)")
     args = p.parse_args(argv)
-    global LEND_KERNEL
-    LEND_KERNEL = args.mlx_lm_small_gemm
     import mlx_lm
 
     model, tokenizer = load(args.model)
@@ -224,7 +220,7 @@ def main(argv=None):
         prompts = equal_prompts(tokenizer, bs, args.prompt_len)
         row = {"bs": bs}
         if "forward" in parts:
-            sides = [Ours(model, prompts), OursBlas(model, prompts), Theirs(ref, prompts)]
+            sides = [Ours(model, prompts), OursBlas(model, prompts), Theirs(ref, prompts, args.mlx_lm_small_gemm)]
             fwd, pf = time_forward(sides, args.steps, args.repeats)
             row.update(fwd_ours_ms=fwd["ours"] * 1e3, fwd_mlx_ms=fwd["mlx-lm"] * 1e3,
                        fwd_blas_ms=fwd["blas"] * 1e3,
@@ -232,7 +228,8 @@ def main(argv=None):
                        prefill_blas_tps=bs * args.prompt_len / pf["blas"],
                        prefill_mlx_tps=bs * args.prompt_len / pf["mlx-lm"])
         if "loop" in parts:
-            loop, same = time_loop(model, ref, tokenizer, prompts, args.steps, args.repeats, bs)
+            loop, same = time_loop(model, ref, tokenizer, prompts, args.steps, args.repeats, bs,
+                                   args.mlx_lm_small_gemm)
             row.update(loop_ours_tps=loop["ours"], loop_blas_tps=loop["blas"],
                        loop_mlx_tps=loop["mlx-lm"], same=same)
         rows.append(row)
