@@ -57,7 +57,7 @@ def test_installed_and_named_where_a_compiler_and_a_blas_are():
         assert _small_gemm.max_rows == 0
         return
     assert _small_gemm.problem is None
-    assert _small_gemm.max_rows == int(os.environ.get(_small_gemm.ROWS_ENV, "8"))
+    assert _small_gemm.max_rows == int(os.environ.get(_small_gemm.ROWS_ENV, _small_gemm.DEFAULT_MAX_ROWS))
     assert _small_gemm.threads == (int(os.environ.get(_small_gemm.THREADS_ENV, "0"))
                                    or _small_gemm.default_threads())
     assert f"small-row kernel <= {_small_gemm.max_rows} rows" in _blas.describe()

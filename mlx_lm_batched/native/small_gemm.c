@@ -69,12 +69,16 @@ static inline void store(float *c, float dot, float alpha, float beta) {
 /* One block of mr rows of A by nr rows of B (compile-time constants once inlined). */
 static inline __attribute__((always_inline)) void block(
     const int mr, const int nr, int K, const float *A, int lda, const float *B, int ldb,
-    float *C, int ldc, float alpha, float beta) {
+    const float *next, float *C, int ldc, float alpha, float beta) {
   vf acc[32];
   for (int q = 0; q < mr * nr; q++) acc[q] = (vf){0};
   int k = 0;
   for (; k + VW <= K; k += VW) {
     vf b[8];
+    /* The next block's rows of B, at the same offset, into L2: one block's compute
+     * ahead of their use. The hardware prefetcher alone left a thread waiting on
+     * DRAM (8 rows: all projections of SmolLM2-135M in 21 ms instead of 38). */
+    for (int j = 0; j < nr; j++) __builtin_prefetch(next + (size_t)j * ldb + k, 0, 2);
     for (int j = 0; j < nr; j++) b[j] = load(B + (size_t)j * ldb + k);
     for (int i = 0; i < mr; i++) {
       vf a = load(A + (size_t)i * lda + k);
@@ -109,15 +113,17 @@ static __attribute__((noinline)) void one_by_one(int mr, int nr, int K, const fl
   for (int i = 0; i < mr; i++)
     for (int j = 0; j < nr; j++)
       block(1, 1, K, A + (size_t)i * lda, lda, B + (size_t)j * ldb, ldb,
-            C + (size_t)i * ldc + j, ldc, alpha, beta);
+            B + (size_t)j * ldb, C + (size_t)i * ldc + j, ldc, alpha, beta);
 }
 
-/* Rows [m, m + mr) of A against rows [n0, n1) of B, in blocks of mr x nr. */
+/* Rows [m, m + mr) of A against rows [n0, n1) of B, in blocks of mr x nr; each block
+ * prefetches the next one's rows of B (its own, for the last, to stay inside B). */
 #define SWEEP(mr, nr)                                                                   \
   do {                                                                                  \
     int n = n0;                                                                         \
     for (; n + (nr) <= n1; n += (nr))                                                   \
       block((mr), (nr), K, A + (size_t)m * lda, lda, B + (size_t)n * ldb, ldb,          \
+            B + (size_t)(n + 2 * (nr) <= n1 ? n + (nr) : n) * ldb,                      \
             C + (size_t)m * ldc + n, ldc, alpha, beta);                                 \
     if (n < n1)                                                                         \
       one_by_one((mr), n1 - n, K, A + (size_t)m * lda, lda, B + (size_t)n * ldb, ldb,   \
