@@ -162,7 +162,7 @@ async def one(http, name, model, req, bias, start_at):
 async def replay(name, url, model, trace, bias):
     import httpx
 
-    limits = httpx.Limits(max_connections=len(trace) + 4, max_keepalive_connections=len(trace) + 4)
+    limits = httpx.Limits(max_connections=len(trace) + 4, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as http:
         warm = {"arrival": 0.0, "max_tokens": 2, "ids": trace[0]["ids"][:8],
                 "text": trace[0]["text"]}
@@ -177,7 +177,10 @@ async def closed_loop(name, url, model, trace, bias, streams):
     times ignored); per-request results in trace order."""
     import httpx
 
-    limits = httpx.Limits(max_connections=streams + 4, max_keepalive_connections=streams + 4)
+    # A new connection per request, for both servers: mlx_lm.server closes a connection
+    # after its response, and a request sent on it meanwhile died with a reset
+    # (httpx.ReadError) in two of three runs at 4 and 16 streams (twelfth session).
+    limits = httpx.Limits(max_connections=streams + 4, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as http:
         warm = {"arrival": 0.0, "max_tokens": 2, "ids": trace[0]["ids"][:8],
                 "text": trace[0]["text"]}
