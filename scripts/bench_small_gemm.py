@@ -74,16 +74,25 @@ def products(model, rows_list, repeats):
             mx.eval([xs[w.shape[1]] @ w.T for w in weights])
 
         t = interleaved({"kernel": (max(rows, 1), run), "blas": (0, run)}, repeats)
+        # Both sides must compute the same products (to float32 rounding).
+        results = {}
+        for name, limit in (("kernel", max(rows, 1)), ("blas", 0)):
+            _small_gemm.set_max_rows(limit)
+            results[name] = [xs[w.shape[1]] @ w.T for w in weights]
+            mx.eval(results[name])
+        diff = max((mx.abs(a - b).max() / mx.maximum(mx.abs(b).max(), 1e-30)).item()
+                   for a, b in zip(results["kernel"], results["blas"]))
         flops = 2 * rows * nbytes / 4
         out.append({"rows": rows, **{f"{k}_ms": v * 1e3 for k, v in t.items()},
                     "kernel_gbs": nbytes / t["kernel"] / 1e9, "blas_gbs": nbytes / t["blas"] / 1e9,
                     "kernel_gflops": flops / t["kernel"] / 1e9,
-                    "blas_gflops": flops / t["blas"] / 1e9, "blas_over_kernel": t["blas"] / t["kernel"]})
+                    "blas_gflops": flops / t["blas"] / 1e9, "blas_over_kernel": t["blas"] / t["kernel"],
+                    "max_relative_difference": diff})
         r = out[-1]
         print(f"  rows {rows:3d}  kernel {r['kernel_ms']:7.1f} ms ({r['kernel_gbs']:5.1f} GB/s, "
               f"{r['kernel_gflops']:6.1f} GFLOP/s)  BLAS {r['blas_ms']:7.1f} ms "
               f"({r['blas_gbs']:5.1f} GB/s, {r['blas_gflops']:6.1f} GFLOP/s)  "
-              f"BLAS/kernel {r['blas_over_kernel']:.2f}", flush=True)
+              f"BLAS/kernel {r['blas_over_kernel']:.2f}  max diff {diff:.1e}", flush=True)
     return out
 
 
@@ -127,7 +136,7 @@ def main():
         sys.exit(1)
     default_limit = _small_gemm.max_rows
     model, tokenizer = load(args.model)
-    header = f"{machine()}; load average {os.getloadavg()[0]:.2f}"
+    header = f"{machine()}; BLAS: {_blas.describe()}; load average {os.getloadavg()[0]:.2f}"
     print(header)
     print("products (all projections and the LM head):")
     report = {"machine": header, "blas": _blas.describe(),
