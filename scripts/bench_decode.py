@@ -220,7 +220,8 @@ def main(argv=None):
         prompts = equal_prompts(tokenizer, bs, args.prompt_len)
         row = {"bs": bs}
         if "forward" in parts:
-            sides = [Ours(model, prompts), OursBlas(model, prompts), Theirs(ref, prompts, args.mlx_lm_small_gemm)]
+            sides = [Ours(model, prompts), OursBlas(model, prompts),
+                     Theirs(ref, prompts, args.mlx_lm_small_gemm)]
             fwd, pf = time_forward(sides, args.steps, args.repeats)
             row.update(fwd_ours_ms=fwd["ours"] * 1e3, fwd_mlx_ms=fwd["mlx-lm"] * 1e3,
                        fwd_blas_ms=fwd["blas"] * 1e3,

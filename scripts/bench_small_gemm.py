@@ -36,7 +36,7 @@ from bench_report import machine  # noqa: E402
 from mlx_lm_batched import _blas, _small_gemm, load  # noqa: E402
 from mlx_lm_batched.engine.batch_engine import BatchEngine  # noqa: E402
 from mlx_lm_batched.engine.prefill_plan import left_pad  # noqa: E402
-from profile_decode import linear_weights  # noqa: E402
+from profile_decode import head_module, linear_weights  # noqa: E402
 
 
 def median(values):
@@ -59,9 +59,7 @@ def interleaved(sides, repeats):
 
 
 def products(model, rows_list, repeats):
-    weights = [child.weight for _, child in linear_weights(model)]
-    head = getattr(model, "lm_head", None)
-    weights.append(head.weight if head is not None else model.model.embed_tokens.weight)
+    weights = [child.weight for _, child in linear_weights(model)] + [head_module(model).weight]
     weights = [w.astype(mx.float32) for w in weights]
     mx.eval(weights)
     nbytes = sum(w.nbytes for w in weights)
@@ -70,15 +68,17 @@ def products(model, rows_list, repeats):
         xs = {w.shape[1]: mx.random.normal((rows, w.shape[1])) for w in weights}
         mx.eval(list(xs.values()))
 
-        def run():
-            mx.eval([xs[w.shape[1]] @ w.T for w in weights])
+        def multiply():
+            return [xs[w.shape[1]] @ w.T for w in weights]
 
-        t = interleaved({"kernel": (max(rows, 1), run), "blas": (0, run)}, repeats)
+        limits = {"kernel": max(rows, 1), "blas": 0}
+        t = interleaved({name: (limit, lambda: mx.eval(multiply()))
+                         for name, limit in limits.items()}, repeats)
         # Both sides must compute the same products (to float32 rounding).
         results = {}
-        for name, limit in (("kernel", max(rows, 1)), ("blas", 0)):
+        for name, limit in limits.items():
             _small_gemm.set_max_rows(limit)
-            results[name] = [xs[w.shape[1]] @ w.T for w in weights]
+            results[name] = multiply()
             mx.eval(results[name])
         diff = max((mx.abs(a - b).max() / mx.maximum(mx.abs(b).max(), 1e-30)).item()
                    for a, b in zip(results["kernel"], results["blas"]))

@@ -59,6 +59,11 @@ def linear_weights(model):
     return out
 
 
+def head_module(model):
+    """The module whose weight is the LM head: ``lm_head``, or the tied embedding."""
+    return model.lm_head if hasattr(model, "lm_head") else model.model.embed_tokens
+
+
 def profile(model, tokenizer, batch, steps, repeats):
     prompts = sorted(build_prompts(tokenizer, batch, seed=0), key=len)  # as batch_generate
     tokens, padding = left_pad(prompts)
@@ -117,7 +122,7 @@ def profile(model, tokenizer, batch, steps, repeats):
     mx.eval(x, list(inputs.values()))
     results["projections (all layers' matmuls)"] = timed(
         lambda: mx.eval([lin(inputs[lin.weight.shape[1]]) for _, lin in lins]), repeats)
-    head = model.lm_head if hasattr(model, "lm_head") else model.model.embed_tokens
+    head = head_module(model)
     extra["weights read by the matmuls (MB)"] = (
         sum(lin.weight.nbytes for _, lin in lins) + head.weight.nbytes) / 1e6
     results["lm head (vocab matmul)"] = timed(
