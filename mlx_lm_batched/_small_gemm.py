@@ -237,6 +237,20 @@ def counts():
     return out[0], out[1]
 
 
+def team_thread_ids():
+    """The OS thread ids that have computed products in the kernel: ``[caller, *workers]``
+    (the caller is MLX's CPU stream thread; the workers are the kernel's own OpenMP
+    threads); ``[]`` before its first call or when not installed. Profilers use them to
+    tell threads' CPU time apart (``scripts/profile_decode.py``)."""
+    if _lib is None:
+        return []
+    out = (ctypes.c_long * 64)()
+    n = _lib.mlxlmb_team(out, 64)
+    if not out[0]:
+        return []
+    return [out[0]] + [t for t in out[1:n] if t and t != out[0]]
+
+
 @contextlib.contextmanager
 def switched_off():
     """Every matmul to the BLAS inside the block (see :func:`set_max_rows`)."""

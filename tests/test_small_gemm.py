@@ -134,6 +134,40 @@ def test_the_thread_count_does_not_change_a_bit():
     assert outs["1"] == outs["2"] == outs["3"]
 
 
+TEAM_PROBE = r'''
+import json, os
+import numpy as np
+import mlx_lm_batched
+import mlx.core as mx
+from mlx_lm_batched import _small_gemm as g
+before = g.team_thread_ids()
+rng = np.random.default_rng(0)
+a = rng.standard_normal((4, 576), dtype=np.float32)
+w = rng.standard_normal((1536, 576), dtype=np.float32)
+with mx.stream(mx.cpu):
+    mx.eval(mx.array(a) @ mx.array(w).T)
+print(json.dumps({"before": before, "after": g.team_thread_ids(), "pid": os.getpid(),
+                  "tasks": sorted(int(t) for t in os.listdir("/proc/self/task"))}))
+'''
+
+
+def test_the_threads_that_computed_are_named_for_profilers():
+    """``team_thread_ids``: nothing before the first product, then MLX's stream thread
+    (the caller) and the kernel's worker, both live threads of the process and neither
+    the Python thread (what ``scripts/profile_decode.py`` splits CPU time by)."""
+    if _small_gemm.max_rows == 0:
+        pytest.skip(f"kernel not built here: {_small_gemm.describe()}")
+    proc = subprocess.run([sys.executable, "-c", TEAM_PROBE], capture_output=True, text=True,
+                          timeout=300, env=clean_env(**{_small_gemm.THREADS_ENV: "2"}))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = json.loads(proc.stdout)
+    assert seen["before"] == []
+    caller, *workers = seen["after"]
+    assert len(workers) == 1
+    assert {caller, *workers} <= set(seen["tasks"])
+    assert seen["pid"] not in seen["after"]
+
+
 def test_larger_calls_and_other_layouts_reach_the_blas(serve_up_to):
     serve_up_to(8)
     rng = np.random.default_rng(4)

@@ -22,6 +22,10 @@
  */
 #include <stddef.h>
 #include <omp.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #define VW 16
 typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));
@@ -142,6 +146,30 @@ static void rows_of_b(int M, int n0, int n1, int K, float alpha, const float *A,
 /* Rows of B per pass: enough for the threads' memory streams, few enough for L2. */
 #define PANEL_BYTES (128 * 1024)
 
+/* The OS thread ids that computed products here, by OpenMP thread number: 0 is the
+ * caller (MLX's CPU stream thread), the others the kernel's own workers. Profilers read
+ * them (mlxlmb_team) to tell the threads' CPU time apart; a thread looks its id up once. */
+#define MAX_TEAM 64
+static long team_tids[MAX_TEAM];
+
+static inline void note_thread(int number) {
+#ifdef __linux__
+  static __thread long tid;
+  if (!tid) tid = syscall(SYS_gettid);
+  if (number < MAX_TEAM) __atomic_store_n(&team_tids[number], tid, __ATOMIC_RELAXED);
+#else
+  (void)number;
+#endif
+}
+
+/* Copies up to n recorded thread ids (0: none recorded for that number); returns the
+ * count copied. */
+int mlxlmb_team(long *out, int n) {
+  int count = n < MAX_TEAM ? n : MAX_TEAM;
+  for (int i = 0; i < count; i++) out[i] = __atomic_load_n(&team_tids[i], __ATOMIC_RELAXED);
+  return count;
+}
+
 void mlxlmb_gemm_nt(int M, int N, int K, float alpha, const float *A, int lda,
                     const float *B, int ldb, float beta, float *C, int ldc, int threads) {
   int panel = PANEL_BYTES / (4 * (K > 0 ? K : 1));
@@ -156,9 +184,11 @@ void mlxlmb_gemm_nt(int M, int N, int K, float alpha, const float *A, int lda,
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int p = 0; p < panels; p++) {
       int n0 = p * panel, n1 = n0 + panel < N ? n0 + panel : N;
+      note_thread(omp_get_thread_num());
       rows_of_b(M, n0, n1, K, alpha, A, lda, B, ldb, beta, C, ldc);
     }
   } else {
+    note_thread(0);
     for (int n0 = 0; n0 < N; n0 += panel)
       rows_of_b(M, n0, n0 + panel < N ? n0 + panel : N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
