@@ -29,7 +29,7 @@ import mlx.core as mx  # noqa: E402
 
 from bench import build_prompts, no_eos  # noqa: E402
 from bench_report import machine  # noqa: E402
-from mlx_lm_batched import _blas, load  # noqa: E402
+from mlx_lm_batched import _blas, _small_gemm, load  # noqa: E402
 from mlx_lm_batched.engine.batch_engine import BatchEngine
 from mlx_lm_batched.engine.prefill_plan import left_pad  # noqa: E402
 from mlx_lm_batched.layers import attention as layers_lib  # noqa: E402
@@ -45,6 +45,55 @@ def timed(fn, repeats):
         fn()
         times.append(time.perf_counter() - tic)
     return sorted(times)[len(times) // 2]
+
+
+def thread_cpu_seconds():
+    """``{thread id: CPU seconds so far}`` for this process's threads (Linux ``/proc``:
+    ``schedstat``'s nanoseconds where the kernel keeps them, else ``stat``'s ticks)."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0]) / 1e9
+            continue
+        except (OSError, ValueError, IndexError):
+            pass
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(tid)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def cpu_by_thread(run, steps):
+    """CPU seconds per step of each kind of thread while ``run()`` does ``steps``
+    steps, and the wall seconds per step. Kinds: the Python thread (graph building,
+    ``eval``'s walk over the graph, allocating outputs), MLX's CPU stream thread (every
+    op; it also computes its share of the small-row kernel's products), the kernel's
+    OpenMP workers (their share, then spinning until the next product), and the rest
+    (the BLAS's workers). Empty off Linux."""
+    if not os.path.isdir("/proc/self/task"):
+        return {}, 0.0
+    before = thread_cpu_seconds()
+    tic = time.perf_counter()
+    run()
+    wall = time.perf_counter() - tic
+    after = thread_cpu_seconds()
+    team = _small_gemm.team_thread_ids()
+    kinds = {}
+    for tid, seconds in after.items():
+        if tid == os.getpid():
+            kind = "Python thread"
+        elif team and tid == team[0]:
+            kind = "MLX CPU stream thread"
+        elif tid in team:
+            kind = "small-row kernel workers"
+        else:
+            kind = "other threads (BLAS workers)"
+        kinds[kind] = kinds.get(kind, 0.0) + (seconds - before.get(tid, 0.0)) / steps
+    return kinds, wall / steps
 
 
 def linear_weights(model):
@@ -102,6 +151,8 @@ def profile(model, tokenizer, batch, steps, repeats):
 
     results["step, pipelined (as batch_generate)"] = timed(pipelined, repeats) / steps
     results["step, synced every step"] = timed(synced, repeats) / steps
+    extra["cpu by thread"] = cpu_by_thread(lambda: [synced() for _ in range(repeats)],
+                                           steps * repeats)
     # The same step with attention in one call over all slots (no row groups).
     groups, engine._decode_groups = engine._decode_groups, None
     extra["step, attention not grouped by rows"] = timed(pipelined, repeats) / steps
@@ -212,6 +263,7 @@ def main(argv=None):
     print(f"  {'unattributed (step - isolated parts)':40s} {1e3 * (step - parts):8.2f} ms")
     print("not in the step, for reference:")
     weights_mb = extra.pop("weights read by the matmuls (MB)")
+    by_thread, wall = extra.pop("cpu by thread")
     for name, t in extra.items():
         print(f"  {name:40s} {1e3 * t:8.2f} ms")
     # Decode at small batch sizes streams every weight once per step: this rate is
@@ -219,6 +271,12 @@ def main(argv=None):
     matmul_s = results["projections (all layers' matmuls)"] + results["lm head (vocab matmul)"]
     print(f"  {'weights streamed by the matmuls':40s} {weights_mb:8.1f} MB "
           f"({weights_mb / 1e3 / matmul_s:.1f} GB/s in the isolated matmuls)")
+    if by_thread:
+        # Two cores give 2x the wall time; a thread near 100% of it holds a core.
+        print(f"CPU time per synced step by thread (step {1e3 * wall:.2f} ms wall; "
+              f"{os.cpu_count()} CPUs):")
+        for kind, seconds in sorted(by_thread.items(), key=lambda kv: -kv[1]):
+            print(f"  {kind:40s} {1e3 * seconds:8.2f} ms  {100 * seconds / wall:5.1f}% of the wall")
 
 
 if __name__ == "__main__":
