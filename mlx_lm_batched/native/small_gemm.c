@@ -181,11 +181,16 @@ void mlxlmb_gemm_nt(int M, int N, int K, float alpha, const float *A, int lda,
     int per_thread = (N + 4 * threads - 1) / (4 * threads);
     if (panel > per_thread) panel = (per_thread + 7) / 8 * 8;
     int panels = (N + panel - 1) / panel;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int p = 0; p < panels; p++) {
-      int n0 = p * panel, n1 = n0 + panel < N ? n0 + panel : N;
+#pragma omp parallel num_threads(threads)
+    {
+      /* Every member of the team, whether or not it gets a panel (the first to start
+       * may take them all). */
       note_thread(omp_get_thread_num());
-      rows_of_b(M, n0, n1, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#pragma omp for schedule(dynamic, 1) nowait
+      for (int p = 0; p < panels; p++) {
+        int n0 = p * panel, n1 = n0 + panel < N ? n0 + panel : N;
+        rows_of_b(M, n0, n1, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      }
     }
   } else {
     note_thread(0);
