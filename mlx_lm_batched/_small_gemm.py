@@ -48,6 +48,7 @@ ENV = "MLX_LM_BATCHED_SMALL_GEMM"
 ROWS_ENV = "MLX_LM_BATCHED_SMALL_GEMM_ROWS"
 THREADS_ENV = "MLX_LM_BATCHED_GEMM_THREADS"
 DEFAULT_MAX_ROWS = 32
+TEAM_SLOTS = 64  # MAX_TEAM in native/small_gemm.c: thread ids it keeps
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "small_gemm.c")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-fast-math"]
 
@@ -244,8 +245,8 @@ def team_thread_ids():
     tell threads' CPU time apart (``scripts/profile_decode.py``)."""
     if _lib is None:
         return []
-    out = (ctypes.c_long * 64)()
-    n = _lib.mlxlmb_team(out, 64)
+    out = (ctypes.c_long * TEAM_SLOTS)()
+    n = _lib.mlxlmb_team(out, TEAM_SLOTS)
     if not out[0]:
         return []
     return [out[0]] + [t for t in out[1:n] if t and t != out[0]]
