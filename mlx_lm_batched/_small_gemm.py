@@ -35,14 +35,12 @@ Linux only, where a BLAS is loaded by ``mlx_lm_batched._blas``; macOS keeps Acce
 
 import contextlib
 import ctypes
-import hashlib
 import json
 import os
-import platform
-import shutil
 import subprocess
 import sys
-import tempfile
+
+from . import _native_build
 
 ENV = "MLX_LM_BATCHED_SMALL_GEMM"
 ROWS_ENV = "MLX_LM_BATCHED_SMALL_GEMM_ROWS"
@@ -116,67 +114,16 @@ def default_threads():
     return max(1, min(cores // processes_on_this_host(), 8))
 
 
-def _cpu_signature():
-    # A build with -march=native runs only on CPUs with the same instruction sets: the
-    # cache key holds the CPU's model and flags (a home directory may be shared).
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = [line for line in f if line.startswith(("model name", "flags",
-                                                            "Features", "CPU part"))]
-        return "".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor()
-
-
-def _cache_dir():
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "mlx_lm_batched", "native")
-
-
-def _compiler():
-    compiler = os.environ.get("CC", "cc")
-    return shutil.which(compiler)
-
-
 def build():
     """Path of the compiled kernel library, building it when it is not cached.
 
     Raises OSError (no compiler, compile error) with the reason.
     """
-    compiler = _compiler()
+    compiler = _native_build.find_compiler("CC", "cc")
     if compiler is None:
         raise OSError("no C compiler (cc) to build the small-matmul kernel")
-    with open(SOURCE, "rb") as f:
-        source = f.read()
-    # The compiler by its file (a new compiler is a new file), not by running it: this
-    # runs at every import.
-    real = os.path.realpath(compiler)
-    stat = os.stat(real)
-    identity = f"{real} {stat.st_size} {stat.st_mtime_ns}"
-    key = hashlib.sha256(b"\0".join([source, identity.encode(), " ".join(FLAGS).encode(),
-                                     _cpu_signature().encode()])).hexdigest()[:16]
-    for directory in (_cache_dir(), os.path.join(tempfile.gettempdir(), "mlx_lm_batched")):
-        path = os.path.join(directory, f"small_gemm-{key}.so")
-        if os.path.exists(path):
-            return path
-        try:
-            os.makedirs(directory, exist_ok=True)
-            fd, partial = tempfile.mkstemp(suffix=".so", dir=directory)
-            os.close(fd)
-        except OSError:
-            continue
-        try:
-            done = subprocess.run([compiler, *FLAGS, "-o", partial, SOURCE],
-                                  capture_output=True, text=True, timeout=120)
-            if done.returncode != 0:
-                raise OSError("building the small-matmul kernel failed: "
-                              + (done.stderr.strip().splitlines() or ["?"])[-1])
-            os.replace(partial, path)  # atomic: concurrent builders each write their own
-            return path
-        finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
-    raise OSError("no writable cache directory for the small-matmul kernel")
+    return _native_build.cached_build("small_gemm", "small-matmul kernel", compiler,
+                                      [SOURCE], FLAGS, timeout=120)
 
 
 def install():

@@ -43,8 +43,8 @@ import mlx_lm_batched  # noqa: E402,F401  (BLAS preload before mlx.core)
 import mlx.core as mx  # noqa: E402
 
 from bench import build_prompts, no_eos, run_mlx_lm, run_ours  # noqa: E402
-from bench_report import machine  # noqa: E402
-from mlx_lm_batched import _blas, _small_gemm, load  # noqa: E402
+from bench_report import kernels, machine  # noqa: E402
+from mlx_lm_batched import _small_gemm, load  # noqa: E402
 from mlx_lm_batched.engine.batch_engine import BatchEngine  # noqa: E402
 
 
@@ -209,7 +209,7 @@ def main(argv=None):
     ref, _ = mlx_lm.load(args.model)
     parts = args.parts.split(",")
     load_start = os.getloadavg()
-    print(f"{machine()}; BLAS: {_blas.describe()}; load average {load_start[0]:.2f}; "
+    print(f"{machine()}; BLAS: {kernels()}; load average {load_start[0]:.2f}; "
           f"prompts of {args.prompt_len} tokens, {args.steps} decode steps, "
           f"best of {args.repeats} interleaved")
     print(f"{'bs':>3s} {'fwd ours ms':>11s} {'blas':>7s} {'fwd mlx ms':>10s} {'fwd x':>6s} "
@@ -259,7 +259,7 @@ def main(argv=None):
           "(speed; above 1 is ours faster)")
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "machine": machine(), "blas": _blas.describe(), "load_start": load_start,
+            "machine": machine(), "blas": kernels(), "load_start": load_start,
             "load_end": load_end, "args": vars(args), "rows": rows}, indent=1))
 
 

@@ -31,8 +31,8 @@ import mlx.core as mx  # noqa: E402
 
 from bench import no_eos  # noqa: E402
 from bench_decode import Ours, Theirs, equal_prompts  # noqa: E402
-from bench_report import machine  # noqa: E402
-from mlx_lm_batched import _blas, load  # noqa: E402
+from bench_report import kernels, machine  # noqa: E402
+from mlx_lm_batched import load  # noqa: E402
 from mlx_lm_batched.layers import cpu_ops  # noqa: E402
 
 
@@ -87,7 +87,7 @@ def main(argv=None):
     tokenizer = no_eos(tokenizer)
     ref, _ = mlx_lm.load(args.model)
     load_start = os.getloadavg()
-    print(f"{machine()}; BLAS: {_blas.describe()}; load average {load_start[0]:.2f}; "
+    print(f"{machine()}; BLAS: {kernels()}; load average {load_start[0]:.2f}; "
           f"best of {args.repeats} interleaved")
     print(f"{'shape':>7s} {'ours t/s':>9s} {'untrimmed':>9s} {'mlx-lm':>8s} "
           f"{'ours/untrimmed':>14s} {'ours/mlx-lm':>11s} {'same':>5s}")
@@ -111,7 +111,7 @@ def main(argv=None):
     print(f"load average at end {load_end[0]:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "machine": machine(), "blas": _blas.describe(), "load_start": load_start,
+            "machine": machine(), "blas": kernels(), "load_start": load_start,
             "load_end": load_end, "repeats": args.repeats, "rows": rows}, indent=1) + "\n")
     return rows
 

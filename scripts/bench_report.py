@@ -18,6 +18,15 @@ def machine():
     return f"{name}, {os.cpu_count()} cores, mlx {mx.__version__}, device {mx.default_device()}"
 
 
+def kernels():
+    """The BLAS and our native kernels as the benchmarks' headers name them (builds the
+    decode-attention kernel first, so a run reports what it measured)."""
+    from mlx_lm_batched import _blas, _decode_attention
+
+    _decode_attention.module()
+    return f"{_blas.describe()}; {_decode_attention.describe()}"
+
+
 def print_table(result, file=sys.stdout):
     print(f"model {result['model']}  ({result['machine']}; BLAS: {result['blas']}; "
           f"dequantize: {result['dequantize']})", file=file)

@@ -170,6 +170,8 @@ class Attention(nn.Module):
         B, _, L, _ = q.shape
         sinks = self.sinks.astype(q.dtype) if "sinks" in self else None
         groups = step_row_groups(attention, q, mask)
+        if groups and sinks is None and cpu_ops.fused_decode(q, k, v, mask, self.softcap):
+            groups = None  # one fused call skips every row's padding itself
         if groups:
             out = grouped_attention(q, k, v, self.scale, mask, self.softcap, sinks, groups)
         else:

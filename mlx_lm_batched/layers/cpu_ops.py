@@ -23,7 +23,9 @@ view of the exponent bits). MLX builds fused CPU kernels with the system's C++ c
 once per machine (cached under the temp directory); without a compiler, or with
 ``MLX_LM_BATCHED_COMPILE=0``, the same ops run unfused, with the same bits.
 
-``attention`` is the explicit attention used on the CPU (and for soft-capping):
+``attention`` is the explicit attention used on the CPU (and for soft-capping); a
+decode step's (one query per row, float32, no soft-capping) is one fused primitive
+where ``_decode_attention`` builds (``native/decode_attention.cpp``). Otherwise
 each KV head's query heads share one matmul (``mx.fast``'s CPU fallback repeats the
 keys per query head), and queries go in chunks so the score tensor, and the
 softmax's temporaries, stay small whatever the prompt length. Under a causal mask
@@ -36,6 +38,7 @@ import os
 
 import mlx.core as mx
 
+from .. import _decode_attention
 from .masks import CausalMask
 
 LOG2E = 1.4426950408889634
@@ -143,6 +146,12 @@ def silu(x):
     return (_FUSED["silu_tail"] if fused() else _silu_tail)(x, p, bits.view(mx.float32))
 
 
+def fused_decode(q, k, v, mask, softcap=None):
+    """True when :func:`attention` computes this one fused decode-attention primitive
+    (masked slots skipped, so row groups need not slice the padding away)."""
+    return softcap is None and _decode_attention.serves(q, k, v, mask)
+
+
 def attention(q, k, v, scale, mask=None, softcap=None):
     """Attention over ``(B, H, L, D)`` queries and ``(B, n_kv, S, D)`` keys/values
     (GQA when ``n_kv < H``). ``mask``: boolean (True = attend) or additive,
@@ -151,6 +160,8 @@ def attention(q, k, v, scale, mask=None, softcap=None):
     its last query's slot, and with a window none before its first query's window (the
     rest are masked for all of them)."""
     B, H, L, _ = q.shape
+    if fused_decode(q, k, v, mask, softcap):
+        return _decode_attention.attend(q, k, v, scale, mask)
     S = k.shape[2]
     step = max(1, SCORE_CHUNK // (B * H * S))
     causal = isinstance(mask, CausalMask) and mask.shape[-2:] == (L, S)

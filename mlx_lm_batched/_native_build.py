@@ -1,0 +1,113 @@
+"""Compiling the package's native kernels with the system's compiler, once per machine.
+
+``native/small_gemm.c`` (``_small_gemm``) and ``native/decode_attention.cpp``
+(``_decode_attention``) are built with ``-march=native`` on first use, like MLX's own
+compiled CPU kernels, and cached under ``~/.cache/mlx_lm_batched/native`` (or the temp
+directory) by a key over everything the binary depends on: the sources, the compiler,
+the flags, the CPU's instruction sets and whatever else the caller names (library
+versions).
+"""
+
+import contextlib
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+
+try:
+    import fcntl
+except ImportError:  # not on POSIX: builders may race, each writing its own file
+    fcntl = None
+
+
+def cpu_signature():
+    """The CPU's model and instruction-set flags: a ``-march=native`` build runs only on
+    CPUs with the same instruction sets (a home directory may be shared)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags",
+                                                            "Features", "CPU part"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor()
+
+
+def cache_dirs():
+    """Where built kernels are kept, in order of preference."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return [os.path.join(base, "mlx_lm_batched", "native"),
+            os.path.join(tempfile.gettempdir(), "mlx_lm_batched")]
+
+
+def find_compiler(env, default):
+    """Full path of the compiler named by ``$env`` (else ``default``), or None."""
+    return shutil.which(os.environ.get(env, default))
+
+
+def _identity(path):
+    # The compiler by its file (a new compiler is a new file), not by running it: this
+    # runs at every import.
+    real = os.path.realpath(path)
+    stat = os.stat(real)
+    return f"{real} {stat.st_size} {stat.st_mtime_ns}"
+
+
+@contextlib.contextmanager
+def _exclusive(directory, name):
+    """One builder of ``name`` at a time in ``directory`` (others wait, then find it)."""
+    if fcntl is None:
+        yield
+        return
+    with open(os.path.join(directory, f".{name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def cached_build(name, what, compiler, sources, flags, suffix=".so", key_parts=(),
+                 timeout=300):
+    """Path of ``name-<key><suffix>`` built from ``sources`` by ``compiler flags sources
+    -o out`` (the flags may include link options after the sources' needs), building
+    it when no cache directory holds it.
+
+    ``what`` names the kernel in errors; ``key_parts``: other strings the binary
+    depends on. Raises OSError (no compiler, compile error, no writable directory).
+    """
+    if compiler is None:
+        raise OSError(f"no compiler to build the {what}")
+    parts = [_identity(compiler), " ".join(flags), cpu_signature(), *key_parts]
+    contents = []
+    for source in sources:
+        with open(source, "rb") as f:
+            contents.append(f.read())
+    key = hashlib.sha256(b"\0".join(contents + [p.encode() for p in parts])).hexdigest()[:16]
+    for directory in cache_dirs():
+        path = os.path.join(directory, f"{name}-{key}{suffix}")
+        if os.path.exists(path):
+            return path
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd, partial = tempfile.mkstemp(suffix=suffix, dir=directory)
+            os.close(fd)
+        except OSError:
+            continue
+        try:
+            with _exclusive(directory, name):
+                if os.path.exists(path):  # another process built it meanwhile
+                    return path
+                done = subprocess.run([compiler, *sources, *flags, "-o", partial],
+                                      capture_output=True, text=True, timeout=timeout)
+                if done.returncode != 0:
+                    lines = [line for line in done.stderr.strip().splitlines()
+                             if "error" in line] or done.stderr.strip().splitlines() or ["?"]
+                    raise OSError(f"building the {what} failed: {lines[0]}")
+                os.replace(partial, path)  # atomic: readers see a whole file or none
+                return path
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+    raise OSError(f"no writable cache directory for the {what}")

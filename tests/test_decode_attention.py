@@ -1,0 +1,181 @@
+"""The fused CPU decode attention (``mlx_lm_batched/_decode_attention.py``,
+``native/decode_attention.cpp``): one MLX primitive per layer for a decode step's
+attention, built as a C++ MLX extension with the system's compiler.
+
+Its values must match a float64 reference (GQA, padding, sliding-window holes, strided
+views of a cache, head sizes off the 16-lane width), a row must get the same bits alone
+as in a batch with other rows and more padding, and whatever the thread count; real
+models must decode through it with the tokens and log-probabilities of MLX's ops; and
+its switch and build failures must leave attention to MLX's ops with one line saying why.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mlx_lm_batched  # noqa: F401  (the BLAS and the kernels load before mlx.core)
+import mlx.core as mx  # noqa: E402
+from conftest import corpus_prompts  # noqa: E402
+from mlx_lm_batched import _decode_attention, _small_gemm  # noqa: E402
+from mlx_lm_batched.engine.batch_engine import BatchEngine  # noqa: E402
+from mlx_lm_batched.layers import cpu_ops  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the kernel is built on Linux (the CPU backend's)")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    module = _decode_attention.module()
+    assert module is not None, _decode_attention.problem
+    return module
+
+
+def reference(q, k, v, scale, mask):
+    """float64 attention with numpy: q (B, H, 1, D), k/v (B, n_kv, S, D)."""
+    q, k, v = (np.array(a).astype(np.float64) for a in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    scores = (q * scale) @ k.swapaxes(-1, -2)
+    if mask is not None:
+        scores = np.where(np.array(mask), scores, -np.inf)
+    scores = np.exp(scores - scores.max(-1, keepdims=True))
+    return (scores / scores.sum(-1, keepdims=True)) @ v
+
+
+def random(shape, seed):
+    return mx.random.normal(shape, key=mx.random.key(seed))
+
+
+@pytest.mark.parametrize("B,H,n_kv,S,D,Dv", [(1, 9, 3, 7, 64, 64), (5, 4, 1, 33, 80, 80),
+                                             (3, 8, 8, 20, 24, 40), (2, 6, 2, 129, 128, 128)])
+def test_values_match_a_float64_reference(kernel, B, H, n_kv, S, D, Dv):
+    q, k, v = random((B, H, 1, D), 1) * 2, random((B, n_kv, S, D), 2), random((B, n_kv, S, Dv), 3)
+    slots = np.arange(S)
+    padding = np.array([(3 * b) % (S // 2 + 1) for b in range(B)])
+    masks = {
+        "none": None,
+        "left padding": mx.array(slots[None] >= padding[:, None])[:, None, None],
+        # A sliding window with holes (Gemma 3's local layers), shared by the rows.
+        "window": mx.array((slots % 5 != 1) & (slots > 1))[None, None, None],
+        "2-D": mx.array(slots >= 2)[None],
+    }
+    for name, mask in masks.items():
+        got = kernel.decode_attention(q, k, v, 0.3, mask)
+        want = reference(q, k, v, 0.3, mask)
+        np.testing.assert_allclose(np.array(got), want, rtol=2e-5, atol=2e-6, err_msg=name)
+
+
+def test_strided_views_of_a_cache_are_read_in_place(kernel):
+    # A cache's keys are views: a slice of slots, heads transposed, a feature stride.
+    base = random((2, 40, 3, 32), 4)
+    k = base.transpose(0, 2, 1, 3)[:, :, 5:]  # (2, 3, 35, 32), slots strided
+    v = random((2, 3, 35, 64), 5)[..., ::2]  # features with stride 2
+    q = random((2, 6, 1, 32), 6)
+    got = kernel.decode_attention(q, k, v, 0.2, None)
+    np.testing.assert_allclose(np.array(got), reference(q, k, v, 0.2, None),
+                               rtol=2e-5, atol=2e-6)
+
+
+def test_a_row_gets_the_same_bits_alone_and_in_a_padded_batch(kernel):
+    # Row 0 alone over its 50 keys, and as row 2 of 4 behind 30 slots of padding while
+    # the other rows attend more keys: masked slots are skipped, not summed as zeros.
+    q, k, v = random((1, 9, 1, 64), 7), random((1, 3, 50, 64), 8), random((1, 3, 50, 64), 9)
+    alone = kernel.decode_attention(q, k, v, 0.125, None)
+    others_k, others_v = random((4, 3, 80, 64), 10), random((4, 3, 80, 64), 11)
+    batch_k = mx.concatenate([others_k[:2], mx.concatenate(
+        [others_k[2:3, :, :30], k], axis=2), others_k[3:]])
+    batch_v = mx.concatenate([others_v[:2], mx.concatenate(
+        [others_v[2:3, :, :30], v], axis=2), others_v[3:]])
+    batch_q = mx.concatenate([random((2, 9, 1, 64), 12), q, random((1, 9, 1, 64), 13)])
+    mask = mx.array(np.arange(80)[None] >= np.array([0, 10, 30, 5])[:, None])[:, None, None]
+    batched = kernel.decode_attention(batch_q, batch_k, batch_v, 0.125, mask)
+    assert mx.array_equal(batched[2:3], alone).item()
+    # ...and the same bits on one thread as on several.
+    kernel.set_threads(1)
+    try:
+        assert mx.array_equal(kernel.decode_attention(batch_q, batch_k, batch_v, 0.125, mask),
+                              batched).item()
+    finally:
+        kernel.set_threads(_small_gemm.threads or _small_gemm.default_threads())
+
+
+def test_bad_arguments_get_one_clear_error(kernel):
+    q, k = random((2, 4, 1, 16), 1), random((2, 2, 9, 16), 2)
+    with pytest.raises(ValueError, match="float32 only"):
+        kernel.decode_attention(q.astype(mx.float16), k, k, 1.0, None)
+    with pytest.raises(ValueError, match="shapes disagree"):
+        kernel.decode_attention(q, k, k[:, :, :4], 1.0, None)
+    with pytest.raises(ValueError, match="boolean"):
+        kernel.decode_attention(q, k, k, 1.0, mx.zeros((2, 1, 1, 9)))
+
+
+def greedy_logprobs(model, prompts, steps):
+    """Log-probabilities and tokens of ``steps`` greedy decode steps of the left-padded
+    batch of ``prompts``."""
+    width = max(len(p) for p in prompts)
+    padding = [width - len(p) for p in prompts]
+    engine = BatchEngine(model)
+    engine.reserve(steps + 1)
+    y, lp = engine.prefill(mx.array([[0] * n + p for n, p in zip(padding, prompts)]), padding)
+    out, tokens = [lp], [y]
+    for _ in range(steps):
+        y, lp = engine.step(y)
+        out.append(lp)
+        tokens.append(y)
+    return np.array(mx.stack(out)), np.array(mx.stack(tokens))
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_real_models_decode_through_it_as_with_mlx_ops(float_models, kernel, monkeypatch, name):
+    model, tokenizer = float_models[name]
+    prompts = corpus_prompts(tokenizer, (30, 52, 41))
+    calls = []
+    attend = _decode_attention.attend
+    monkeypatch.setattr(_decode_attention, "attend",
+                        lambda *a: calls.append(a[0].shape) or attend(*a))
+    fused, fused_tokens = greedy_logprobs(model, prompts, 6)
+    # Every layer of every one-column call of the batch: the prefill's last column
+    # (fed alone, as mlx-lm's) and the 6 decode steps.
+    assert sum(shape[0] == 3 for shape in calls) == 7 * len(model.layers)
+    with _decode_attention.switched_off():
+        ops, ops_tokens = greedy_logprobs(model, prompts, 6)
+    assert (fused_tokens == ops_tokens).all()
+    assert float(np.abs(fused - ops).max()) < 1e-4
+
+
+def run_probe(tmp_path, **env):
+    """A fresh process that decodes with SmolLM2 and prints the kernel's state."""
+    code = (
+        "import mlx_lm_batched, mlx.core as mx\n"
+        "from mlx_lm_batched import _decode_attention as d\n"
+        "from mlx_lm_batched.layers import cpu_ops\n"
+        "q = mx.random.normal((2, 4, 1, 16)); k = mx.random.normal((2, 2, 9, 16))\n"
+        "out = cpu_ops.attention(q, k, k, 0.25)\n"
+        "print(d.describe()); print(out.shape)\n"
+    )
+    clean = {k: v for k, v in os.environ.items()
+             if k not in (_decode_attention.ENV, "CXX", "XDG_CACHE_HOME")}
+    clean.update(env)
+    return subprocess.run([sys.executable, "-c", code], env=clean, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_switched_off_it_leaves_attention_to_mlx_ops(tmp_path):
+    done = run_probe(tmp_path, **{_decode_attention.ENV: "off"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["fused decode attention off", "(2, 4, 1, 16)"]
+    bad = run_probe(tmp_path, **{_decode_attention.ENV: "maybe"})
+    assert bad.returncode != 0
+    assert "MLX_LM_BATCHED_DECODE_ATTENTION='maybe': expected auto, on, 1, off or 0" in bad.stderr
+
+
+def test_without_a_compiler_attention_still_works_and_says_why(tmp_path):
+    done = run_probe(tmp_path, CXX=str(tmp_path / "no-such-c++"), XDG_CACHE_HOME=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "fused decode attention not built: OSError: no C++ compiler (c++) to build the "
+        "decode-attention kernel", "(2, 4, 1, 16)"]
