@@ -74,7 +74,7 @@ def _build():
     sources = [SOURCE, os.path.join(nb_dir, "src", "nb_combined.cpp")]
     return _native_build.cached_build(
         "decode_attention", "decode-attention kernel", compiler, sources, flags,
-        suffix=sysconfig.get_config_var("EXT_SUFFIX") or ".so",
+        suffix=sysconfig.get_config_var("EXT_SUFFIX") or ".so", headers=[_small_gemm.LANES],
         key_parts=[mx.__version__, nanobind.__version__, sys.version])
 
 

@@ -68,20 +68,20 @@ def _exclusive(directory, name):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def cached_build(name, what, compiler, sources, flags, suffix=".so", key_parts=(),
-                 timeout=300):
-    """Path of ``name-<key><suffix>`` built from ``sources`` by ``compiler flags sources
-    -o out`` (the flags may include link options after the sources' needs), building
-    it when no cache directory holds it.
+def cached_build(name, what, compiler, sources, flags, suffix=".so", headers=(),
+                 key_parts=(), timeout=300):
+    """Path of ``name-<key><suffix>`` built by ``compiler sources flags -o out`` (link
+    options go last in ``flags``), building it when no cache directory holds it.
 
-    ``what`` names the kernel in errors; ``key_parts``: other strings the binary
-    depends on. Raises OSError (no compiler, compile error, no writable directory).
+    ``what`` names the kernel in errors; ``headers``: files the sources include;
+    ``key_parts``: other strings the binary depends on. Raises OSError (no compiler,
+    compile error, no writable directory).
     """
     if compiler is None:
         raise OSError(f"no compiler to build the {what}")
     parts = [_identity(compiler), " ".join(flags), cpu_signature(), *key_parts]
     contents = []
-    for source in sources:
+    for source in [*sources, *headers]:
         with open(source, "rb") as f:
             contents.append(f.read())
     key = hashlib.sha256(b"\0".join(contents + [p.encode() for p in parts])).hexdigest()[:16]

@@ -48,6 +48,7 @@ THREADS_ENV = "MLX_LM_BATCHED_GEMM_THREADS"
 DEFAULT_MAX_ROWS = 32
 TEAM_SLOTS = 64  # MAX_TEAM in native/small_gemm.c: thread ids it keeps
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "small_gemm.c")
+LANES = os.path.join(os.path.dirname(SOURCE), "lanes.h")  # included by both kernels
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-fast-math"]
 
 _lib = None  # the loaded kernel library, once installed
@@ -123,7 +124,7 @@ def build():
     if compiler is None:
         raise OSError("no C compiler (cc) to build the small-matmul kernel")
     return _native_build.cached_build("small_gemm", "small-matmul kernel", compiler,
-                                      [SOURCE], FLAGS, timeout=120)
+                                      [SOURCE], FLAGS, headers=[LANES], timeout=120)
 
 
 def install():

@@ -49,7 +49,7 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm_batched import load, stream_generate, _blas  # noqa: E402
 
 from bench_blas import compare_blas  # noqa: E402
-from bench_report import kernels, machine, plot, print_table  # noqa: E402
+from bench_report import attention, machine, plot, print_table  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "corpus.txt"
 
@@ -318,7 +318,7 @@ def run_bench(args):
         "model": path if args.hybrid else str(args.model), "dequantize": args.dequantize,
         "hybrid": args.hybrid, "load_avg_start": load_start, "load_avg_end": os.getloadavg(), "prompts": args.prompts,
         "prompt_lengths": lengths, "max_tokens": args.max_tokens, "repeats": args.repeats,
-        "blas": kernels(), "blas_kind": _blas.loaded_kind, "weights_gb": weights["ours"] / 1e9,
+        "blas": _blas.describe(), "attention": attention(), "blas_kind": _blas.loaded_kind, "weights_gb": weights["ours"] / 1e9,
         "ideal_kv_gb": ideal_kv / 1e9,
         "machine": machine(), "rows": rows, "all_runs": runs,
     }

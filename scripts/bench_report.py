@@ -18,17 +18,25 @@ def machine():
     return f"{name}, {os.cpu_count()} cores, mlx {mx.__version__}, device {mx.default_device()}"
 
 
-def kernels():
-    """The BLAS and our native kernels as the benchmarks' headers name them (builds the
-    decode-attention kernel first, so a run reports what it measured)."""
-    from mlx_lm_batched import _blas, _decode_attention
+def attention():
+    """How decode attention runs, for the benchmarks' headers (builds the fused kernel
+    first, so a run reports what it measured)."""
+    from mlx_lm_batched import _decode_attention
 
     _decode_attention.module()
-    return f"{_blas.describe()}; {_decode_attention.describe()}"
+    return _decode_attention.describe()
+
+
+def kernels():
+    """The BLAS and our native kernels as the benchmarks' headers name them."""
+    from mlx_lm_batched import _blas
+
+    return f"{_blas.describe()}; {attention()}"
 
 
 def print_table(result, file=sys.stdout):
-    print(f"model {result['model']}  ({result['machine']}; BLAS: {result['blas']}; "
+    blas = result["blas"] + (f"; {result['attention']}" if result.get("attention") else "")
+    print(f"model {result['model']}  ({result['machine']}; BLAS: {blas}; "
           f"dequantize: {result['dequantize']})", file=file)
     print(f"{result['prompts']} prompts ({min(result['prompt_lengths'])}-"
           f"{max(result['prompt_lengths'])} tokens, {sum(result['prompt_lengths'])} total), "

@@ -10,6 +10,8 @@ from its own logits only, so they do not depend on the other rows or on the chun
 
 import mlx.core as mx
 
+from .sampling import log_softmax
+
 
 class PromptScores:
     """Scores of the prompt tokens of the rows in ``top`` (``{row: number of top
@@ -35,7 +37,7 @@ class PromptScores:
             if lo >= hi:
                 continue
             x = logits[b - first_row, lo - first_col : hi - first_col].astype(mx.float32)
-            lp = x - mx.logsumexp(x, axis=-1, keepdims=True)
+            lp = log_softmax(x)
             nxt = self.tokens[b, lo + 1 : hi + 1].astype(mx.int32)
             chosen = mx.take_along_axis(lp, nxt[:, None], axis=-1)[:, 0]
             if k > 0:

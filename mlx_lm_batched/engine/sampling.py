@@ -20,13 +20,15 @@ from typing import Callable, Optional
 
 import mlx.core as mx
 
+from ..layers import cpu_ops
 from ..sampling.samplers import greedy_sampler
 
 PAD_ID = -1  # marks padding in token histories given to logits processors
 
 
 def log_softmax(logits):
-    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    """Log-probabilities of the last axis (``cpu_ops.log_softmax``)."""
+    return cpu_ops.log_softmax(logits, axis=-1)
 
 
 class TokenContext:

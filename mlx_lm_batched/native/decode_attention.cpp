@@ -12,9 +12,10 @@
  * row's output is the same chain of float32 operations over its attended keys in slot
  * order, whatever the padding before them, the other rows of the batch or the thread
  * that computes it (batch invariance, DESIGN.md invariant 8). Each score is a dot
- * product in 16 lanes then a fixed tree (as native/small_gemm.c); the exponential is
- * 2^(x log2 e) from the exponent bits times a degree-7 polynomial (as
- * layers/cpu_ops.py); sums go in 16 lanes by attended-key index, then the same tree.
+ * product in 16 lanes then lanes.h's fixed tree (as native/small_gemm.c's products);
+ * the exponential is 2^(x log2 e) from the exponent bits times a degree-7 polynomial
+ * (as layers/cpu_ops.py); the softmax's sum goes in 16 lanes by attended-key index,
+ * then the same tree; the values are summed in slot order.
  *
  * Built by mlx_lm_batched/_decode_attention.py with the system's C++ compiler against
  * the installed MLX and nanobind (once per machine, cached).
@@ -31,6 +32,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "lanes.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
@@ -39,28 +41,6 @@ namespace mx = mlx::core;
 namespace nb = nanobind;
 
 namespace {
-
-constexpr int VW = 16;
-typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));
-
-inline vf load(const float* p) {
-  vf v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline vf load_tail(const float* p, int n) {
-  vf v = {0};
-  for (int i = 0; i < n; i++) v[i] = p[i];
-  return v;
-}
-/* The one order in which 16 lane partials are added: lane l with l + 8, then l + 4,
- * l + 2, l + 1 (small_gemm.c's hsum1). */
-inline float hsum(vf v) {
-  float s8[8], s4[4];
-  for (int i = 0; i < 8; i++) s8[i] = v[i] + v[i + 8];
-  for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
-  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
-}
 
 /* exp(x) for x <= 0 (scores minus their maximum): 2^round(t) from the exponent bits
  * times 2^f, f = t - round(t) in [-1/2, 1/2], by Taylor's polynomial of degree 7;
@@ -75,18 +55,52 @@ constexpr float POLY[8] = {1.0f,
                            0.00015403530393381606f,
                            1.525273380405984e-05f};
 
-inline void exp_in_place(float* x, int n) {
-  for (int i = 0; i < n; i++) {
-    float t = std::fmin(std::fmax(x[i] * LOG2E, -127.0f), 127.49f);
-    int32_t m = static_cast<int32_t>(t + 127.5f); /* round(t) + 127, in [0, 254] */
-    float f = t - static_cast<float>(m - 127);
-    float p = POLY[7];
-    for (int c = 6; c >= 0; c--) p = p * f + POLY[c];
-    int32_t bits = m << 23;
-    float power;
-    std::memcpy(&power, &bits, sizeof power);
-    x[i] = p * power;
+inline vf exp_lanes(vf x) {
+  const vf lo = vf{} - 127.0f, hi = vf{} + 127.49f;
+  vf t = x * LOG2E;
+  t = t < lo ? lo : t;
+  t = t > hi ? hi : t;
+  vi m = __builtin_convertvector(t + 127.5f, vi); /* round(t) + 127, in [0, 254] */
+  vf f = t - __builtin_convertvector(m - 127, vf);
+  vf p = vf{} + POLY[7];
+  for (int c = 6; c >= 0; c--) p = p * f + POLY[c];
+  vi bits = m << 23; /* the float 2^(m - 127) */
+  vf power;
+  std::memcpy(&power, &bits, sizeof power);
+  return p * power;
+}
+
+/* x[i] = exp(x[i] - shift), then their sum: in 16 lanes by index, then the tree. */
+inline float exp_and_sum(float* x, int n, float shift) {
+  vf lanes = {0};
+  int i = 0;
+  for (; i + VW <= n; i += VW) {
+    vf e = exp_lanes(load(x + i) - shift);
+    std::memcpy(x + i, &e, sizeof e);
+    lanes += e;
   }
+  if (i < n) {
+    vf e = exp_lanes(load_tail(x + i, n - i) - shift);
+    for (int j = 0; j < n - i; j++) x[i + j] = e[j];
+    for (int j = n - i; j < VW; j++) e[j] = 0.0f;
+    lanes += e;
+  }
+  return hsum1(lanes);
+}
+
+inline float max_of(const float* x, int n) {
+  float top = x[0];
+  int i = 0;
+  if (n >= VW) {
+    vf lanes = load(x);
+    for (i = VW; i + VW <= n; i += VW) {
+      vf v = load(x + i);
+      lanes = v > lanes ? v : lanes;
+    }
+    for (int j = 0; j < VW; j++) top = std::fmax(top, lanes[j]);
+  }
+  for (; i < n; i++) top = std::fmax(top, x[i]);
+  return top;
 }
 
 /* Where one operand's elements are: base pointer and element strides (rows, heads,
@@ -131,14 +145,15 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
     if (!mb || mb[j * g.mask.s3]) slots.push_back(j);
   const int n = static_cast<int>(slots.size());
 
-  /* work: scaled queries (G x D), scores (G x n), key/value scratch (D + Dv),
-   * output accumulators (G x Dv). */
-  work.resize(static_cast<size_t>(G) * D + static_cast<size_t>(G) * n + D + Dv +
+  /* work: scaled queries (G x D), scores (G x n), strided keys' and a value's
+   * scratch (16 x D + Dv), output accumulators (G x Dv). */
+  work.resize(static_cast<size_t>(G) * D + static_cast<size_t>(G) * n + VW * D + Dv +
               static_cast<size_t>(G) * Dv);
   float* qs = work.data();
   float* scores = qs + static_cast<size_t>(G) * D;
-  float* row_scratch = scores + static_cast<size_t>(G) * n;
-  float* acc = row_scratch + D + Dv;
+  float* key_scratch = scores + static_cast<size_t>(G) * n;
+  float* value_scratch = key_scratch + VW * D;
+  float* acc = value_scratch + Dv;
 
   for (int h = 0; h < G; h++) {
     const float* qh = qb + (h0 + h) * g.q.s1;
@@ -150,20 +165,34 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
     return;
   }
 
-  /* Scores: each key row is read once for the G query heads. */
+  /* Scores, 16 keys at a time: each key row is read for the G query heads while in
+   * L1, and the 16 dot products' lanes are added by one transposed tree (hsum16, the
+   * same order as hsum1 for the keys left over). */
   const int full = D - D % VW;
-  for (int c = 0; c < n; c++) {
-    const float* kj = contiguous_row(kb + slots[c] * g.k.s2, g.k.s3, D, row_scratch);
+  auto dot_lanes = [&](const float* qh, const float* kj) {
+    vf lanes = {0};
+    for (int d = 0; d < full; d += VW) lanes += load(qh + d) * load(kj + d);
+    if (full < D) lanes += load_tail(qh + full, D - full) * load_tail(kj + full, D - full);
+    return lanes;
+  };
+  int c = 0;
+  for (; c + VW <= n; c += VW) {
+    const float* rows[VW];
+    for (int i = 0; i < VW; i++)
+      rows[i] = contiguous_row(kb + slots[c + i] * g.k.s2, g.k.s3, D, key_scratch + i * D);
     for (int h = 0; h < G; h++) {
-      const float* qh = qs + h * D;
-      vf lanes = {0};
-      for (int d = 0; d < full; d += VW) lanes += load(qh + d) * load(kj + d);
-      if (full < D) lanes += load_tail(qh + full, D - full) * load_tail(kj + full, D - full);
-      scores[h * n + c] = hsum(lanes);
+      vf acc[VW];
+      for (int i = 0; i < VW; i++) acc[i] = dot_lanes(qs + h * D, rows[i]);
+      vf sums = hsum16(acc);
+      std::memcpy(scores + h * n + c, &sums, sizeof sums);
     }
   }
+  for (; c < n; c++) {
+    const float* kj = contiguous_row(kb + slots[c] * g.k.s2, g.k.s3, D, key_scratch);
+    for (int h = 0; h < G; h++) scores[h * n + c] = hsum1(dot_lanes(qs + h * D, kj));
+  }
 
-  /* Softmax numerators and sums, per query head. */
+  /* Softmax numerators and their sums, per query head. */
   float inv_sum[64];
   std::vector<float> inv_sum_big;
   float* inv = inv_sum;
@@ -173,21 +202,13 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
   }
   for (int h = 0; h < G; h++) {
     float* sh = scores + h * n;
-    float top = sh[0];
-    for (int c = 1; c < n; c++) top = std::fmax(top, sh[c]);
-    for (int c = 0; c < n; c++) sh[c] -= top;
-    exp_in_place(sh, n);
-    const int n_full = n - n % VW;
-    vf lanes = {0};
-    for (int c = 0; c < n_full; c += VW) lanes += load(sh + c);
-    if (n_full < n) lanes += load_tail(sh + n_full, n - n_full);
-    inv[h] = 1.0f / hsum(lanes);
+    inv[h] = 1.0f / exp_and_sum(sh, n, max_of(sh, n));
   }
 
   /* Weighted sums of the value rows, in slot order. */
   std::memset(acc, 0, sizeof(float) * G * Dv);
-  for (int c = 0; c < n; c++) {
-    const float* vj = contiguous_row(vb + slots[c] * g.v.s2, g.v.s3, Dv, row_scratch + D);
+  for (c = 0; c < n; c++) {
+    const float* vj = contiguous_row(vb + slots[c] * g.v.s2, g.v.s3, Dv, value_scratch);
     for (int h = 0; h < G; h++) {
       const float w = scores[h * n + c];
       float* ah = acc + h * Dv;

@@ -27,40 +27,7 @@
 #include <unistd.h>
 #endif
 
-#define VW 16
-typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));
-typedef int vi __attribute__((vector_size(VW * 4)));
-
-static inline vf load(const float *p) { vf v; __builtin_memcpy(&v, p, sizeof v); return v; }
-static inline vf load_tail(const float *p, int n) {
-  vf v = {0};
-  for (int i = 0; i < n; i++) v[i] = p[i];
-  return v;
-}
-
-/* The one order in which a dot product's 16 lane partials are added: lane l with
- * l + 8, then l + 4, l + 2, l + 1. hsum1 and hsum16 both follow it. */
-static inline float hsum1(vf v) {
-  float s8[8], s4[4];
-  for (int i = 0; i < 8; i++) s8[i] = v[i] + v[i + 8];
-  for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
-  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
-}
-static inline vf pairsum(vf x, vf y, vi lo, vi hi) {
-  return __builtin_shuffle(x, y, lo) + __builtin_shuffle(x, y, hi);
-}
-/* 16 accumulators at once: lane q of the result is hsum1(acc[q]). */
-static inline vf hsum16(const vf *acc) {
-  const vi l1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}, h1 = l1 + 8;
-  const vi l2 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}, h2 = l2 + 4;
-  const vi l3 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29}, h3 = l3 + 2;
-  const vi l4 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}, h4 = l4 + 1;
-  vf s1[8], s2[4], s3[2];
-  for (int i = 0; i < 8; i++) s1[i] = pairsum(acc[2 * i], acc[2 * i + 1], l1, h1);
-  for (int i = 0; i < 4; i++) s2[i] = pairsum(s1[2 * i], s1[2 * i + 1], l2, h2);
-  for (int i = 0; i < 2; i++) s3[i] = pairsum(s2[2 * i], s2[2 * i + 1], l3, h3);
-  return pairsum(s3[0], s3[1], l4, h4);
-}
+#include "lanes.h"
 
 static inline void store(float *c, float dot, float alpha, float beta) {
   float v = alpha * dot;
