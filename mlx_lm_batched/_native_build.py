@@ -1,7 +1,7 @@
 """Compiling the package's native kernels with the system's compiler, once per machine.
 
-``native/small_gemm.c`` (``_small_gemm``) and ``native/decode_attention.cpp``
-(``_decode_attention``) are built with ``-march=native`` on first use, like MLX's own
+``native/small_gemm.c`` (``_small_gemm``) and ``native/*.cpp``
+(``_cpu_prims``) are built with ``-march=native`` on first use, like MLX's own
 compiled CPU kernels, and cached under ``~/.cache/mlx_lm_batched/native`` (or the temp
 directory) by a key over everything the binary depends on: the sources, the compiler,
 the flags, the CPU's instruction sets and whatever else the caller names (library

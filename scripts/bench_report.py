@@ -19,12 +19,12 @@ def machine():
 
 
 def attention():
-    """How decode attention runs, for the benchmarks' headers (builds the fused kernel
-    first, so a run reports what it measured)."""
-    from mlx_lm_batched import _decode_attention
+    """Whether our CPU primitives (decode attention, RMSNorm, RoPE) serve, for the
+    benchmarks' headers (builds them first, so a run reports what it measured)."""
+    from mlx_lm_batched import _cpu_prims
 
-    _decode_attention.module()
-    return _decode_attention.describe()
+    _cpu_prims.module()
+    return _cpu_prims.describe()
 
 
 def kernels():

@@ -25,7 +25,7 @@ once per machine (cached under the temp directory); without a compiler, or with
 
 ``attention`` is the explicit attention used on the CPU (and for soft-capping); a
 decode step's (one query per row, float32, no soft-capping) is one fused primitive
-where ``_decode_attention`` builds (``native/decode_attention.cpp``). Otherwise
+where ``_cpu_prims`` builds (``native/decode_attention.cpp``). Otherwise
 each KV head's query heads share one matmul (``mx.fast``'s CPU fallback repeats the
 keys per query head), and queries go in chunks so the score tensor, and the
 softmax's temporaries, stay small whatever the prompt length. Under a causal mask
@@ -38,7 +38,7 @@ import os
 
 import mlx.core as mx
 
-from .. import _decode_attention
+from .. import _cpu_prims
 from .masks import CausalMask
 
 LOG2E = 1.4426950408889634
@@ -164,7 +164,7 @@ def silu(x):
 def fused_decode(q, k, v, mask, softcap=None):
     """True when :func:`attention` computes this one fused decode-attention primitive
     (masked slots skipped, so row groups need not slice the padding away)."""
-    return softcap is None and _decode_attention.serves(q, k, v, mask)
+    return softcap is None and _cpu_prims.serves(q, k, v, mask)
 
 
 def attention(q, k, v, scale, mask=None, softcap=None):
@@ -176,7 +176,7 @@ def attention(q, k, v, scale, mask=None, softcap=None):
     rest are masked for all of them)."""
     B, H, L, _ = q.shape
     if fused_decode(q, k, v, mask, softcap):
-        return _decode_attention.attend(q, k, v, scale, mask)
+        return _cpu_prims.attend(q, k, v, scale, mask)
     S = k.shape[2]
     step = max(1, SCORE_CHUNK // (B * H * S))
     causal = isinstance(mask, CausalMask) and mask.shape[-2:] == (L, S)

@@ -1,12 +1,15 @@
-"""Normalisation layers with Hugging Face parameter names."""
+"""Normalisation layers with Hugging Face parameter names. RMS norms are one primitive
+on the CPU for float32 (``_cpu_prims``), ``mx.fast.rms_norm`` elsewhere."""
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from .. import _cpu_prims
+
 
 def unit_rms_norm(x, eps):
     """RMS norm without a weight (a module function: models holding it still copy)."""
-    return mx.fast.rms_norm(x, None, eps)
+    return _cpu_prims.rms_norm(x, None, eps)
 
 
 class RMSNorm(nn.Module):
@@ -25,11 +28,11 @@ class RMSNorm(nn.Module):
 
     def __call__(self, x):
         if "weight" not in self:
-            return mx.fast.rms_norm(x, None, self.eps)
+            return _cpu_prims.rms_norm(x, None, self.eps)
         w = 1.0 + self.weight if self.zero_centered else self.weight
         if self.offset is not None:
             w = w + self.offset
-        return mx.fast.rms_norm(x, w, self.eps)
+        return _cpu_prims.rms_norm(x, w, self.eps)
 
 
 class LayerNorm(nn.Module):

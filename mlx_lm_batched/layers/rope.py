@@ -1,7 +1,9 @@
 """Rotary position embeddings that take per-row offsets.
 
 Fixed-frequency variants call ``mx.fast.rope`` with an ``(B,)`` offset array, so each
-row of a batch rotates by its own positions; they differ only in their frequencies.
+row of a batch rotates by its own positions; they differ only in their frequencies. On
+the CPU (float32) they are one primitive of ``_cpu_prims`` instead of ``mx.fast.rope``'s
+fallback of some 20 ops.
 Length-dependent variants (``dynamic``, ``longrope``) choose frequencies per row
 from that row's own sequence length, so a padded row matches the prompt run alone.
 Like transformers, they depend on how a sequence is split into forward calls:
@@ -14,6 +16,8 @@ import math
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from .. import _cpu_prims
 
 
 def rope_wavelengths(dims, base, count=None):
@@ -39,6 +43,9 @@ class RoPE(nn.Module):
         self.mscale = mscale
         self.base = None if freqs is not None else base
         self._freqs = freqs
+        # The inverse frequencies by mx.fast.rope's own formulas, for the CPU primitive.
+        self._inv_freqs = (1.0 / freqs if freqs is not None
+                           else _cpu_prims.inverse_frequencies(dims, base))
 
     def __call__(self, x, offset):
         if self.mscale != 1.0:
@@ -47,6 +54,10 @@ class RoPE(nn.Module):
                 x = mx.concatenate([x[..., : self.dims] * self.mscale, x[..., self.dims :]], -1)
             else:
                 x = x * self.mscale
+        rotated = _cpu_prims.rope(x, self.dims, self.traditional, self._inv_freqs, self.scale,
+                                  offset)
+        if rotated is not None:
+            return rotated
         return mx.fast.rope(
             x,
             self.dims,

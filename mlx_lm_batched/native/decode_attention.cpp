@@ -17,12 +17,9 @@
  * (as layers/cpu_ops.py); the softmax's sum goes in 16 lanes by attended-key index,
  * then the same tree; the values are summed in slot order.
  *
- * Built by mlx_lm_batched/_decode_attention.py with the system's C++ compiler against
+ * Built by mlx_lm_batched/_cpu_prims.py with the system's C++ compiler against
  * the installed MLX and nanobind (once per machine, cached).
  */
-#include <nanobind/nanobind.h>
-#include <nanobind/stl/optional.h>
-
 #include <omp.h>
 
 #include <cmath>
@@ -32,13 +29,12 @@
 #include <stdexcept>
 #include <vector>
 
+#include "cpu_prims.h"
 #include "lanes.h"
 #include "mlx/backend/cpu/encoder.h"
-#include "mlx/mlx.h"
 #include "mlx/primitives.h"
 
-namespace mx = mlx::core;
-namespace nb = nanobind;
+namespace mlxlmb {
 
 namespace {
 
@@ -283,9 +279,14 @@ class DecodeAttention : public mx::Primitive {
   float scale_;
 };
 
-/* Softmax(q k^T * scale) v for one query per row: q (B, H, 1, D), k (B, n_kv, S, D),
- * v (B, n_kv, S, Dv), float32; mask boolean, broadcastable to (B, 1, 1, S) (True =
- * attend). */
+}  // namespace
+
+void set_attention_threads(int threads) {
+  configured_threads = threads > 0 ? threads : 1;
+}
+
+/* q (B, H, 1, D), k (B, n_kv, S, D), v (B, n_kv, S, Dv), float32; mask boolean,
+ * broadcastable to (B, 1, 1, S) (True = attend). */
 mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
                            float scale, std::optional<mx::array> mask) {
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || q.shape(2) != 1)
@@ -307,13 +308,4 @@ mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::arr
                    std::make_shared<DecodeAttention>(stream, scale), std::move(inputs));
 }
 
-}  // namespace
-
-NB_MODULE(_mlxlmb_decode_attention, m) {
-  m.doc() = "Fused decode attention for MLX's CPU backend (mlx_lm_batched)";
-  m.def("decode_attention", &decode_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
-        nb::arg("scale"), nb::arg("mask") = nb::none(),
-        "softmax(q k^T * scale) v for one query per row (float32, CPU).");
-  m.def("set_threads", [](int threads) { configured_threads = threads > 0 ? threads : 1; },
-        nb::arg("threads"), "Threads the kernel's tasks are split over.");
-}
+}  // namespace mlxlmb

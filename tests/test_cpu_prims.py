@@ -1,12 +1,14 @@
-"""The fused CPU decode attention (``mlx_lm_batched/_decode_attention.py``,
-``native/decode_attention.cpp``): one MLX primitive per layer for a decode step's
-attention, built as a C++ MLX extension with the system's compiler.
+"""Our CPU primitives (``mlx_lm_batched/_cpu_prims.py``, ``native/*.cpp``): decode
+attention, RMSNorm and RoPE as one MLX primitive each, built as a C++ MLX extension with
+the system's compiler.
 
-Its values must match a float64 reference (GQA, padding, sliding-window holes, strided
-views of a cache, head sizes off the 16-lane width), a row must get the same bits alone
-as in a batch with other rows and more padding, and whatever the thread count; real
-models must decode through it with the tokens and log-probabilities of MLX's ops; and
-its switch and build failures must leave attention to MLX's ops with one line saying why.
+Attention must match a float64 reference (GQA, padding, sliding-window holes, strided
+views of a cache, head sizes off the 16-lane width), and a row must get the same bits
+alone as in a batch with other rows and more padding, whatever the thread count; RMSNorm
+and RoPE must match ``mx.fast``'s CPU fallbacks (strided inputs, partial and traditional
+rotation, per-row offsets) with a row's bits independent of the other rows; real models
+must decode through them with the tokens and log-probabilities of MLX's ops; and the
+switch and build failures must leave everything to MLX's ops with one line saying why.
 """
 
 import os
@@ -19,7 +21,7 @@ import pytest
 import mlx_lm_batched  # noqa: F401  (the BLAS and the kernels load before mlx.core)
 import mlx.core as mx  # noqa: E402
 from conftest import corpus_prompts  # noqa: E402
-from mlx_lm_batched import _decode_attention, _small_gemm  # noqa: E402
+from mlx_lm_batched import _cpu_prims, _small_gemm  # noqa: E402
 from mlx_lm_batched.engine.batch_engine import BatchEngine  # noqa: E402
 from mlx_lm_batched.layers import cpu_ops  # noqa: E402
 
@@ -29,8 +31,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
 
 @pytest.fixture(scope="module")
 def kernel():
-    module = _decode_attention.module()
-    assert module is not None, _decode_attention.problem
+    module = _cpu_prims.module()
+    assert module is not None, _cpu_prims.problem
     return module
 
 
@@ -113,6 +115,40 @@ def test_bad_arguments_get_one_clear_error(kernel):
         kernel.decode_attention(q, k, k, 1.0, mx.zeros((2, 1, 1, 9)))
 
 
+@pytest.mark.parametrize("D", [64, 40, 7])
+def test_rms_norm_matches_mlx_and_keeps_a_rows_bits(kernel, D):
+    x = random((6, 3, D), 20) * 3
+    w = random((D,), 21)
+    for weight in (w, None):
+        got = kernel.rms_norm(x, weight, 1e-5)
+        np.testing.assert_allclose(np.array(got), np.array(mx.fast.rms_norm(x, weight, 1e-5)),
+                                   rtol=2e-6, atol=2e-6)
+        assert mx.array_equal(kernel.rms_norm(x[2:3], weight, 1e-5), got[2:3]).item()
+    # A transposed (strided) input reads in place; a strided weight too.
+    xt = random((D, 5), 22).T
+    np.testing.assert_allclose(np.array(kernel.rms_norm(xt, w[::-1], 1e-6)),
+                               np.array(mx.fast.rms_norm(xt, w[::-1], 1e-6)), rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("dims,traditional", [(64, False), (32, False), (64, True), (16, True)])
+def test_rope_matches_mlx_with_per_row_offsets(kernel, dims, traditional):
+    # (B, L, heads, D) transposed to (B, heads, L, D): the strided view attention hands it.
+    x = random((3, 5, 4, 64), 30).transpose(0, 2, 1, 3)
+    offset = mx.array([0, 9, -3], dtype=mx.int32)
+    for base, freqs, scale in ((10000.0, None, 1.0), (500000.0, None, 0.25),
+                               (None, mx.arange(1, dims // 2 + 1, dtype=mx.float32) ** 1.5, 1.0)):
+        inv = (1.0 / freqs) if freqs is not None else _cpu_prims.inverse_frequencies(dims, base)
+        got = kernel.rope(x, dims, traditional, inv, scale, offset)
+        want = mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale,
+                            offset=offset, freqs=freqs)
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=2e-5)
+        # Row 1 alone (its own offset) gets the bits it gets in the batch.
+        alone = kernel.rope(x[1:2], dims, traditional, inv, scale, offset[1:2])
+        assert mx.array_equal(alone, got[1:2]).item()
+    with pytest.raises(ValueError, match="dims must be even"):
+        kernel.rope(x, 7, False, inv, 1.0, offset)
+
+
 def greedy_logprobs(model, prompts, steps):
     """Log-probabilities and tokens of ``steps`` greedy decode steps of the left-padded
     batch of ``prompts``."""
@@ -134,14 +170,14 @@ def test_real_models_decode_through_it_as_with_mlx_ops(float_models, kernel, mon
     model, tokenizer = float_models[name]
     prompts = corpus_prompts(tokenizer, (30, 52, 41))
     calls = []
-    attend = _decode_attention.attend
-    monkeypatch.setattr(_decode_attention, "attend",
+    attend = _cpu_prims.attend
+    monkeypatch.setattr(_cpu_prims, "attend",
                         lambda *a: calls.append(a[0].shape) or attend(*a))
     fused, fused_tokens = greedy_logprobs(model, prompts, 6)
     # Every layer of every one-column call of the batch: the prefill's last column
     # (fed alone, as mlx-lm's) and the 6 decode steps.
     assert sum(shape[0] == 3 for shape in calls) == 7 * len(model.layers)
-    with _decode_attention.switched_off():
+    with _cpu_prims.switched_off():
         ops, ops_tokens = greedy_logprobs(model, prompts, 6)
     assert (fused_tokens == ops_tokens).all()
     assert float(np.abs(fused - ops).max()) < 1e-4
@@ -151,31 +187,31 @@ def run_probe(tmp_path, **env):
     """A fresh process that decodes with SmolLM2 and prints the kernel's state."""
     code = (
         "import mlx_lm_batched, mlx.core as mx\n"
-        "from mlx_lm_batched import _decode_attention as d\n"
+        "from mlx_lm_batched import _cpu_prims as d\n"
         "from mlx_lm_batched.layers import cpu_ops\n"
         "q = mx.random.normal((2, 4, 1, 16)); k = mx.random.normal((2, 2, 9, 16))\n"
         "out = cpu_ops.attention(q, k, k, 0.25)\n"
         "print(d.describe()); print(out.shape)\n"
     )
     clean = {k: v for k, v in os.environ.items()
-             if k not in (_decode_attention.ENV, "CXX", "XDG_CACHE_HOME")}
+             if k not in (_cpu_prims.ENV, "CXX", "XDG_CACHE_HOME")}
     clean.update(env)
     return subprocess.run([sys.executable, "-c", code], env=clean, capture_output=True,
                           text=True, timeout=300)
 
 
 def test_switched_off_it_leaves_attention_to_mlx_ops(tmp_path):
-    done = run_probe(tmp_path, **{_decode_attention.ENV: "off"})
+    done = run_probe(tmp_path, **{_cpu_prims.ENV: "off"})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["fused decode attention off", "(2, 4, 1, 16)"]
-    bad = run_probe(tmp_path, **{_decode_attention.ENV: "maybe"})
+    assert done.stdout.splitlines() == ["CPU primitives off", "(2, 4, 1, 16)"]
+    bad = run_probe(tmp_path, **{_cpu_prims.ENV: "maybe"})
     assert bad.returncode != 0
-    assert "MLX_LM_BATCHED_DECODE_ATTENTION='maybe': expected auto, on, 1, off or 0" in bad.stderr
+    assert "MLX_LM_BATCHED_CPU_PRIMITIVES='maybe': expected auto, on, 1, off or 0" in bad.stderr
 
 
 def test_without_a_compiler_attention_still_works_and_says_why(tmp_path):
     done = run_probe(tmp_path, CXX=str(tmp_path / "no-such-c++"), XDG_CACHE_HOME=str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        "fused decode attention not built: OSError: no C++ compiler (c++) to build the "
-        "decode-attention kernel", "(2, 4, 1, 16)"]
+        "CPU primitives not built: OSError: no C++ compiler (c++) to build the CPU "
+        "primitives", "(2, 4, 1, 16)"]

@@ -1,0 +1,221 @@
+"""Our own MLX primitives for the CPU backend: decode attention, RMSNorm and RoPE.
+
+On the CPU, MLX composes these from many small ops: a decode step's attention is about
+a dozen dispatches per layer (per-head matmuls, the mask, several passes of softmax, a
+second matmul), each a pass over the whole score tensor on one core; ``mx.fast.rope`` and
+``mx.fast.rms_norm`` fall back to about 20 and 8 graph nodes per call. At batch 16
+attention took 40% of SmolLM2's decode step, RoPE and RMSNorm together about a quarter
+(docs/PERF.md). Here each is one primitive (``native/decode_attention.cpp``,
+``native/norm_rope.cpp``):
+
+- ``decode_attention``: one (row, KV head) per task on every core, each key and value
+  row read once for the query heads that share it, masked slots skipped: a row's output
+  is the same bits alone or in any batch, whatever its padding;
+- ``rms_norm`` and ``rope``: one pass over the rows, each row computed alone.
+
+They are a C++ MLX extension, built on first use with the system's C++ compiler against
+the installed MLX and nanobind (about 20 s once per machine; cached like
+``_small_gemm``'s kernel) and imported into this process. Where that is not possible (no
+compiler, no Python headers, a nanobind whose ABI is not MLX's), MLX's own ops serve and
+:data:`problem` says why. Other devices always use ``mx.fast``.
+
+Environment: ``MLX_LM_BATCHED_CPU_PRIMITIVES``: ``auto`` (default) or ``off`` (``0``);
+``CXX``: the compiler (default ``c++``). Threads: ``_small_gemm``'s
+(``MLX_LM_BATCHED_GEMM_THREADS``).
+"""
+
+import contextlib
+import importlib.machinery
+import importlib.util
+import math
+import os
+import sys
+import sysconfig
+
+import mlx.core as mx
+
+from . import _native_build, _small_gemm
+
+ENV = "MLX_LM_BATCHED_CPU_PRIMITIVES"
+MODULE = "_mlxlmb_cpu_prims"  # NB_MODULE's name in native/cpu_prims.cpp
+NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
+SOURCES = [os.path.join(NATIVE, name)
+           for name in ("cpu_prims.cpp", "decode_attention.cpp", "norm_rope.cpp")]
+HEADERS = [os.path.join(NATIVE, name) for name in ("cpu_prims.h", "lanes.h")]
+CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-fast-math", "-std=c++20", "-shared",
+             "-fPIC", "-fvisibility=hidden", "-DNDEBUG", "-DNB_DOMAIN=mlx"]
+
+_module = None
+_decided = False  # whether loading was attempted
+problem = None  # why the kernel is not in use, when it was asked for and is not
+
+
+def requested():
+    """False when ``MLX_LM_BATCHED_CPU_PRIMITIVES`` switches them off.
+
+    Raises ValueError for a value other than auto, 1, on, 0, off.
+    """
+    value = os.environ.get(ENV, "").strip().lower()
+    if value not in ("", "auto", "1", "on", "0", "off"):
+        raise ValueError(f"{ENV}={value!r}: expected auto, on, 1, off or 0")
+    return value not in ("0", "off")
+
+
+def _build():
+    try:
+        import nanobind
+    except ImportError:
+        raise OSError("nanobind is not installed") from None
+    mlx_dir = os.path.dirname(os.path.abspath(mx.__file__))
+    nb_dir = os.path.dirname(os.path.abspath(nanobind.__file__))
+    python_include = sysconfig.get_paths()["include"]
+    if not os.path.exists(os.path.join(python_include, "Python.h")):
+        raise OSError(f"no Python headers (Python.h) under {python_include}")
+    includes = [os.path.join(nb_dir, "include"),
+                os.path.join(nb_dir, "ext", "robin_map", "include"),
+                python_include, os.path.join(mlx_dir, "include")]
+    lib_dir = os.path.join(mlx_dir, "lib")
+    flags = CXX_FLAGS + [f"-I{d}" for d in includes] + [
+        f"-L{lib_dir}", "-lmlx", f"-Wl,-rpath,{lib_dir}"]
+    compiler = _native_build.find_compiler("CXX", "c++")
+    if compiler is None:
+        raise OSError("no C++ compiler (c++) to build the CPU primitives")
+    sources = SOURCES + [os.path.join(nb_dir, "src", "nb_combined.cpp")]
+    return _native_build.cached_build(
+        "cpu_prims", "CPU primitives", compiler, sources, flags,
+        suffix=sysconfig.get_config_var("EXT_SUFFIX") or ".so", headers=HEADERS,
+        key_parts=[mx.__version__, nanobind.__version__, sys.version])
+
+
+def _import(path):
+    spec = importlib.util.spec_from_file_location(
+        MODULE, path, loader=importlib.machinery.ExtensionFileLoader(MODULE, path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _check(module):
+    """Each primitive against MLX's ops on a small case: a nanobind whose ABI is not
+    MLX's fails here (the array type is not recognised), not mid-decode."""
+    keys = mx.random.normal((2, 2, 5, 8), key=mx.random.key(0))
+    values = mx.random.normal((2, 2, 5, 8), key=mx.random.key(1))
+    queries = mx.random.normal((2, 4, 1, 8), key=mx.random.key(2))
+    mask = mx.array([[True] * 5, [False, False, True, True, True]])[:, None, None, :]
+    got = module.decode_attention(queries, keys, values, 0.35, mask)
+    k, v = mx.repeat(keys, 2, axis=1), mx.repeat(values, 2, axis=1)
+    scores = mx.where(mask, (queries * 0.35) @ k.swapaxes(-1, -2), -mx.inf)
+    want = mx.softmax(scores, axis=-1, precise=True) @ v
+    if not mx.allclose(got, want, rtol=1e-5, atol=1e-6).item():
+        raise OSError("the decode-attention primitive disagrees with MLX's ops")
+    x, w = mx.random.normal((3, 2, 4, 40), key=mx.random.key(3)), mx.arange(40) / 7.0
+    if not mx.allclose(module.rms_norm(x, w, 1e-5), mx.fast.rms_norm(x, w, 1e-5),
+                       rtol=1e-5, atol=1e-6).item():
+        raise OSError("the RMSNorm primitive disagrees with MLX's ops")
+    offset = mx.array([0, 7, -2], dtype=mx.int32)
+    rotated = module.rope(x, 32, False, inverse_frequencies(32, 10000.0), 1.0, offset)
+    want = mx.fast.rope(x, 32, traditional=False, base=10000.0, scale=1.0, offset=offset)
+    if not mx.allclose(rotated, want, rtol=1e-5, atol=1e-5).item():
+        raise OSError("the RoPE primitive disagrees with MLX's ops")
+
+
+def module():
+    """The loaded extension, building it on first use; None where it cannot be (see
+    :data:`problem`) or is switched off, or off the CPU backend's platforms (Linux)."""
+    global _module, _decided, problem
+    if _decided:
+        return _module
+    _decided = True
+    if not requested() or not sys.platform.startswith("linux"):
+        return None
+    try:
+        loaded = _import(_build())
+        loaded.set_threads(_small_gemm.threads or _small_gemm.default_threads())
+        _check(loaded)
+    except Exception as e:  # noqa: BLE001 (any failure: MLX's ops give the same values)
+        problem = f"{type(e).__name__}: {e}".splitlines()[0]
+        return None
+    _module = loaded
+    return _module
+
+
+def inverse_frequencies(dims, base):
+    """RoPE's inverse frequencies ``base ** (-2i / dims)`` by MLX's own formula (what
+    ``mx.fast.rope``'s CPU fallback computes from ``base``)."""
+    half = dims // 2
+    return mx.exp(mx.arange(half, dtype=mx.float32) * (-math.log(base) / half))
+
+
+def _on_cpu_float32(x):
+    return x.dtype == mx.float32 and mx.default_device() == mx.cpu
+
+
+def serves(q, k, v, mask):
+    """True when :func:`attend` computes this attention: on the CPU, one query per row,
+    float32, keys and values as arrays, a boolean mask shared by the heads (or none)."""
+    if (q.ndim != 4 or q.shape[2] != 1 or not isinstance(k, mx.array)
+            or mx.default_device() != mx.cpu):
+        return False
+    if not (q.dtype == k.dtype == v.dtype == mx.float32):
+        return False
+    if mask is not None:
+        if not isinstance(mask, mx.array) or mask.dtype != mx.bool_ or mask.ndim > 4:
+            return False
+        if mask.ndim >= 3 and mask.shape[-3] != 1 or mask.ndim >= 2 and mask.shape[-2] != 1:
+            return False
+    return module() is not None
+
+
+def attend(q, k, v, scale, mask):
+    """``softmax(q k^T * scale) v`` for queries ``(B, H, 1, D)`` over keys and values
+    ``(B, n_kv, S, D)`` (GQA when ``n_kv < H``), masked slots skipped."""
+    return _module.decode_attention(q, k, v, float(scale), mask)
+
+
+def rms_norm(x, weight, eps):
+    """``mx.fast.rms_norm(x, weight, eps)``, as one primitive on the CPU for float32."""
+    if (_on_cpu_float32(x) and (weight is None or weight.dtype == mx.float32)
+            and module() is not None):
+        return _module.rms_norm(x, weight, float(eps))
+    return mx.fast.rms_norm(x, weight, eps)
+
+
+def rope(x, dims, traditional, inv_freq, scale, offset):
+    """Rotary embedding of ``x`` ``(B, ..., L, D)``'s first ``dims`` features at
+    positions ``offset + arange(L)`` (``offset``: an int or ``(B,)`` array), as one
+    primitive on the CPU for float32; None where it does not serve (the caller uses
+    ``mx.fast.rope``)."""
+    if x.ndim < 3 or not _on_cpu_float32(x) or module() is None:
+        return None
+    if not isinstance(offset, mx.array):
+        offset = mx.array([offset])
+    elif offset.ndim == 0:
+        offset = offset.reshape(1)
+    if offset.ndim != 1 or offset.shape[0] not in (1, x.shape[0]):
+        return None
+    return _module.rope(x, dims, traditional, inv_freq, float(scale), offset.astype(mx.int32))
+
+
+@contextlib.contextmanager
+def switched_off():
+    """MLX's ops instead of these primitives inside the block (benchmarks and tests
+    compare the two; evaluate pending work first, MLX computes lazily)."""
+    global _module
+    loaded = module()
+    _module = None
+    try:
+        yield
+    finally:
+        _module = loaded
+
+
+def describe():
+    """A short phrase for benchmark headers: ``"CPU primitives (attention, RMSNorm,
+    RoPE)"``, ``"CPU primitives off"`` or ``"CPU primitives not built: <why>"``."""
+    if _module is not None:
+        return "CPU primitives (attention, RMSNorm, RoPE)"
+    if problem:
+        return f"CPU primitives not built: {problem}"
+    if not requested():
+        return "CPU primitives off"
+    return "CPU primitives (not yet used)"

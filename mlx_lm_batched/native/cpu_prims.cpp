@@ -1,0 +1,21 @@
+/* Python bindings of our CPU primitives (cpu_prims.h), for mlx_lm_batched/_cpu_prims.py. */
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+
+#include "cpu_prims.h"
+
+namespace nb = nanobind;
+
+NB_MODULE(_mlxlmb_cpu_prims, m) {
+  m.doc() = "MLX primitives for the CPU backend (mlx_lm_batched)";
+  m.def("decode_attention", &mlxlmb::decode_attention, nb::arg("q"), nb::arg("k"),
+        nb::arg("v"), nb::arg("scale"), nb::arg("mask") = nb::none(),
+        "softmax(q k^T * scale) v for one query per row (float32).");
+  m.def("set_threads", &mlxlmb::set_attention_threads, nb::arg("threads"),
+        "Threads decode_attention's tasks are split over.");
+  m.def("rms_norm", &mlxlmb::rms_norm, nb::arg("x"), nb::arg("weight") = nb::none(),
+        nb::arg("eps"), "RMS norm over the last axis (float32).");
+  m.def("rope", &mlxlmb::rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"),
+        nb::arg("inv_freq"), nb::arg("scale"), nb::arg("offset"),
+        "Rotary embedding with per-row offsets (float32).");
+}

@@ -1,0 +1,223 @@
+/* RMSNorm and rotary position embeddings for MLX's CPU backend, one primitive each.
+ *
+ * On the CPU, mx.fast.rms_norm and mx.fast.rope fall back to compositions of MLX ops
+ * (about 8 and 20 graph nodes per call: squares, a mean, a reciprocal square root; an
+ * arange, exp, cos, sin, slices, products and a concatenation). A decode step of a
+ * 30-layer model calls them 120 times, and each node costs graph building and a
+ * dispatch on MLX's stream whatever its size: replaced by stand-ins that cost nothing,
+ * the two took a quarter of SmolLM2-135M's batch-8 step (docs/PERF.md). Here each call
+ * is one node, a single pass over its rows.
+ *
+ * Each row is computed alone (batch invariance, DESIGN.md invariant 8): the sum of
+ * squares in 16 lanes and lanes.h's fixed tree; a rotation's angles from the row's own
+ * position. Values agree with MLX's fallbacks to float32 rounding (the rotation's
+ * inverse frequencies are computed by the caller with MLX's own formula).
+ */
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "cpu_prims.h"
+#include "lanes.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/primitives.h"
+
+namespace mlxlmb {
+
+namespace {
+
+/* Element offsets of each "row" of `a` (all axes but the last), in row-major order. */
+std::vector<int64_t> row_offsets(const mx::array& a) {
+  const int nd = a.ndim();
+  const int64_t rows = a.size() / a.shape(nd - 1);
+  std::vector<int64_t> out(rows);
+  if (a.flags().row_contiguous) {
+    for (int64_t r = 0; r < rows; r++) out[r] = r * a.shape(nd - 1);
+    return out;
+  }
+  std::vector<int> index(nd - 1, 0);
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t off = 0;
+    for (int d = 0; d < nd - 1; d++) off += index[d] * a.strides()[d];
+    out[r] = off;
+    for (int d = nd - 2; d >= 0; d--) { /* next index, last axis fastest */
+      if (++index[d] < a.shape(d)) break;
+      index[d] = 0;
+    }
+  }
+  return out;
+}
+
+class RMSNorm : public mx::Primitive {
+ public:
+  RMSNorm(mx::Stream stream, float eps) : mx::Primitive(stream), eps_(eps) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const auto& x = inputs[0];
+    auto& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    const int D = x.shape(-1);
+    const int64_t x_step = x.strides().back();
+    const float* w = inputs.size() > 1 ? inputs[1].data<float>() : nullptr;
+    const int64_t w_step = inputs.size() > 1 ? inputs[1].strides().back() : 0;
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) encoder.set_input_array(a);
+    encoder.set_output_array(out);
+    encoder.dispatch([inputs, out, offsets = row_offsets(x), D, x_step, w, w_step,
+                      eps = eps_]() mutable {
+      const float* xp = inputs[0].data<float>();
+      float* op = out.data<float>();
+      std::vector<float> row(D);
+      for (size_t r = 0; r < offsets.size(); r++) {
+        const float* xr = xp + offsets[r];
+        if (x_step != 1) {
+          for (int d = 0; d < D; d++) row[d] = xr[d * x_step];
+          xr = row.data();
+        }
+        const int full = D - D % VW;
+        vf lanes = {0};
+        for (int d = 0; d < full; d += VW) {
+          vf v = load(xr + d);
+          lanes += v * v;
+        }
+        if (full < D) {
+          vf v = load_tail(xr + full, D - full);
+          lanes += v * v;
+        }
+        const float scale = 1.0f / std::sqrt(hsum1(lanes) / D + eps);
+        float* o = op + r * D;
+        if (w) {
+          for (int d = 0; d < D; d++) o[d] = (xr[d] * scale) * w[d * w_step];
+        } else {
+          for (int d = 0; d < D; d++) o[d] = xr[d] * scale;
+        }
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mlxlmb RMSNorm is a CPU kernel (other devices use mx.fast)");
+  }
+  const char* name() const override { return "MlxlmbRMSNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return eps_ == static_cast<const RMSNorm&>(other).eps_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
+ private:
+  float eps_;
+};
+
+class RoPE : public mx::Primitive {
+ public:
+  RoPE(mx::Stream stream, int dims, bool traditional, float scale)
+      : mx::Primitive(stream), dims_(dims), traditional_(traditional), scale_(scale) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const auto& x = inputs[0];
+    auto& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    const int nd = x.ndim(), D = x.shape(-1), L = x.shape(-2), B = x.shape(0);
+    const int64_t per_row = x.size() / (static_cast<int64_t>(B) * D); /* rows per batch row */
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) encoder.set_input_array(a);
+    encoder.set_output_array(out);
+    encoder.dispatch([inputs, out, offsets = row_offsets(x), D, L, B, per_row, nd,
+                      x_step = x.strides().back(), off_step = inputs[1].strides()[0],
+                      freq_step = inputs[2].strides()[0], dims = dims_,
+                      traditional = traditional_, scale = scale_]() mutable {
+      (void)nd;
+      const float* xp = inputs[0].data<float>();
+      const int32_t* positions = inputs[1].data<int32_t>();
+      const float* inv_freq = inputs[2].data<float>();
+      float* op = out.data<float>();
+      const int half = dims / 2;
+      /* cos and sin of each (row, query position, pair), computed once for the heads. */
+      std::vector<float> cosines(static_cast<size_t>(B) * L * half), sines(cosines.size());
+      for (int b = 0; b < B; b++)
+        for (int l = 0; l < L; l++) {
+          const float pos = static_cast<float>(positions[b * off_step] + l) * scale;
+          for (int i = 0; i < half; i++) {
+            const float theta = pos * inv_freq[i * freq_step];
+            cosines[(static_cast<size_t>(b) * L + l) * half + i] = std::cos(theta);
+            sines[(static_cast<size_t>(b) * L + l) * half + i] = std::sin(theta);
+          }
+        }
+      for (size_t r = 0; r < offsets.size(); r++) {
+        const int b = static_cast<int>(r / per_row), l = static_cast<int>(r % L);
+        const float* c = cosines.data() + (static_cast<size_t>(b) * L + l) * half;
+        const float* s = sines.data() + (static_cast<size_t>(b) * L + l) * half;
+        const float* xr = xp + offsets[r];
+        float* o = op + r * D;
+        for (int i = 0; i < half; i++) {
+          const int i1 = traditional ? 2 * i : i, i2 = traditional ? 2 * i + 1 : i + half;
+          const float x1 = xr[i1 * x_step], x2 = xr[i2 * x_step];
+          o[i1] = x1 * c[i] - x2 * s[i];
+          o[i2] = x1 * s[i] + x2 * c[i];
+        }
+        for (int d = 2 * half; d < D; d++) o[d] = xr[d * x_step];
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mlxlmb RoPE is a CPU kernel (other devices use mx.fast)");
+  }
+  const char* name() const override { return "MlxlmbRoPE"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const RoPE&>(other);
+    return dims_ == o.dims_ && traditional_ == o.traditional_ && scale_ == o.scale_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
+ private:
+  int dims_;
+  bool traditional_;
+  float scale_;
+};
+
+mx::Stream cpu_stream() {
+  return mx::default_stream(mx::Device(mx::Device::cpu));
+}
+
+}  // namespace
+
+mx::array rms_norm(const mx::array& x, std::optional<mx::array> weight, float eps) {
+  if (x.ndim() < 1 || x.dtype() != mx::float32)
+    throw std::invalid_argument("rms_norm: float32 input with a last axis");
+  std::vector<mx::array> inputs = {x};
+  if (weight) {
+    if (weight->dtype() != mx::float32 || weight->ndim() != 1 ||
+        weight->shape(0) != x.shape(-1))
+      throw std::invalid_argument("rms_norm: the weight must be float32 of the last axis' size");
+    inputs.push_back(*weight);
+  }
+  return mx::array(x.shape(), mx::float32, std::make_shared<RMSNorm>(cpu_stream(), eps),
+                   std::move(inputs));
+}
+
+mx::array rope(const mx::array& x, int dims, bool traditional, const mx::array& inv_freq,
+               float scale, const mx::array& offset) {
+  if (x.ndim() < 3 || x.dtype() != mx::float32)
+    throw std::invalid_argument("rope: float32 input (B, ..., L, D)");
+  if (dims % 2 != 0 || dims > x.shape(-1) || dims <= 0)
+    throw std::invalid_argument("rope: dims must be even and at most the last axis' size");
+  if (inv_freq.dtype() != mx::float32 || inv_freq.ndim() != 1 || inv_freq.shape(0) != dims / 2)
+    throw std::invalid_argument("rope: inv_freq must be float32 of dims / 2 values");
+  if (offset.dtype() != mx::int32 || offset.ndim() != 1 ||
+      (offset.shape(0) != x.shape(0) && offset.shape(0) != 1))
+    throw std::invalid_argument("rope: offset must be int32 of shape (B,) or (1,)");
+  auto stream = cpu_stream();
+  auto positions = mx::broadcast_to(offset, {x.shape(0)}, stream);
+  return mx::array(x.shape(), mx::float32,
+                   std::make_shared<RoPE>(stream, dims, traditional, scale),
+                   {x, positions, inv_freq});
+}
+
+}  // namespace mlxlmb
