@@ -149,6 +149,38 @@ def test_rope_matches_mlx_with_per_row_offsets(kernel, dims, traditional):
         kernel.rope(x, 7, False, inv, 1.0, offset)
 
 
+def test_gradients_match_mlx_ops(kernel):
+    # Training on the CPU differentiates through the primitives: their vjps must be
+    # those of the functions they replace.
+    x, w, cot = random((2, 3, 5, 32), 40), random((32,), 41), random((2, 3, 5, 32), 42)
+    offset = mx.array([4, -1], dtype=mx.int32)
+    inv = _cpu_prims.inverse_frequencies(32, 10000.0)
+    pairs = [
+        (lambda x, w: kernel.rms_norm(x, w, 1e-5), lambda x, w: mx.fast.rms_norm(x, w, 1e-5)),
+        (lambda x, w: kernel.rope(x, 32, False, inv, 1.0, offset) * w,
+         lambda x, w: mx.fast.rope(x, 32, traditional=False, base=10000.0, scale=1.0,
+                                   offset=offset) * w),
+    ]
+    for ours, theirs in pairs:
+        got = mx.vjp(ours, [x, w], [cot])[1]
+        want = mx.vjp(theirs, [x, w], [cot])[1]
+        for g, r in zip(got, want):
+            np.testing.assert_allclose(np.array(g), np.array(r), rtol=1e-4, atol=1e-5)
+    q, k, v = random((2, 4, 1, 16), 43), random((2, 2, 9, 16), 44), random((2, 2, 9, 16), 45)
+    mask = mx.array(np.arange(9)[None] >= np.array([0, 3])[:, None])[:, None, None]
+
+    def composed(q, k, v):
+        scores = (q * 0.25) @ mx.repeat(k, 2, axis=1).swapaxes(-1, -2)
+        scores = mx.where(mask, scores, -mx.inf)
+        return mx.softmax(scores, axis=-1, precise=True) @ mx.repeat(v, 2, axis=1)
+
+    cot = random((2, 4, 1, 16), 46)
+    got = mx.vjp(lambda q, k, v: kernel.decode_attention(q, k, v, 0.25, mask), [q, k, v], [cot])[1]
+    want = mx.vjp(composed, [q, k, v], [cot])[1]
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(np.array(g), np.array(r), rtol=1e-4, atol=1e-5)
+
+
 def greedy_logprobs(model, prompts, steps):
     """Log-probabilities and tokens of ``steps`` greedy decode steps of the left-padded
     batch of ``prompts``."""

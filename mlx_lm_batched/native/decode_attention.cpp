@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -33,6 +34,7 @@
 #include "lanes.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "mlx/transforms.h"
 
 namespace mlxlmb {
 
@@ -262,6 +264,32 @@ class DecodeAttention : public mx::Primitive {
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
     throw std::runtime_error("DecodeAttention is a CPU kernel (other devices use mx.fast)");
+  }
+
+  /* Gradients (training on the CPU, one query per row): those of the same attention
+   * composed from MLX ops (masked slots at -inf). */
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums,
+                             const std::vector<mx::array>&) override {
+    const float scale = scale_;
+    const auto s = stream();
+    std::optional<mx::array> mask;
+    if (primals.size() > 3) mask = primals[3];
+    auto reference = [scale, s, mask](const std::vector<mx::array>& in) {
+      const int group = in[0].shape(1) / in[1].shape(1);
+      auto k = mx::repeat(in[1], group, 1, s), v = mx::repeat(in[2], group, 1, s);
+      auto scores = mx::matmul(mx::multiply(in[0], mx::array(scale), s),
+                               mx::swapaxes(k, -1, -2, s), s);
+      if (mask)
+        scores = mx::where(*mask, scores,
+                           mx::array(-std::numeric_limits<float>::infinity()), s);
+      return std::vector<mx::array>{mx::matmul(mx::softmax(scores, -1, true, s), v, s)};
+    };
+    auto grads = mx::vjp(reference, {primals[0], primals[1], primals[2]}, cotangents).second;
+    std::vector<mx::array> out;
+    for (int a : argnums) out.push_back(a < 3 ? grads[a] : mx::zeros_like(primals[a], s));
+    return out;
   }
 
   const char* name() const override { return "DecodeAttention"; }

@@ -11,7 +11,8 @@
  * Each row is computed alone (batch invariance, DESIGN.md invariant 8): the sum of
  * squares in 16 lanes and lanes.h's fixed tree; a rotation's angles from the row's own
  * position. Values agree with MLX's fallbacks to float32 rounding (the rotation's
- * inverse frequencies are computed by the caller with MLX's own formula).
+ * inverse frequencies are computed by the caller with MLX's own formula), and so do
+ * their gradients (training on the CPU).
  */
 #include <cmath>
 #include <cstdint>
@@ -22,7 +23,9 @@
 #include "cpu_prims.h"
 #include "lanes.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "mlx/fast.h"
 #include "mlx/primitives.h"
+#include "mlx/transforms.h"
 
 namespace mlxlmb {
 
@@ -100,6 +103,24 @@ class RMSNorm : public mx::Primitive {
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
     throw std::runtime_error("mlxlmb RMSNorm is a CPU kernel (other devices use mx.fast)");
   }
+
+  /* Gradients (training on the CPU): those of mx.fast.rms_norm, the same function. */
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums,
+                             const std::vector<mx::array>&) override {
+    const float eps = eps_;
+    const auto s = stream();
+    auto reference = [eps, s](const std::vector<mx::array>& in) {
+      std::optional<mx::array> w;
+      if (in.size() > 1) w = in[1];
+      return std::vector<mx::array>{mx::fast::rms_norm(in[0], w, eps, s)};
+    };
+    auto grads = mx::vjp(reference, primals, cotangents).second;
+    std::vector<mx::array> out;
+    for (int a : argnums) out.push_back(grads[a]);
+    return out;
+  }
   const char* name() const override { return "MlxlmbRMSNorm"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     return eps_ == static_cast<const RMSNorm&>(other).eps_;
@@ -166,6 +187,26 @@ class RoPE : public mx::Primitive {
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
     throw std::runtime_error("mlxlmb RoPE is a CPU kernel (other devices use mx.fast)");
+  }
+
+  /* Gradients (training on the CPU): a rotation's transpose is the rotation by the
+   * opposite angles; positions and frequencies are constants. */
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums,
+                             const std::vector<mx::array>&) override {
+    std::vector<mx::array> out;
+    for (int a : argnums) {
+      if (a == 0) {
+        auto opposite = mx::negative(primals[2], stream());
+        out.push_back(mx::array(cotangents[0].shape(), mx::float32,
+                                std::make_shared<RoPE>(stream(), dims_, traditional_, scale_),
+                                {cotangents[0], primals[1], opposite}));
+      } else {
+        out.push_back(mx::zeros_like(primals[a], stream()));
+      }
+    }
+    return out;
   }
   const char* name() const override { return "MlxlmbRoPE"; }
   bool is_equivalent(const mx::Primitive& other) const override {
