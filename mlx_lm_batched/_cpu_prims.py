@@ -84,7 +84,9 @@ def _build():
     return _native_build.cached_build(
         "cpu_prims", "CPU primitives", compiler, sources, flags,
         suffix=sysconfig.get_config_var("EXT_SUFFIX") or ".so", headers=HEADERS,
-        key_parts=[mx.__version__, nanobind.__version__, sys.version])
+        # The binary links this environment's libmlx by path (rpath): another venv
+        # with the same versions must build its own, or two MLX libraries would load.
+        key_parts=[mx.__version__, nanobind.__version__, sys.version, mlx_dir, nb_dir])
 
 
 def _import(path):
