@@ -87,7 +87,11 @@ def _assert_rows_equal_solo(engine, logprobs, solos, rows):
     for i, (solo, solo_lp) in zip(rows, solos):
         for layer, (ours, theirs) in enumerate(zip(states, _states(solo))):
             for a, b in zip(ours, theirs):
-                np.testing.assert_allclose(a[i], b[0], atol=1e-5, rtol=1e-5,
+                # The batch is prefilled in chunks of 8, each solo row in one chunk:
+                # different BLAS/kernel calls and key lengths (README, "How batching
+                # stays exact"). Measured: up to 7e-5 on states up to 38 in magnitude
+                # (4e-5 with MLX's ops instead of our CPU primitives).
+                np.testing.assert_allclose(a[i], b[0], atol=2e-4, rtol=1e-4,
                                            err_msg=f"row {i} layer {layer}")
         np.testing.assert_allclose(np.array(logprobs[i]), np.array(solo_lp[0]), atol=1e-4)
 

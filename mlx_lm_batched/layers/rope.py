@@ -28,6 +28,15 @@ def rope_wavelengths(dims, base, count=None):
     return base ** (mx.arange(0, stop, 2, dtype=mx.float32) / dims)
 
 
+class _Constant:
+    """Holds an array as a plain attribute: ``nn.Module`` puts arrays in its tree."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
 class RoPE(nn.Module):
     """Rotary embedding over the first ``dims`` features with fixed frequencies.
 
@@ -43,9 +52,11 @@ class RoPE(nn.Module):
         self.mscale = mscale
         self.base = None if freqs is not None else base
         self._freqs = freqs
-        # The inverse frequencies by mx.fast.rope's own formulas, for the CPU primitive.
-        self._inv_freqs = (1.0 / freqs if freqs is not None
-                           else _cpu_prims.inverse_frequencies(dims, base))
+        # The inverse frequencies by mx.fast.rope's own formulas, for the CPU primitive:
+        # a constant kept off the module's tree (not a parameter: never saved, loaded,
+        # cast or counted in bits per weight).
+        self._inverse = _Constant(1.0 / freqs if freqs is not None
+                                  else _cpu_prims.inverse_frequencies(dims, base))
 
     def __call__(self, x, offset):
         if self.mscale != 1.0:
@@ -54,7 +65,7 @@ class RoPE(nn.Module):
                 x = mx.concatenate([x[..., : self.dims] * self.mscale, x[..., self.dims :]], -1)
             else:
                 x = x * self.mscale
-        rotated = _cpu_prims.rope(x, self.dims, self.traditional, self._inv_freqs, self.scale,
+        rotated = _cpu_prims.rope(x, self.dims, self.traditional, self._inverse.value, self.scale,
                                   offset)
         if rotated is not None:
             return rotated
