@@ -155,10 +155,9 @@ def _on_cpu_float32(x):
 def serves(q, k, v, mask):
     """True when :func:`attend` computes this attention: on the CPU, one query per row,
     float32, keys and values as arrays, a boolean mask shared by the heads (or none)."""
-    if (q.ndim != 4 or q.shape[2] != 1 or not isinstance(k, mx.array)
-            or mx.default_device() != mx.cpu):
+    if q.ndim != 4 or q.shape[2] != 1 or not isinstance(k, mx.array):
         return False
-    if not (q.dtype == k.dtype == v.dtype == mx.float32):
+    if not (_on_cpu_float32(q) and k.dtype == v.dtype == mx.float32):
         return False
     if mask is not None:
         if not isinstance(mask, mx.array) or mask.dtype != mx.bool_ or mask.ndim > 4:

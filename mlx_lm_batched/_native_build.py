@@ -73,12 +73,11 @@ def cached_build(name, what, compiler, sources, flags, suffix=".so", headers=(),
     """Path of ``name-<key><suffix>`` built by ``compiler sources flags -o out`` (link
     options go last in ``flags``), building it when no cache directory holds it.
 
+    ``compiler``: a full path (callers say which compiler is missing, by language);
     ``what`` names the kernel in errors; ``headers``: files the sources include;
-    ``key_parts``: other strings the binary depends on. Raises OSError (no compiler,
-    compile error, no writable directory).
+    ``key_parts``: other strings the binary depends on. Raises OSError (compile error,
+    no writable directory).
     """
-    if compiler is None:
-        raise OSError(f"no compiler to build the {what}")
     parts = [_identity(compiler), " ".join(flags), cpu_signature(), *key_parts]
     contents = []
     for source in [*sources, *headers]:

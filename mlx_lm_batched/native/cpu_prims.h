@@ -10,6 +10,11 @@ namespace mx = mlx::core;
 
 namespace mlxlmb {
 
+/* The stream every primitive here runs on: the CPU's default. */
+inline mx::Stream cpu_stream() {
+  return mx::default_stream(mx::Device(mx::Device::cpu));
+}
+
 /* softmax(q k^T * scale) v for one query per row (decode_attention.cpp). */
 mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
                            float scale, std::optional<mx::array> mask);

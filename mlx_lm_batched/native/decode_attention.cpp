@@ -144,14 +144,15 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
   const int n = static_cast<int>(slots.size());
 
   /* work: scaled queries (G x D), scores (G x n), strided keys' and a value's
-   * scratch (16 x D + Dv), output accumulators (G x Dv). */
+   * scratch (16 x D + Dv), output accumulators (G x Dv), inverse softmax sums (G). */
   work.resize(static_cast<size_t>(G) * D + static_cast<size_t>(G) * n + VW * D + Dv +
-              static_cast<size_t>(G) * Dv);
+              static_cast<size_t>(G) * Dv + G);
   float* qs = work.data();
   float* scores = qs + static_cast<size_t>(G) * D;
   float* key_scratch = scores + static_cast<size_t>(G) * n;
   float* value_scratch = key_scratch + VW * D;
   float* acc = value_scratch + Dv;
+  float* inv = acc + static_cast<size_t>(G) * Dv;
 
   for (int h = 0; h < G; h++) {
     const float* qh = qb + (h0 + h) * g.q.s1;
@@ -191,13 +192,6 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
   }
 
   /* Softmax numerators and their sums, per query head. */
-  float inv_sum[64];
-  std::vector<float> inv_sum_big;
-  float* inv = inv_sum;
-  if (G > 64) {
-    inv_sum_big.resize(G);
-    inv = inv_sum_big.data();
-  }
   for (int h = 0; h < G; h++) {
     float* sh = scores + h * n;
     inv[h] = 1.0f / exp_and_sum(sh, n, max_of(sh, n));
@@ -325,7 +319,7 @@ mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::arr
     throw std::invalid_argument("decode_attention: q, k and v shapes disagree");
   if (q.dtype() != mx::float32 || k.dtype() != mx::float32 || v.dtype() != mx::float32)
     throw std::invalid_argument("decode_attention: float32 only");
-  auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
+  auto stream = cpu_stream();
   std::vector<mx::array> inputs = {q, k, v};
   if (mask) {
     if (mask->dtype() != mx::bool_)

@@ -142,16 +142,15 @@ class RoPE : public mx::Primitive {
     const auto& x = inputs[0];
     auto& out = outputs[0];
     out.set_data(mx::allocator::malloc(out.nbytes()));
-    const int nd = x.ndim(), D = x.shape(-1), L = x.shape(-2), B = x.shape(0);
+    const int D = x.shape(-1), L = x.shape(-2), B = x.shape(0);
     const int64_t per_row = x.size() / (static_cast<int64_t>(B) * D); /* rows per batch row */
     auto& encoder = mx::cpu::get_command_encoder(stream());
     for (const auto& a : inputs) encoder.set_input_array(a);
     encoder.set_output_array(out);
-    encoder.dispatch([inputs, out, offsets = row_offsets(x), D, L, B, per_row, nd,
+    encoder.dispatch([inputs, out, offsets = row_offsets(x), D, L, B, per_row,
                       x_step = x.strides().back(), off_step = inputs[1].strides()[0],
                       freq_step = inputs[2].strides()[0], dims = dims_,
                       traditional = traditional_, scale = scale_]() mutable {
-      (void)nd;
       const float* xp = inputs[0].data<float>();
       const int32_t* positions = inputs[1].data<int32_t>();
       const float* inv_freq = inputs[2].data<float>();
@@ -222,10 +221,6 @@ class RoPE : public mx::Primitive {
   bool traditional_;
   float scale_;
 };
-
-mx::Stream cpu_stream() {
-  return mx::default_stream(mx::Device(mx::Device::cpu));
-}
 
 }  // namespace
 
