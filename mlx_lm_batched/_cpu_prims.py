@@ -1,4 +1,5 @@
-"""Our own MLX primitives for the CPU backend: decode attention, RMSNorm and RoPE.
+"""Our own MLX primitives for the CPU backend: decode attention, RMSNorm, RoPE, linear
+layers and SwiGLU.
 
 On the CPU, MLX composes these from many small ops: a decode step's attention is about
 a dozen dispatches per layer (per-head matmuls, the mask, several passes of softmax, a
@@ -11,7 +12,11 @@ attention took 40% of SmolLM2's decode step, RoPE and RMSNorm together about a q
 - ``decode_attention``: one (row, KV head) per task on every core, each key and value
   row read once for the query heads that share it, masked slots skipped: a row's output
   is the same bits alone or in any batch, whatever its padding;
-- ``rms_norm`` and ``rope``: one pass over the rows, each row computed alone.
+- ``rms_norm`` and ``rope``: one pass over the rows, each row computed alone;
+- ``linear``: ``nn.Linear``'s ``x @ W.T`` (+ bias) by the same BLAS call MLX makes
+  (the same bits), as one node instead of MLX's four (``native/linear.cpp``);
+- ``swiglu``: a gated MLP's ``silu(gate) * up`` with ``layers/cpu_ops``' exp formula,
+  one node instead of about ten (``native/swiglu.cpp``).
 
 They are a C++ MLX extension, built on first use with the system's C++ compiler against
 the installed MLX and nanobind (about 20 s once per machine; cached like
@@ -40,8 +45,9 @@ ENV = "MLX_LM_BATCHED_CPU_PRIMITIVES"
 MODULE = "_mlxlmb_cpu_prims"  # NB_MODULE's name in native/cpu_prims.cpp
 NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
 SOURCES = [os.path.join(NATIVE, name)
-           for name in ("cpu_prims.cpp", "decode_attention.cpp", "norm_rope.cpp")]
-HEADERS = [os.path.join(NATIVE, name) for name in ("cpu_prims.h", "lanes.h")]
+           for name in ("cpu_prims.cpp", "decode_attention.cpp", "norm_rope.cpp", "linear.cpp",
+                                 "swiglu.cpp")]
+HEADERS = [os.path.join(NATIVE, name) for name in ("cpu_prims.h", "lanes.h", "exp_lanes.h")]
 CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-fast-math", "-std=c++20", "-shared",
              "-fPIC", "-fvisibility=hidden", "-DNDEBUG", "-DNB_DOMAIN=mlx"]
 
@@ -119,6 +125,16 @@ def _check(module):
     want = mx.fast.rope(x, 32, traditional=False, base=10000.0, scale=1.0, offset=offset)
     if not mx.allclose(rotated, want, rtol=1e-5, atol=1e-5).item():
         raise OSError("the RoPE primitive disagrees with MLX's ops")
+    if not module.linear_available():
+        raise OSError("no cblas_sgemm in this process for the linear primitive")
+    w, b = mx.random.normal((24, 40), key=mx.random.key(4)), mx.arange(24) / 5.0
+    if not (mx.array_equal(module.linear(x, w), x @ w.T).item()
+            and mx.array_equal(module.linear(x, w, b), mx.addmm(b, x, w.T)).item()):
+        raise OSError("the linear primitive disagrees with MLX's matmul")
+    gate = x * 4.0
+    if not mx.allclose(module.swiglu(gate, x), gate * mx.sigmoid(gate) * x,
+                       rtol=1e-5, atol=1e-6).item():
+        raise OSError("the SwiGLU primitive disagrees with MLX's ops")
 
 
 def module():
@@ -197,6 +213,26 @@ def rope(x, dims, traditional, inv_freq, scale, offset):
     return _module.rope(x, dims, traditional, inv_freq, float(scale), offset.astype(mx.int32))
 
 
+def linear(x, weight, bias=None):
+    """``x @ weight.T (+ bias)`` (``mlx.nn.Linear``'s product, the same bits) as one
+    primitive on the CPU for float32; None where it does not serve (the caller uses
+    MLX's ops). Saves the three nodes MLX builds around each layer's matmul."""
+    if (not _on_cpu_float32(x) or weight.dtype != mx.float32 or weight.ndim != 2
+            or (bias is not None and bias.dtype != mx.float32) or module() is None):
+        return None
+    return _module.linear(x, weight, bias)
+
+
+def swiglu(gate, up):
+    """``silu(gate) * up`` (a gated MLP's activation, ``layers/cpu_ops``' exp formula)
+    as one primitive on the CPU for float32 operands of one shape; None where it does
+    not serve."""
+    if (not _on_cpu_float32(gate) or up.dtype != mx.float32 or gate.shape != up.shape
+            or module() is None):
+        return None
+    return _module.swiglu(gate, up)
+
+
 @contextlib.contextmanager
 def switched_off():
     """MLX's ops instead of these primitives inside the block (benchmarks and tests
@@ -212,9 +248,9 @@ def switched_off():
 
 def describe():
     """A short phrase for benchmark headers: ``"CPU primitives (attention, RMSNorm,
-    RoPE)"``, ``"CPU primitives off"`` or ``"CPU primitives not built: <why>"``."""
+    RoPE, linear, SwiGLU)"``, ``"CPU primitives off"`` or ``"CPU primitives not built: <why>"``."""
     if _module is not None:
-        return "CPU primitives (attention, RMSNorm, RoPE)"
+        return "CPU primitives (attention, RMSNorm, RoPE, linear, SwiGLU)"
     if problem:
         return f"CPU primitives not built: {problem}"
     if not requested():

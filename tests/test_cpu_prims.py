@@ -1,14 +1,16 @@
 """Our CPU primitives (``mlx_lm_batched/_cpu_prims.py``, ``native/*.cpp``): decode
-attention, RMSNorm and RoPE as one MLX primitive each, built as a C++ MLX extension with
-the system's compiler.
+attention, RMSNorm, RoPE, linear layers and SwiGLU as one MLX primitive each, built as
+a C++ MLX extension with the system's compiler.
 
 Attention must match a float64 reference (GQA, padding, sliding-window holes, strided
 views of a cache, head sizes off the 16-lane width), and a row must get the same bits
 alone as in a batch with other rows and more padding, whatever the thread count; RMSNorm
 and RoPE must match ``mx.fast``'s CPU fallbacks (strided inputs, partial and traditional
-rotation, per-row offsets) with a row's bits independent of the other rows; real models
-must decode through them with the tokens and log-probabilities of MLX's ops; and the
-switch and build failures must leave everything to MLX's ops with one line saying why.
+rotation, per-row offsets) with a row's bits independent of the other rows; a linear
+layer must give ``nn.Linear``'s very bits (the same BLAS call), SwiGLU cpu_ops' values;
+real models must decode through them with the tokens and log-probabilities of MLX's
+ops; and the switch and build failures must leave everything to MLX's ops with one line
+saying why.
 """
 
 import os
@@ -20,6 +22,7 @@ import pytest
 
 import mlx_lm_batched  # noqa: F401  (the BLAS and the kernels load before mlx.core)
 import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
 from conftest import corpus_prompts  # noqa: E402
 from mlx_lm_batched import _cpu_prims, _small_gemm  # noqa: E402
 from mlx_lm_batched.engine.batch_engine import BatchEngine  # noqa: E402
@@ -149,14 +152,81 @@ def test_rope_matches_mlx_with_per_row_offsets(kernel, dims, traditional):
         kernel.rope(x, 7, False, inv, 1.0, offset)
 
 
+@pytest.mark.parametrize("rows", [1, 7, 32, 45])
+def test_linear_gives_nn_linears_bits(kernel, rows):
+    # The same BLAS call as MLX's matmul: the same bits as nn.Linear, whether our
+    # small-row kernel (up to 32 rows) or the BLAS (more) computes it, with and without
+    # a bias, on a strided input and a transposed weight (both copied, as MLX does).
+    layer = nn.Linear(40, 24, bias=True)
+    layer.update({"weight": random((24, 40), 50), "bias": random((24,), 51)})
+    x = random((rows, 3, 40), 52)[:, 1:]  # (rows, 2, 40), a strided view
+    mx.eval(x)
+    served = _small_gemm.counts()[0]
+    ours = [kernel.linear(x, layer.weight, layer.bias), kernel.linear(x, layer.weight)]
+    mx.eval(ours)
+    if 2 * rows <= _small_gemm.max_rows:  # our kernel computed both products
+        assert _small_gemm.counts()[0] == served + 2
+    assert mx.array_equal(ours[0], layer(x)).item()
+    assert mx.array_equal(ours[1], x @ layer.weight.T).item()
+    transposed = random((40, 24), 53).T
+    assert mx.array_equal(kernel.linear(x, transposed), x @ transposed.T).item()
+    # A row alone gets its bits in the batch wherever the small-row kernel serves both.
+    if 2 * rows <= _small_gemm.max_rows:
+        assert mx.array_equal(kernel.linear(x[-1:], layer.weight), (x @ layer.weight.T)[-1:]).item()
+    with pytest.raises(ValueError, match=r"the weight must be \(N, K\)"):
+        kernel.linear(x, layer.weight.T)
+    with pytest.raises(ValueError, match="float32"):
+        kernel.linear(x.astype(mx.float16), layer.weight)
+
+
+def test_layers_route_plain_linears_through_it(kernel):
+    # cpu_ops.linear: a plain nn.Linear becomes one graph node with its own bits;
+    # a quantized layer (or any other) is called as it is.
+    layer = nn.Linear(64, 32, bias=False)
+    x = random((2, 1, 64), 54)
+    out = cpu_ops.linear(layer, x)
+    assert mx.array_equal(out, layer(x)).item()
+    quantized = nn.QuantizedLinear.from_linear(layer, group_size=32, bits=4)
+    assert mx.array_equal(cpu_ops.linear(quantized, x), quantized(x)).item()
+    embedding = nn.Embedding(50, 64)
+    assert mx.array_equal(cpu_ops.tied_logits(embedding, x), embedding.as_linear(x)).item()
+    with _cpu_prims.switched_off():
+        assert mx.array_equal(cpu_ops.linear(layer, x), out).item()
+
+
+def test_swiglu_matches_the_composed_formula(kernel):
+    # One node for silu(gate) * up with cpu_ops' exp formula: its values to float32
+    # rounding (the compiler may fuse a multiply-add MLX's ops round twice), on
+    # contiguous operands and on the strided halves of a fused gate_up projection,
+    # from large negative to large positive gates; each element depends on its own.
+    gate, up = random((3, 5, 1536), 60) * 30, random((3, 5, 1536), 61)
+    got = kernel.swiglu(gate, up)
+    np.testing.assert_allclose(np.array(got), np.array(cpu_ops.silu(gate) * up),
+                               rtol=2e-6, atol=1e-6)
+    g64 = np.array(gate).astype(np.float64)
+    np.testing.assert_allclose(np.array(got), g64 / (1 + np.exp(-g64)) * np.array(up),
+                               rtol=1e-5, atol=1e-6)
+    assert mx.array_equal(kernel.swiglu(gate[1:2, 3:], up[1:2, 3:]), got[1:2, 3:]).item()
+    gate_up = random((2, 1, 3072), 62) * 5
+    g, u = mx.split(gate_up, 2, axis=-1)
+    assert mx.array_equal(kernel.swiglu(g, u),
+                          kernel.swiglu(mx.contiguous(g), mx.contiguous(u))).item()
+    with pytest.raises(ValueError, match="same shape"):
+        kernel.swiglu(gate, up[:, :2])
+
+
 def test_gradients_match_mlx_ops(kernel):
     # Training on the CPU differentiates through the primitives: their vjps must be
     # those of the functions they replace.
     x, w, cot = random((2, 3, 5, 32), 40), random((32,), 41), random((2, 3, 5, 32), 42)
     offset = mx.array([4, -1], dtype=mx.int32)
     inv = _cpu_prims.inverse_frequencies(32, 10000.0)
+    weight, bias = random((24, 32), 47), random((24,), 48)
     pairs = [
         (lambda x, w: kernel.rms_norm(x, w, 1e-5), lambda x, w: mx.fast.rms_norm(x, w, 1e-5)),
+        (lambda x, w: kernel.swiglu(x, x * w), lambda x, w: x * mx.sigmoid(x) * (x * w)),
+        (lambda x, w: kernel.linear(x * w, weight, bias).sum(-1, keepdims=True) * x,
+         lambda x, w: mx.addmm(bias, x * w, weight.T).sum(-1, keepdims=True) * x),
         (lambda x, w: kernel.rope(x, 32, False, inv, 1.0, offset) * w,
          lambda x, w: mx.fast.rope(x, 32, traditional=False, base=10000.0, scale=1.0,
                                    offset=offset) * w),

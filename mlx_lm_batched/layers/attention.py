@@ -60,6 +60,17 @@ def step_row_groups(attention, q, mask):
     return None
 
 
+def heads_first(t, heads):
+    """A ``(B, L, heads * D)`` projection as ``(B, heads, L, D)``. With one column
+    (decode) that is a reshape alone: the same memory order, and one graph node where
+    a reshape and a transpose take two (a decode step is bound by its node count on
+    the CPU)."""
+    B, L, _ = t.shape
+    if L == 1:
+        return t.reshape(B, heads, 1, -1)
+    return t.reshape(B, L, heads, -1).transpose(0, 2, 1, 3)
+
+
 class Attention(nn.Module):
     """Multi-head attention with GQA, optional QK-norm, RoPE and soft-capping."""
 
@@ -141,7 +152,7 @@ class Attention(nn.Module):
         """Attention from the ``(B, L, heads * head_dim)`` query, key and value
         projections (a family that transforms them first, as Baichuan-M1's key/value
         convolution, calls this after)."""
-        B, L, _ = q.shape
+        L = q.shape[1]
         q = self._heads(q, 0, offset)
         if self.position_scale is not None:
             # Padding columns have negative positions: clamp them to 0 (a finite
@@ -151,10 +162,9 @@ class Attention(nn.Module):
         k = self._heads(k, 1, offset)
         if self.clip_qkv is not None:
             v = mx.clip(v, -self.clip_qkv, self.clip_qkv)
-        v = v.reshape(B, L, self.n_kv_heads, -1)
+        v = heads_first(v, self.n_kv_heads)
         if self.v_norm is not None:
             v = self.v_norm(v)
-        v = v.transpose(0, 2, 1, 3)
         if cache is not None:
             groups = step_row_groups(attention, q, mask)
             if groups and getattr(cache, "blocks", None) is not None:
@@ -176,7 +186,10 @@ class Attention(nn.Module):
             out = grouped_attention(q, k, v, self.scale, mask, self.softcap, sinks, groups)
         else:
             out = scaled_dot_product_attention(q, k, v, self.scale, mask, self.softcap, sinks)
-        out = self.head_outputs(out.transpose(0, 2, 1, 3)).reshape(B, L, -1)
+        if L == 1 and type(self).head_outputs is Attention.head_outputs:
+            out = out.reshape(B, 1, -1)  # one query: heads-first is already row order
+        else:
+            out = self.head_outputs(out.transpose(0, 2, 1, 3)).reshape(B, L, -1)
         if output_gate is not None:
             out = out * output_gate
         return self.output(out)
@@ -189,21 +202,19 @@ class Attention(nn.Module):
     def output(self, h):
         """The output projection of the heads' concatenated outputs ``h`` (BitNet
         norms them first)."""
-        return self.o_proj(h)
+        return cpu_ops.linear(self.o_proj, h)
 
     def _heads(self, t, which, offset):
         """Query (``which`` 0) or key (1) projection ``t`` ``(B, L, heads * D)`` as
         normed, rotated ``(B, heads, L, D)`` heads."""
-        B, L, _ = t.shape
         norm = getattr(self, self.qk_norm_names[which]) if self.has_qk_norm else None
         if norm is not None and self.qk_norm_full:
             t = norm(t)
         if self.clip_qkv is not None:  # after a whole-projection QK-norm (OLMoE)
             t = mx.clip(t, -self.clip_qkv, self.clip_qkv)
-        t = t.reshape(B, L, self.n_kv_heads if which else self.n_heads, -1)
+        t = heads_first(t, self.n_kv_heads if which else self.n_heads)
         if norm is not None and not (self.qk_norm_full or self.qk_norm_after_rope):
-            t = norm(t)
-        t = t.transpose(0, 2, 1, 3)
+            t = norm(t)  # per head: over the last axis, whatever the order of the others
         if self.rope is not None:
             t = self.rope(t, offset)
         if norm is not None and self.qk_norm_after_rope:
@@ -215,9 +226,11 @@ class Attention(nn.Module):
         (cross-layer attention overrides where keys and values come from)."""
         if self.fused_qkv:
             nq, nk = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-            return mx.split(getattr(self, self.qkv_name)(x), [nq, nq + nk], axis=-1)
-        k = self.k_proj(x)
-        return self.q_proj(x), k, k if self.values_from_keys else self.v_proj(x)
+            qkv = cpu_ops.linear(getattr(self, self.qkv_name), x)
+            return mx.split(qkv, [nq, nq + nk], axis=-1)
+        k = cpu_ops.linear(self.k_proj, x)
+        q = cpu_ops.linear(self.q_proj, x)
+        return q, k, k if self.values_from_keys else cpu_ops.linear(self.v_proj, x)
 
     def _qk_norm(self, q, k):
         q_name, k_name = self.qk_norm_names

@@ -37,6 +37,7 @@ import math
 import os
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from .. import _cpu_prims
 from .masks import CausalMask
@@ -159,6 +160,38 @@ def silu(x):
         return x * mx.sigmoid(x)
     p, bits = (_FUSED["head"] if fused() else _exp_head)(-x)
     return (_FUSED["silu_tail"] if fused() else _silu_tail)(x, p, bits.view(mx.float32))
+
+
+def linear(layer, x):
+    """``layer(x)``. For a plain ``mlx.nn.Linear`` on the CPU in float32, one primitive
+    node with the same bits (``_cpu_prims.linear``) instead of the four MLX builds
+    (transpose, flatten, matmul, unflatten); any other layer (quantized, LoRA, a
+    subclass) is called as it is."""
+    if type(layer) is nn.Linear:
+        out = _cpu_prims.linear(x, layer.weight, layer.get("bias"))
+        if out is not None:
+            return out
+    return layer(x)
+
+
+def tied_logits(embedding, h):
+    """``embedding.as_linear(h)``; for a plain ``mlx.nn.Embedding`` on the CPU in
+    float32, the linear primitive (the same bits, one node)."""
+    if type(embedding) is nn.Embedding:
+        out = _cpu_prims.linear(h, embedding.weight)
+        if out is not None:
+            return out
+    return embedding.as_linear(h)
+
+
+def swiglu(gate, up):
+    """``silu(gate) * up``; on the CPU in float32, one primitive node with this
+    module's SiLU formula (about ten nodes composed)."""
+    if use_fast(gate):
+        out = _cpu_prims.swiglu(gate, up)
+        if out is not None:
+            return out
+    return silu(gate) * up
 
 
 def fused_decode(q, k, v, mask, softcap=None):

@@ -31,7 +31,7 @@ ACTIVATIONS = {
 
 def swiglu(gate, x):
     """``silu(gate) * x`` (mlx-lm's ``activations.swiglu``)."""
-    return cpu_ops.silu(gate) * x
+    return cpu_ops.swiglu(gate, x)
 
 
 class Activation:
@@ -79,10 +79,14 @@ class MLP(nn.Module):
 
     def __call__(self, x):
         if self.fused_gate_up:
-            gate, up = mx.split(self.gate_up_proj(x), 2, axis=-1)
+            gate, up = mx.split(cpu_ops.linear(self.gate_up_proj, x), 2, axis=-1)
         else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(self.act(gate) * up)
+            gate, up = cpu_ops.linear(self.gate_proj, x), cpu_ops.linear(self.up_proj, x)
+        if isinstance(self.act, Activation) and self.act.name in ("silu", "swish"):
+            hidden = cpu_ops.swiglu(gate, up)  # one node on the CPU
+        else:
+            hidden = self.act(gate) * up
+        return cpu_ops.linear(self.down_proj, hidden)
 
 
 class DenseMLP(nn.Module):
@@ -98,4 +102,4 @@ class DenseMLP(nn.Module):
 
     def __call__(self, x):
         up, down = (getattr(self, n) for n in self.names)
-        return down(self.act(up(x)))
+        return cpu_ops.linear(down, self.act(cpu_ops.linear(up, x)))

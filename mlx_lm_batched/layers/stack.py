@@ -7,6 +7,7 @@ import mlx.nn as nn
 
 from ..cache.kv import KVCache
 from ..cache.rotating import RotatingKVCache, max_kv_cache
+from . import cpu_ops
 from .step import resolve_masks, resolve_offset
 
 
@@ -100,9 +101,9 @@ class CausalLM(nn.Module):
                               self.get("layer_chunks"), self.get("layer_block_sparse"))
         h = self.model(inputs, masks, offset, cache, input_embeddings, attention)
         if hasattr(self, "lm_head"):
-            out = self.lm_head(h)
+            out = cpu_ops.linear(self.lm_head, h)
         else:
-            out = self.model.embed_tokens.as_linear(h)
+            out = cpu_ops.tied_logits(self.model.embed_tokens, h)
         if self.logit_scale is not None:
             out = out * self.logit_scale
         if self.final_logit_softcap is not None:

@@ -18,4 +18,10 @@ NB_MODULE(_mlxlmb_cpu_prims, m) {
   m.def("rope", &mlxlmb::rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"),
         nb::arg("inv_freq"), nb::arg("scale"), nb::arg("offset"),
         "Rotary embedding with per-row offsets (float32).");
+  m.def("linear", &mlxlmb::linear, nb::arg("x"), nb::arg("weight"),
+        nb::arg("bias") = nb::none(), "x @ weight.T (+ bias) as one node (float32).");
+  m.def("swiglu", &mlxlmb::swiglu, nb::arg("gate"), nb::arg("up"),
+        "silu(gate) * up as one node (float32).");
+  m.def("linear_available", &mlxlmb::linear_available,
+        "Whether cblas_sgemm can be found in the process.");
 }
