@@ -30,7 +30,9 @@ leading whitespace aside). mlx-lm runs with the same CPU BLAS as ours unless
 
 Reported per server: requests/s and output tokens/s over the replay (first arrival to last
 token; tokens from ``usage.completion_tokens``), time to first token (request sent to the
-first streamed text) p50/p95 and inter-chunk latency p50/p95 (about one token per chunk).
+first streamed text) p50/p95 and inter-chunk latency p50/p95 (about one token per chunk),
+and the requests sent again after their connection failed before any response
+(:data:`CONNECTION_RETRIES`).
 """
 
 import asyncio
@@ -57,7 +59,7 @@ from bench_continuous import (  # noqa: E402
     trace_parser,
 )
 from bench_continuous import plot as plot_trace  # noqa: E402
-from bench_report import machine  # noqa: E402
+from bench_report import attention, machine  # noqa: E402
 
 SERVERS = {"ours": "mlx_lm_batched.server", "mlx-lm": "mlx_lm.server"}
 START_TIMEOUT_S = 300
@@ -133,30 +135,50 @@ def eos_ids(model_dir, tokenizer):
     return sorted(ids)
 
 
+# Requests whose connection failed before any response came (httpx.ReadError and kin)
+# are sent again, up to this many times, as the official OpenAI client retries
+# connection errors (twice by default). Their time to first token counts from the first
+# attempt, and each server's count of retries is reported. mlx_lm.server (Python's
+# ThreadingHTTPServer, a listen backlog of 5) reset some of 16 simultaneous new
+# connections in two fifteenth-session runs, ending them before any table.
+CONNECTION_RETRIES = 3
+
+
 async def one(http, name, model, req, bias, start_at):
-    """Send one request at its arrival time; its chunk times, text and usage."""
+    """Send one request at its arrival time; its chunk times, text, usage and the
+    connection retries it took."""
+    import httpx
+
     await asyncio.sleep(max(0.0, start_at + req["arrival"] - time.perf_counter()))
     body = {"model": "default_model" if name == "mlx-lm" else str(model), "stream": True,
             "stream_options": {"include_usage": True}, "temperature": 0,
             "max_tokens": req["max_tokens"], "logit_bias": bias,
             "prompt": req["text"] if name == "mlx-lm" else req["ids"]}
     sent = time.perf_counter()
-    times, text, usage = [], "", None
-    async with http.stream("POST", "/v1/completions", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"{name}: HTTP {r.status_code}: {(await r.aread())[:500]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                continue
-            data = json.loads(line[5:])
-            usage = data.get("usage") or usage
-            for choice in data.get("choices") or []:
-                delta = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
-                if delta:
-                    times.append(time.perf_counter())
-                    text += delta
+    for retries in range(CONNECTION_RETRIES + 1):
+        times, text, usage, answered = [], "", None, False
+        try:
+            async with http.stream("POST", "/v1/completions", json=body) as r:
+                answered = True
+                if r.status_code != 200:
+                    raise RuntimeError(f"{name}: HTTP {r.status_code}: "
+                                       f"{(await r.aread())[:500]!r}")
+                async for line in r.aiter_lines():
+                    if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                        continue
+                    data = json.loads(line[5:])
+                    usage = data.get("usage") or usage
+                    for choice in data.get("choices") or []:
+                        delta = choice.get("text") or (choice.get("delta") or {}).get("content")
+                        if delta:
+                            times.append(time.perf_counter())
+                            text += delta
+            break
+        except (httpx.ReadError, httpx.RemoteProtocolError, httpx.ConnectError):
+            if answered or retries == CONNECTION_RETRIES:
+                raise  # a response had begun, or the server keeps refusing: a real failure
     return {"sent": sent - start_at, "times": [t - start_at for t in times], "text": text,
-            "usage": usage or {}}
+            "usage": usage or {}, "retries": retries}
 
 
 async def replay(name, url, model, trace, bias):
@@ -211,6 +233,7 @@ def summarize(trace, results):
         "prompt_tokens": [r["usage"].get("prompt_tokens") for r in results],
         "ttft_p50_s": pct(ttft, 50), "ttft_p95_s": pct(ttft, 95),
         "itl_p50_ms": 1e3 * pct(itl, 50), "itl_p95_ms": 1e3 * pct(itl, 95),
+        "connection_retries": sum(r.get("retries", 0) for r in results),
     }
 
 
@@ -274,6 +297,7 @@ def run(args):
     if args.concurrency:
         return {
             "model": str(args.model), "machine": machine(), "blas": _blas.describe(),
+            "attention": attention(),
             "mode": "concurrency", "seed": args.seed, "batch_size": args.batch_size,
             "prompt_len": list(args.prompt_len), "output_len": list(args.output_len),
             "requests_per_stream": args.requests_per_stream,
@@ -286,6 +310,7 @@ def run(args):
     results, texts = results[None], texts[None]
     return {
         "model": str(args.model), "machine": machine(), "blas": _blas.describe(),
+        "attention": attention(),
         "requests": args.requests, "rate": args.rate, "seed": args.seed,
         "prompt_len": list(args.prompt_len), "output_len": list(args.output_len),
         "batch_size": args.batch_size,
@@ -297,7 +322,8 @@ def run(args):
 
 
 def print_table(out, file=sys.stdout):
-    print(f"model {out['model']} ({out['machine']}; BLAS: {out['blas']}; mlx-lm's BLAS: "
+    print(f"model {out['model']} ({out['machine']}; BLAS: {out['blas']}; "
+          f"{out.get('attention', 'CPU primitives not recorded')}; mlx-lm's BLAS: "
           f"{out['mlx_lm_blas']}; mlx-lm's malloc: {out.get('mlx_lm_malloc', 'same as ours')})",
           file=file)
     lengths = (f"prompts {out['prompt_len'][0]}-{out['prompt_len'][1]} tokens, outputs "
@@ -320,6 +346,12 @@ def print_table(out, file=sys.stdout):
                   f"{r['ttft_p50_s']:8.2f}s {r['ttft_p95_s']:8.2f}s {r['itl_p50_ms']:6.0f}ms "
                   f"{r['itl_p95_ms']:6.0f}ms {ratio} {100 * r['equal_to_mlx_lm']:7.0f}% "
                   f"{r['generated']:>5}/{r['expected']:<5}", file=file)
+    retried = [f"{name} {r['connection_retries']} at {streams or 'the trace'}"
+               for streams, results in levels for name, r in results.items()
+               if r.get("connection_retries")]
+    if retried:
+        print("requests sent again after a connection reset before any response: "
+              + ", ".join(retried), file=file)
 
 
 def plot(out, path):

@@ -3,10 +3,16 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
+#include "mlx/backend/cpu/encoder.h"
 #include "mlx/mlx.h"
+#include "mlx/primitives.h"
+#include "mlx/transforms.h"
 
 namespace mx = mlx::core;
 
@@ -16,6 +22,48 @@ namespace mlxlmb {
 inline mx::Stream cpu_stream() {
   return mx::default_stream(mx::Device(mx::Device::cpu));
 }
+
+/* The frame every primitive here shares: one output computed by a task on the CPU
+ * stream, other devices refused (they use MLX's own ops), gradients from the same
+ * function in MLX ops. */
+class CpuPrimitive : public mx::Primitive {
+ public:
+  using mx::Primitive::Primitive;
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error(std::string(name()) +
+                             " is a CPU kernel (other devices use MLX's own ops)");
+  }
+
+ protected:
+  /* Registers the arrays with the CPU stream's encoder and runs `task` there (`out`
+   * already allocated); the task holds the arrays so their buffers outlive it. */
+  template <typename Task>
+  void run_on_cpu(const std::vector<mx::array>& inputs, mx::array& out, Task task) {
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) encoder.set_input_array(a);
+    encoder.set_output_array(out);
+    encoder.dispatch(std::move(task));
+  }
+
+  using Function = std::function<std::vector<mx::array>(const std::vector<mx::array>&)>;
+
+  /* The gradients for `argnums` of `reference` (this primitive's function in MLX ops)
+   * taken at the first `differentiable` primals; the others (masks, positions) get
+   * zeros. */
+  std::vector<mx::array> reference_vjp(const Function& reference,
+                                       const std::vector<mx::array>& primals,
+                                       const std::vector<mx::array>& cotangents,
+                                       const std::vector<int>& argnums, size_t differentiable) {
+    const std::vector<mx::array> at(primals.begin(), primals.begin() + differentiable);
+    auto grads = mx::vjp(reference, at, cotangents).second;
+    std::vector<mx::array> out;
+    for (int a : argnums)
+      out.push_back(static_cast<size_t>(a) < differentiable ? grads[a]
+                                                            : mx::zeros_like(primals[a], stream()));
+    return out;
+  }
+};
 
 /* `a`'s elements in row-major order, copied into `scratch` (for inputs whose layout a
  * kernel cannot read in place). */

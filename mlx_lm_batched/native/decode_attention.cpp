@@ -201,9 +201,9 @@ View view_of(const mx::array& a) {
   return {a.data<void>(), st[0], st[1], st[2], st[3]};
 }
 
-class DecodeAttention : public mx::Primitive {
+class DecodeAttention : public CpuPrimitive {
  public:
-  DecodeAttention(mx::Stream stream, float scale) : mx::Primitive(stream), scale_(scale) {}
+  DecodeAttention(mx::Stream stream, float scale) : CpuPrimitive(stream), scale_(scale) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
@@ -222,15 +222,7 @@ class DecodeAttention : public mx::Primitive {
     g.v = view_of(v);
     g.mask = inputs.size() > 3 ? view_of(inputs[3]) : View{nullptr, 0, 0, 0, 0};
     g.out = out.data<float>();
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
-    // The arrays ride along so their buffers outlive the task.
-    encoder.dispatch([g, inputs, out]() { attend_all(g); });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("DecodeAttention is a CPU kernel (other devices use mx.fast)");
+    run_on_cpu(inputs, out, [g, inputs, out]() { attend_all(g); });
   }
 
   /* Gradients (training on the CPU, one query per row): those of the same attention
@@ -253,10 +245,7 @@ class DecodeAttention : public mx::Primitive {
                            mx::array(-std::numeric_limits<float>::infinity()), s);
       return std::vector<mx::array>{mx::matmul(mx::softmax(scores, -1, true, s), v, s)};
     };
-    auto grads = mx::vjp(reference, {primals[0], primals[1], primals[2]}, cotangents).second;
-    std::vector<mx::array> out;
-    for (int a : argnums) out.push_back(a < 3 ? grads[a] : mx::zeros_like(primals[a], s));
-    return out;
+    return reference_vjp(reference, primals, cotangents, argnums, 3);
   }
 
   const char* name() const override { return "DecodeAttention"; }

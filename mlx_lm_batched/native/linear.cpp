@@ -61,17 +61,14 @@ Operand as_blas_operand(const float* data, int rows, int cols, int64_t s0, int64
   return {copy(), false, cols};
 }
 
-class Linear : public mx::Primitive {
+class Linear : public CpuPrimitive {
  public:
-  explicit Linear(mx::Stream stream) : mx::Primitive(stream) {}
+  explicit Linear(mx::Stream stream) : CpuPrimitive(stream) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto& out = outputs[0];
     out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
-    encoder.dispatch([inputs, out]() mutable {
+    run_on_cpu(inputs, out, [inputs, out]() mutable {
       const auto& x = inputs[0];
       const auto& w = inputs[1];
       const int K = x.shape(-1), N = w.shape(0);
@@ -113,10 +110,6 @@ class Linear : public mx::Primitive {
     });
   }
 
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("mlxlmb Linear is a CPU kernel (other devices use MLX's matmul)");
-  }
-
   /* Gradients (training on the CPU): those of nn.Linear's ops, the same function. */
   std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
                              const std::vector<mx::array>& cotangents,
@@ -128,10 +121,7 @@ class Linear : public mx::Primitive {
       if (in.size() > 2) return std::vector<mx::array>{mx::addmm(in[2], in[0], wt, 1.0f, 1.0f, s)};
       return std::vector<mx::array>{mx::matmul(in[0], wt, s)};
     };
-    auto grads = mx::vjp(reference, primals, cotangents).second;
-    std::vector<mx::array> out;
-    for (int a : argnums) out.push_back(grads[a]);
-    return out;
+    return reference_vjp(reference, primals, cotangents, argnums, primals.size());
   }
   const char* name() const override { return "MlxlmbLinear"; }
   bool is_equivalent(const mx::Primitive&) const override { return true; }

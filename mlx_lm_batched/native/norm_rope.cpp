@@ -53,9 +53,9 @@ std::vector<int64_t> row_offsets(const mx::array& a) {
   return out;
 }
 
-class RMSNorm : public mx::Primitive {
+class RMSNorm : public CpuPrimitive {
  public:
-  RMSNorm(mx::Stream stream, float eps) : mx::Primitive(stream), eps_(eps) {}
+  RMSNorm(mx::Stream stream, float eps) : CpuPrimitive(stream), eps_(eps) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const auto& x = inputs[0];
@@ -65,10 +65,7 @@ class RMSNorm : public mx::Primitive {
     const int64_t x_step = x.strides().back();
     const float* w = inputs.size() > 1 ? inputs[1].data<float>() : nullptr;
     const int64_t w_step = inputs.size() > 1 ? inputs[1].strides().back() : 0;
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
-    encoder.dispatch([inputs, out, offsets = row_offsets(x), D, x_step, w, w_step,
+    run_on_cpu(inputs, out, [inputs, out, offsets = row_offsets(x), D, x_step, w, w_step,
                       eps = eps_]() mutable {
       const float* xp = inputs[0].data<float>();
       float* op = out.data<float>();
@@ -100,10 +97,6 @@ class RMSNorm : public mx::Primitive {
     });
   }
 
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("mlxlmb RMSNorm is a CPU kernel (other devices use mx.fast)");
-  }
-
   /* Gradients (training on the CPU): those of mx.fast.rms_norm, the same function. */
   std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
                              const std::vector<mx::array>& cotangents,
@@ -116,10 +109,7 @@ class RMSNorm : public mx::Primitive {
       if (in.size() > 1) w = in[1];
       return std::vector<mx::array>{mx::fast::rms_norm(in[0], w, eps, s)};
     };
-    auto grads = mx::vjp(reference, primals, cotangents).second;
-    std::vector<mx::array> out;
-    for (int a : argnums) out.push_back(grads[a]);
-    return out;
+    return reference_vjp(reference, primals, cotangents, argnums, primals.size());
   }
   const char* name() const override { return "MlxlmbRMSNorm"; }
   bool is_equivalent(const mx::Primitive& other) const override {
@@ -133,10 +123,10 @@ class RMSNorm : public mx::Primitive {
   float eps_;
 };
 
-class RoPE : public mx::Primitive {
+class RoPE : public CpuPrimitive {
  public:
   RoPE(mx::Stream stream, int dims, bool traditional, float scale)
-      : mx::Primitive(stream), dims_(dims), traditional_(traditional), scale_(scale) {}
+      : CpuPrimitive(stream), dims_(dims), traditional_(traditional), scale_(scale) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const auto& x = inputs[0];
@@ -144,10 +134,7 @@ class RoPE : public mx::Primitive {
     out.set_data(mx::allocator::malloc(out.nbytes()));
     const int D = x.shape(-1), L = x.shape(-2), B = x.shape(0);
     const int64_t per_row = x.size() / (static_cast<int64_t>(B) * D); /* rows per batch row */
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
-    encoder.dispatch([inputs, out, offsets = row_offsets(x), D, L, B, per_row,
+    run_on_cpu(inputs, out, [inputs, out, offsets = row_offsets(x), D, L, B, per_row,
                       x_step = x.strides().back(), off_step = inputs[1].strides()[0],
                       freq_step = inputs[2].strides()[0], dims = dims_,
                       traditional = traditional_, scale = scale_]() mutable {
@@ -182,10 +169,6 @@ class RoPE : public mx::Primitive {
         for (int d = 2 * half; d < D; d++) o[d] = xr[d * x_step];
       }
     });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("mlxlmb RoPE is a CPU kernel (other devices use mx.fast)");
   }
 
   /* Gradients (training on the CPU): a rotation's transpose is the rotation by the

@@ -37,17 +37,14 @@ void swiglu_span(const float* gate, const float* up, float* out, size_t n) {
   }
 }
 
-class SwiGLU : public mx::Primitive {
+class SwiGLU : public CpuPrimitive {
  public:
-  explicit SwiGLU(mx::Stream stream) : mx::Primitive(stream) {}
+  explicit SwiGLU(mx::Stream stream) : CpuPrimitive(stream) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto& out = outputs[0];
     out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
-    encoder.dispatch([inputs, out]() mutable {
+    run_on_cpu(inputs, out, [inputs, out]() mutable {
       /* Split halves of a fused gate_up projection are strided views: copied first. */
       std::vector<float> gate_copy, up_copy;
       const auto& gate = inputs[0];
@@ -57,10 +54,6 @@ class SwiGLU : public mx::Primitive {
       const float* u = up.flags().row_contiguous ? up.data<float>() : row_major_copy(up, up_copy);
       swiglu_span(g, u, out.data<float>(), out.size());
     });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("mlxlmb SwiGLU is a CPU kernel (other devices use MLX's ops)");
   }
 
   /* Gradients (training on the CPU): those of silu(gate) * up in MLX ops. */
@@ -73,10 +66,7 @@ class SwiGLU : public mx::Primitive {
       auto silu = mx::multiply(in[0], mx::sigmoid(in[0], s), s);
       return std::vector<mx::array>{mx::multiply(silu, in[1], s)};
     };
-    auto grads = mx::vjp(reference, primals, cotangents).second;
-    std::vector<mx::array> out;
-    for (int a : argnums) out.push_back(grads[a]);
-    return out;
+    return reference_vjp(reference, primals, cotangents, argnums, primals.size());
   }
   const char* name() const override { return "MlxlmbSwiGLU"; }
   bool is_equivalent(const mx::Primitive&) const override { return true; }
