@@ -317,3 +317,6 @@ def test_without_a_compiler_attention_still_works_and_says_why(tmp_path):
     assert done.stdout.splitlines() == [
         "CPU primitives not built: OSError: no C++ compiler (c++) to build the CPU "
         "primitives", "(2, 4, 1, 16)"]
+    # and the user hears it once, on stderr (decoding works, only slower)
+    assert done.stderr.count("CPU primitives not built, MLX's ops serve (slower decode): "
+                             "OSError: no C++ compiler (c++)") == 1
