@@ -15,8 +15,8 @@ attention took 40% of SmolLM2's decode step, RoPE and RMSNorm together about a q
 - ``rms_norm`` and ``rope``: one pass over the rows, each row computed alone;
 - ``linear``: ``nn.Linear``'s ``x @ W.T`` (+ bias) by the same BLAS call MLX makes
   (the same bits), as one node instead of MLX's four (``native/linear.cpp``);
-- ``swiglu``: a gated MLP's ``silu(gate) * up`` with ``layers/cpu_ops``' exp formula,
-  one node instead of about ten (``native/swiglu.cpp``).
+- ``swiglu``: a gated MLP's ``silu(gate) * up`` with ``layers/cpu_ops``' exp formula
+  (the same bits), one node instead of about ten (``native/swiglu.cpp``).
 
 They are a C++ MLX extension, built on first use with the system's C++ compiler against
 the installed MLX and nanobind (about 20 s once per machine; cached like
@@ -49,8 +49,12 @@ SOURCES = [os.path.join(NATIVE, name)
            for name in ("cpu_prims.cpp", "decode_attention.cpp", "norm_rope.cpp", "linear.cpp",
                                  "swiglu.cpp")]
 HEADERS = [os.path.join(NATIVE, name) for name in ("cpu_prims.h", "lanes.h", "exp_lanes.h")]
-CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-fast-math", "-std=c++20", "-shared",
-             "-fPIC", "-fvisibility=hidden", "-DNDEBUG", "-DNB_DOMAIN=mlx"]
+# -ffp-contract=off: no fused multiply-adds the source does not write (g++ fuses them in
+# C++ even with -std=c++20), so the exp and SiLU formulas round as cpu_ops' MLX ops do
+# and SwiGLU gives their very bits (a tensor-parallel check saw the difference).
+CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-fast-math", "-ffp-contract=off",
+             "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden", "-DNDEBUG",
+             "-DNB_DOMAIN=mlx"]
 
 _module = None
 _decided = False  # whether loading was attempted

@@ -41,9 +41,13 @@ def wait_for(predicate, proc, timeout=300):
 
 
 def popen_cli(*args):
+    """The CLI as a terminal starts it: SIGINT at its default, even where this test runs
+    with SIGINT ignored (a background job of a non-interactive shell), which the CLI,
+    like Python, rightly keeps ignored."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     return subprocess.Popen([*base.CLI, *map(str, args)], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def mlx_loaded(pid):
