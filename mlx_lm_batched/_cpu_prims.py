@@ -47,7 +47,7 @@ MODULE = "_mlxlmb_cpu_prims"  # NB_MODULE's name in native/cpu_prims.cpp
 NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
 SOURCES = [os.path.join(NATIVE, name)
            for name in ("cpu_prims.cpp", "decode_attention.cpp", "norm_rope.cpp", "linear.cpp",
-                                 "swiglu.cpp")]
+                        "swiglu.cpp")]
 HEADERS = [os.path.join(NATIVE, name) for name in ("cpu_prims.h", "lanes.h", "exp_lanes.h")]
 # -ffp-contract=off: no fused multiply-adds the source does not write (g++ fuses them in
 # C++ even with -std=c++20), so the exp and SiLU formulas round as cpu_ops' MLX ops do
@@ -256,7 +256,8 @@ def switched_off():
 
 def describe():
     """A short phrase for benchmark headers: ``"CPU primitives (attention, RMSNorm,
-    RoPE, linear, SwiGLU)"``, ``"CPU primitives off"`` or ``"CPU primitives not built: <why>"``."""
+    RoPE, linear, SwiGLU)"``, ``"CPU primitives off"`` or ``"CPU primitives not built:
+    <why>"``."""
     if _module is not None:
         return "CPU primitives (attention, RMSNorm, RoPE, linear, SwiGLU)"
     if problem:

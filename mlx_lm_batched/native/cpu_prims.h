@@ -65,21 +65,39 @@ class CpuPrimitive : public mx::Primitive {
   }
 };
 
-/* `a`'s elements in row-major order, copied into `scratch` (for inputs whose layout a
- * kernel cannot read in place). */
-inline const float* row_major_copy(const mx::array& a, std::vector<float>& scratch) {
-  scratch.resize(a.size());
-  const float* src = a.data<float>();
+/* Element offsets of each "row" of `a` (all axes but the last), in row-major order. */
+inline std::vector<int64_t> row_offsets(const mx::array& a) {
   const int nd = a.ndim();
-  std::vector<int> index(nd, 0);
-  for (size_t i = 0; i < scratch.size(); i++) {
+  const int64_t rows = a.size() / a.shape(nd - 1);
+  std::vector<int64_t> out(rows);
+  if (a.flags().row_contiguous) {
+    for (int64_t r = 0; r < rows; r++) out[r] = r * a.shape(nd - 1);
+    return out;
+  }
+  std::vector<int> index(nd - 1, 0);
+  for (int64_t r = 0; r < rows; r++) {
     int64_t off = 0;
-    for (int d = 0; d < nd; d++) off += index[d] * a.strides()[d];
-    scratch[i] = src[off];
-    for (int d = nd - 1; d >= 0; d--) { /* next index, last axis fastest */
+    for (int d = 0; d < nd - 1; d++) off += index[d] * a.strides()[d];
+    out[r] = off;
+    for (int d = nd - 2; d >= 0; d--) { /* next index, last axis fastest */
       if (++index[d] < a.shape(d)) break;
       index[d] = 0;
     }
+  }
+  return out;
+}
+
+/* `a`'s elements in row-major order: its own memory when laid out so, else a copy in
+ * `scratch` (for inputs whose layout a kernel cannot read in place). */
+inline const float* row_major(const mx::array& a, std::vector<float>& scratch) {
+  if (a.flags().row_contiguous || a.size() == 0) return a.data<float>();
+  const int64_t D = a.shape(-1), step = a.strides().back();
+  const float* src = a.data<float>();
+  scratch.resize(a.size());
+  float* dst = scratch.data();
+  for (int64_t offset : row_offsets(a)) {
+    for (int64_t d = 0; d < D; d++) dst[d] = src[offset + d * step];
+    dst += D;
   }
   return scratch.data();
 }

@@ -77,9 +77,7 @@ class Linear : public CpuPrimitive {
       const bool has_bias = inputs.size() > 2;
       if (has_bias) { /* every output row starts as the bias (AddMM's copy of c) */
         std::vector<float> scratch;
-        const auto& bias = inputs[2];
-        const float* b = bias.flags().row_contiguous ? bias.data<float>()
-                                                      : row_major_copy(bias, scratch);
+        const float* b = row_major(inputs[2], scratch);
         for (int m = 0; m < M; m++) std::memcpy(o + (size_t)m * N, b, sizeof(float) * N);
       }
       if (M == 0 || N == 0) return;
@@ -90,11 +88,10 @@ class Linear : public CpuPrimitive {
       /* x as the (M, K) matrix MLX multiplies: a 2-D x as it is; more axes flattened,
        * which copies x to row-major order unless it already is. */
       std::vector<float> x_copy, w_copy;
-      const auto copy_x = [&] { return row_major_copy(x, x_copy); };
       Operand a = x.ndim() == 2
-          ? as_blas_operand(x.data<float>(), M, K, x.strides()[0], x.strides()[1], copy_x)
-          : as_blas_operand(x.flags().row_contiguous ? x.data<float>() : copy_x(), M, K, K,
-                            1, copy_x);
+          ? as_blas_operand(x.data<float>(), M, K, x.strides()[0], x.strides()[1],
+                            [&] { return row_major(x, x_copy); })
+          : Operand{row_major(x, x_copy), false, K};
       /* The right side is weight.T, a (K, N) view of the (N, K) weight. */
       const auto copy_wt = [&] {
         w_copy.resize(static_cast<size_t>(K) * N);

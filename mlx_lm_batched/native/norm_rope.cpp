@@ -31,28 +31,6 @@ namespace mlxlmb {
 
 namespace {
 
-/* Element offsets of each "row" of `a` (all axes but the last), in row-major order. */
-std::vector<int64_t> row_offsets(const mx::array& a) {
-  const int nd = a.ndim();
-  const int64_t rows = a.size() / a.shape(nd - 1);
-  std::vector<int64_t> out(rows);
-  if (a.flags().row_contiguous) {
-    for (int64_t r = 0; r < rows; r++) out[r] = r * a.shape(nd - 1);
-    return out;
-  }
-  std::vector<int> index(nd - 1, 0);
-  for (int64_t r = 0; r < rows; r++) {
-    int64_t off = 0;
-    for (int d = 0; d < nd - 1; d++) off += index[d] * a.strides()[d];
-    out[r] = off;
-    for (int d = nd - 2; d >= 0; d--) { /* next index, last axis fastest */
-      if (++index[d] < a.shape(d)) break;
-      index[d] = 0;
-    }
-  }
-  return out;
-}
-
 class RMSNorm : public CpuPrimitive {
  public:
   RMSNorm(mx::Stream stream, float eps) : CpuPrimitive(stream), eps_(eps) {}

@@ -49,10 +49,8 @@ class SwiGLU : public CpuPrimitive {
       std::vector<float> gate_copy, up_copy;
       const auto& gate = inputs[0];
       const auto& up = inputs[1];
-      const float* g = gate.flags().row_contiguous ? gate.data<float>()
-                                                    : row_major_copy(gate, gate_copy);
-      const float* u = up.flags().row_contiguous ? up.data<float>() : row_major_copy(up, up_copy);
-      swiglu_span(g, u, out.data<float>(), out.size());
+      swiglu_span(row_major(gate, gate_copy), row_major(up, up_copy), out.data<float>(),
+                  out.size());
     });
   }
 
