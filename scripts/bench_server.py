@@ -38,6 +38,7 @@ and the requests sent again after their connection failed before any response
 import asyncio
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -71,7 +72,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start(name, model, batch_size, same_blas=True, same_malloc=True):
+def start(name, model, batch_size, same_blas=True, same_malloc=True, ours_args=()):
     """Start server ``name`` on a free port; ``(process, url, log file)`` once it answers.
 
     With ``same_blas``, mlx_lm.server runs after ``import mlx_lm_batched`` has preloaded
@@ -93,6 +94,8 @@ def start(name, model, batch_size, same_blas=True, same_malloc=True):
             if name == "ours" else
             ["--decode-concurrency", str(batch_size), "--prompt-concurrency", "8",
              "--log-level", "WARNING"])
+    if name == "ours":
+        cmd += list(ours_args)
     env = dict(os.environ)
     if name == "mlx-lm":
         env["MLX_LM_BATCHED_SMALL_GEMM"] = "off"
@@ -233,6 +236,8 @@ def summarize(trace, results):
         "prompt_tokens": [r["usage"].get("prompt_tokens") for r in results],
         "ttft_p50_s": pct(ttft, 50), "ttft_p95_s": pct(ttft, 95),
         "itl_p50_ms": 1e3 * pct(itl, 50), "itl_p95_ms": 1e3 * pct(itl, 95),
+        # The longest wait between two tokens of one stream (a prefill joining the batch).
+        "itl_max_ms": 1e3 * max(itl, default=0.0),
         "connection_retries": sum(r.get("retries", 0) for r in results),
     }
 
@@ -281,7 +286,7 @@ def run(args):
     texts = {c: {} for c in levels}
     for name in servers:
         proc, url, log = start(name, args.model, args.batch_size, not args.mlx_lm_bundled_blas,
-                               not args.mlx_lm_system_malloc)
+                               not args.mlx_lm_system_malloc, shlex.split(args.ours_args))
         try:
             for c in levels:
                 job = (replay(name, url, args.model, traces[c], bias) if c is None else
@@ -297,7 +302,7 @@ def run(args):
     if args.concurrency:
         return {
             "model": str(args.model), "machine": machine(), "blas": _blas.describe(),
-            "attention": attention(),
+            "attention": attention(), "ours_args": args.ours_args,
             "mode": "concurrency", "seed": args.seed, "batch_size": args.batch_size,
             "prompt_len": list(args.prompt_len), "output_len": list(args.output_len),
             "requests_per_stream": args.requests_per_stream,
@@ -310,7 +315,7 @@ def run(args):
     results, texts = results[None], texts[None]
     return {
         "model": str(args.model), "machine": machine(), "blas": _blas.describe(),
-        "attention": attention(),
+        "attention": attention(), "ours_args": args.ours_args,
         "requests": args.requests, "rate": args.rate, "seed": args.seed,
         "prompt_len": list(args.prompt_len), "output_len": list(args.output_len),
         "batch_size": args.batch_size,
@@ -324,8 +329,8 @@ def run(args):
 def print_table(out, file=sys.stdout):
     print(f"model {out['model']} ({out['machine']}; BLAS: {out['blas']}; "
           f"{out.get('attention', 'CPU primitives not recorded')}; mlx-lm's BLAS: "
-          f"{out['mlx_lm_blas']}; mlx-lm's malloc: {out.get('mlx_lm_malloc', 'same as ours')})",
-          file=file)
+          f"{out['mlx_lm_blas']}; mlx-lm's malloc: {out.get('mlx_lm_malloc', 'same as ours')}"
+          f"{'; our flags: ' + out['ours_args'] if out.get('ours_args') else ''})", file=file)
     lengths = (f"prompts {out['prompt_len'][0]}-{out['prompt_len'][1]} tokens, outputs "
                f"{out['output_len'][0]}-{out['output_len'][1]}, seed {out['seed']}, decode batch "
                f"{out['batch_size']}")
@@ -337,14 +342,16 @@ def print_table(out, file=sys.stdout):
         print(f"{out['requests']} requests over HTTP, Poisson {out['rate']}/s, {lengths}", file=file)
         levels = [(None, out["results"])]
     print(f"{'streams':>7} {'server':8} {'req/s':>6} {'out t/s':>8} {'TTFT p50':>9} {'TTFT p95':>9} "
-          f"{'ITL p50':>8} {'ITL p95':>8} {'x mlx-lm':>8} {'=mlx-lm':>8} {'tokens':>11}", file=file)
+          f"{'ITL p50':>8} {'ITL p95':>8} {'ITL max':>8} {'x mlx-lm':>8} {'=mlx-lm':>8} {'tokens':>11}", file=file)
     for streams, results in levels:
         base = results.get("mlx-lm", {}).get("output_tps")
         for name, r in results.items():
             ratio = f"{r['output_tps'] / base:8.2f}" if base else f"{'':8}"
+            # Runs recorded before the column existed have no maximum.
+            itl_max = f"{r['itl_max_ms']:6.0f}ms" if "itl_max_ms" in r else f"{'-':>8}"
             print(f"{streams or '-':>7} {name:8} {r['requests_per_s']:6.2f} {r['output_tps']:8.1f} "
                   f"{r['ttft_p50_s']:8.2f}s {r['ttft_p95_s']:8.2f}s {r['itl_p50_ms']:6.0f}ms "
-                  f"{r['itl_p95_ms']:6.0f}ms {ratio} {100 * r['equal_to_mlx_lm']:7.0f}% "
+                  f"{r['itl_p95_ms']:6.0f}ms {itl_max} {ratio} {100 * r['equal_to_mlx_lm']:7.0f}% "
                   f"{r['generated']:>5}/{r['expected']:<5}", file=file)
     retried = [f"{name} {r['connection_retries']} at {streams or 'the trace'}"
                for streams, results in levels for name, r in results.items()
@@ -368,6 +375,9 @@ def main(argv=None):
     p.add_argument("--mlx-lm-system-malloc", action="store_true",
                    help="run mlx_lm.server with glibc's malloc defaults (default: with the "
                         "thresholds `import mlx_lm_batched` sets, like ours)")
+    p.add_argument("--ours-args", default="",
+                   help="more flags for our server, as one string (e.g. "
+                        "'--prefill-tokens-per-step 0' for whole prefill chunks)")
     p.add_argument("--fixed-len", type=int, nargs=2, default=None, metavar=("PROMPT", "OUTPUT"),
                    help="every prompt PROMPT tokens and every output OUTPUT tokens "
                         "(sets --prompt-len PROMPT PROMPT --output-len OUTPUT OUTPUT)")

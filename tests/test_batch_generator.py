@@ -86,6 +86,34 @@ def test_rows_joining_mid_decode_match_solo(float_models, name, lengths, joins):
     assert len(chunked) >= 4  # the 530/600-token prompts were prefilled between decode steps
 
 
+def test_prefill_tokens_per_step_bounds_calls_while_rows_decode(float_models):
+    """``prefill_tokens_per_step``: while rows decode, a step's prefill call feeds at most
+    that many prompt tokens over all its rows (whole chunks when nothing decodes), and
+    every row still generates what its prompt generates alone."""
+    model, tok = float_models["smollm2"]
+    n, budget = 12, 96
+    first, *group = corpus_prompts(tok, [300, 90, 150, 200])
+    gen = BatchGenerator(model, max_tokens=n, prefill_step_size=2048,
+                         prefill_tokens_per_step=budget)
+    rows, log = run(gen, {0: [(first, {})], 2: [(p, {}) for p in group]})
+    for row in rows:
+        assert_matches_solo(model, row, n)
+        assert len(row["tokens"]) == n and row["finish"] == "length"
+    seen, bounded_calls = {}, 0
+    for call, (decoding, prompt_responses, _) in enumerate(log):
+        fed = 0
+        for r in prompt_responses:
+            fed += r.progress[0] - seen.get(r.uid, 0)
+            seen[r.uid] = r.progress[0]
+        if call == 0:  # nothing decodes yet: all but the last token in one chunk
+            assert fed >= len(first) - 1 and not decoding
+        elif decoding and prompt_responses:
+            assert fed <= budget
+            bounded_calls += 1
+    # 440 tokens of the group (padded to 3 x 200) at most 32 columns per call.
+    assert bounded_calls >= 600 // budget
+
+
 def test_max_tokens_stop_sequences_remove_and_stats(float_models):
     model, tok = float_models["smollm2"]
     n = 16
@@ -267,12 +295,17 @@ def test_stop_sequences_and_argument_errors(float_models):
         gen.insert([[]])
     with pytest.raises(ValueError, match="max_tokens"):
         gen.insert([[1, 2]], max_tokens=[0])
+    with pytest.raises(ValueError, match="max_tokens must be a list with one entry per prompt, "
+                                         "got int 4"):
+        gen.insert([[1, 2]], max_tokens=4)
     with pytest.raises(ValueError, match="samplers must have one entry per prompt"):
         gen.insert([[1, 2], [3]], samplers=[None])
     with pytest.raises(TypeError, match=r"caches\[0\] must be a prompt cache"):
         gen.insert([[1, 2]], caches=[["not a cache"]])
     with pytest.raises(ValueError, match="prefill_step_size"):
         BatchGenerator(model, prefill_step_size=0)
+    with pytest.raises(ValueError, match="prefill_tokens_per_step must be an integer >= 1"):
+        BatchGenerator(model, prefill_tokens_per_step=0)
 
 
 def test_max_kv_size_rotating_caches_match_solo(float_models):

@@ -32,6 +32,7 @@ def test_trace_replayed_over_http_to_both_servers(float_dirs, tmp_path):
         assert r["generated"] == r["expected"] and r["complete"] == 6, name  # no early stop
         assert 0 < r["ttft_p50_s"] <= r["ttft_p95_s"], name
         assert r["output_tps"] > 0 and r["requests_per_s"] > 0 and r["itl_p50_ms"] > 0, name
+        assert r["itl_p50_ms"] <= r["itl_p95_ms"] <= r["itl_max_ms"], name
         assert r["equal_to_mlx_lm"] == 1.0, name  # the same greedy text for every request
     assert ours["prompt_tokens"] == theirs["prompt_tokens"]  # identical prompts on both sides
     assert all(t.strip() for t in result["texts"]["ours"])
@@ -41,17 +42,20 @@ def test_trace_replayed_over_http_to_both_servers(float_dirs, tmp_path):
 def test_fixed_workload_concurrency_sweep(float_dirs, tmp_path):
     """``--fixed-len P O --concurrency ...``: closed-loop streams per level, every prompt
     exactly P tokens and every output exactly O (ours only: the trace test above already
-    runs mlx_lm.server)."""
+    runs mlx_lm.server). ``--ours-args`` reaches our server: a bad value of the flag it
+    passes stops the server, which the script reports."""
     out = tmp_path / "sweep.json"
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--model", str(float_dirs["smollm2"]), "--servers", "ours",
-         "--fixed-len", "12", "3", "--concurrency", "1", "3", "--requests-per-stream", "1",
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=600)
+    command = [sys.executable, str(BENCH), "--model", str(float_dirs["smollm2"]), "--servers",
+               "ours", "--fixed-len", "12", "3", "--concurrency", "1", "3",
+               "--requests-per-stream", "1", "--json", str(out)]
+    proc = subprocess.run(command + ["--ours-args", "--prefill-tokens-per-step 4"],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "closed loop over HTTP" in proc.stdout and "streams" in proc.stdout
+    assert "our flags: --prefill-tokens-per-step 4" in proc.stdout
     result = json.loads(out.read_text())
     assert result["mode"] == "concurrency" and result["prompt_len"] == [12, 12]
+    assert result["ours_args"] == "--prefill-tokens-per-step 4"
     assert [level["concurrency"] for level in result["levels"]] == [1, 3]
     for level in result["levels"]:
         r = level["results"]["ours"]
@@ -67,6 +71,9 @@ def test_fixed_workload_concurrency_sweep(float_dirs, tmp_path):
     for streams in ("1 stream", "3 streams"):
         ours, theirs, ratio = rows[f"server output tok/s, {streams}"]
         assert float(ours) > 0 and theirs == ratio == "-"
+    bad = subprocess.run(command + ["--ours-args", "--prefill-tokens-per-step -1"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "--prefill-tokens-per-step: must be >= 0" in bad.stderr
 
 
 def test_gpu_script_parses_and_dry_run_prints_its_commands(float_dirs):

@@ -1,9 +1,10 @@
 """Feeding a left-padded ``(B, L)`` prompt into a batch's caches, one model call at a time.
 
 A :class:`PrefillJob` is what ``BatchEngine.start_prefill`` returns: each ``advance()``
-runs one model call (a chunk of at most ``prefill_step_size`` columns), so a scheduler
-can interleave a long prompt with the decode steps of running rows, and the last call
-gives the first sampled token of every row.
+runs one model call (a chunk of at most ``prefill_step_size`` columns, and at most
+``advance(token_budget)`` prompt tokens, rows x columns, when a budget is given), so a
+scheduler can interleave a long prompt with the decode steps of running rows, and the last
+call gives the first sampled token of every row.
 
 All columns but the last go through the model without logits (only the caches are
 evaluated). Into fresh caches whose layers can be viewed by rows (``has_rows_view``: full
@@ -51,11 +52,17 @@ class PrefillJob:
         self.calls = 0  # model calls so far
         self.padding_tokens = 0  # padding columns computed (rows x columns)
         self.scores = PromptScores(tokens, padding, score) if score else None
+        self._token_budget = None  # of the call ``advance`` is running
         self._steps = self._run()
 
-    def advance(self):
-        """Run the next model call; returns True once the prompt is fed (``result`` set)."""
+    def advance(self, token_budget=None):
+        """Run the next model call; returns True once the prompt is fed (``result`` set).
+
+        ``token_budget``: at most this many prompt tokens (rows x columns, at least one
+        column) in this call, so a scheduler bounds how long running rows wait for it.
+        The last call (one column for every row) is never split."""
         if not self.done:
+            self._token_budget = token_budget
             try:
                 next(self._steps)
             except StopIteration as stop:
@@ -69,10 +76,13 @@ class PrefillJob:
                 progress(*self.progress)
         return self.result
 
-    def _chunk(self, col, limit):
-        """Columns of the next call from column ``col``: at most ``prefill_step_size``,
-        never past ``limit`` or a cut."""
-        end = min(col + self.engine.prefill_step_size, limit,
+    def _chunk(self, col, limit, rows):
+        """Columns of the next call of ``rows`` rows from column ``col``: at most
+        ``prefill_step_size`` and the call's token budget, never past ``limit`` or a cut."""
+        step = self.engine.prefill_step_size
+        if self._token_budget is not None:
+            step = min(step, max(1, self._token_budget // rows))
+        end = min(col + step, limit,
                   *[c for c in self.cuts if c > col] or [limit])
         return end - col
 
@@ -116,7 +126,7 @@ class PrefillJob:
             engine.quantize_caches()
             done = L - 1
         while L - done > 1:
-            n = self._chunk(done, L - 1)
+            n = self._chunk(done, L - 1, B)
             views = cache
             if done == 0 and start > 0 and any(pad):
                 # Rows start at different columns after cached tokens: one write
@@ -164,7 +174,7 @@ class PrefillJob:
             offset = base[start:stop] + first
             done = 0
             while done < longest:
-                n = self._chunk(first + done, width)
+                n = self._chunk(first + done, width, stop - start)
                 self._call(tokens, offset + done, views, slice(first + done, first + done + n),
                            slice(start, stop))
                 mx.eval([v.state for v in views])

@@ -220,9 +220,9 @@ class SpeculativePrefill:
     def done(self):
         return self.result is not None
 
-    def advance(self):
-        target_done = self.target.advance()
-        draft_done = self.draft is None or self.draft.advance()
+    def advance(self, token_budget=None):
+        target_done = self.target.advance(token_budget)
+        draft_done = self.draft is None or self.draft.advance(token_budget)
         if target_done and draft_done and self.result is None:
             y, logprobs = self.target.result
             self.result = (y, logprobs, [[] for _ in range(y.shape[0])])

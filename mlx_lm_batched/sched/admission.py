@@ -26,6 +26,9 @@ def build_rows(segments, first_uid, options, defaults, adapter_slots):
     per_row = {}
     for name, default in defaults.items():
         values = options.get(name)
+        if values is not None and not hasattr(values, "__len__"):
+            raise ValueError(f"{name} must be a list with one entry per prompt, got "
+                             f"{type(values).__name__} {values!r}")
         values = values if values else [default] * n
         if len(values) != n:
             raise ValueError(f"{name} must have one entry per prompt: expected {n}, "

@@ -9,9 +9,10 @@ Rows (requests) are inserted at any time. Each ``next()`` is one scheduling step
    engine (sorted by length; the engine's prefill groups them so rows skip the columns
    that are padding for their whole group), rows that continue a cache or stop at
    segment ends alone;
-3. one model call of the oldest prefill (a chunk of ``prefill_step_size`` columns), so a
-   long prompt never stalls decoding rows for more than one chunk; with nothing
-   decoding, prefill runs until a batch joins. A finished prefill joins the decode batch.
+3. one model call of the oldest prefill (a chunk of ``prefill_step_size`` columns, and of
+   at most ``prefill_tokens_per_step`` prompt tokens when that is set), so a long prompt
+   never stalls decoding rows for more than one chunk; with nothing decoding, prefill
+   runs in whole chunks until a batch joins. A finished prefill joins the decode batch.
 
 A finished or removed row stays in its batch, ignored, until dropping it pays (dropping
 copies the caches: it pays once the steps it saves reach one step of the whole batch) or
@@ -53,6 +54,12 @@ class BatchGenerator:
     row's ``prompt_cache`` None (no copy of its cache), and ``token_hook(tokens)`` sees
     every sampled ``(B,)`` array (a tensor-parallel server shares rank 0's tokens).
 
+    ``prefill_tokens_per_step`` (None: no bound) bounds the prompt tokens (rows x
+    columns) of the one prefill call a step makes while rows are decoding: smaller
+    bounds keep running streams' inter-token latency near one decode step while prompts
+    join, at the cost of the joining rows' first token; with nothing decoding prefill
+    goes in whole ``prefill_step_size`` chunks.
+
     Speculative decoding: ``draft_model`` (same tokenizer) or ``prompt_lookup=True``
     drafts ``num_draft_tokens`` tokens per row and step (``engine/speculative.py``);
     rows keep different numbers of them, and a step may report several tokens per row.
@@ -66,10 +73,13 @@ class BatchGenerator:
                  prefill_step_size=2048, max_kv_size=None, stream=None, return_logprobs=True,
                  return_caches=True, token_hook=None, kv_bits=None, kv_group_size=64,
                  quantized_kv_start=5000, draft_model=None, num_draft_tokens=2,
-                 prompt_lookup=False):
+                 prompt_lookup=False, prefill_tokens_per_step=None):
         for name, value in (("completion_batch_size", completion_batch_size),
                             ("prefill_batch_size", prefill_batch_size),
-                            ("prefill_step_size", prefill_step_size)):
+                            ("prefill_step_size", prefill_step_size),
+                            ("prefill_tokens_per_step", prefill_tokens_per_step)):
+            if value is None and name == "prefill_tokens_per_step":
+                continue
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         self.model = model
@@ -77,6 +87,7 @@ class BatchGenerator:
         self.sampler = sampler or greedy_sampler
         self.logits_processors = list(logits_processors or [])
         self.prefill_step_size = prefill_step_size
+        self.prefill_tokens_per_step = prefill_tokens_per_step
         self.prefill_batch_size = prefill_batch_size
         self.completion_batch_size = max(completion_batch_size, prefill_batch_size)
         self.max_kv_size = max_kv_size
@@ -271,11 +282,12 @@ class BatchGenerator:
                                                       score=score or None))
 
     def _prefill_call(self):
-        """One model call of the oldest prefill; a prefill that is done joins decoding."""
+        """One model call of the oldest prefill (within ``prefill_tokens_per_step`` while
+        rows decode); a prefill that is done joins decoding."""
         batch = self._prefills[0]
         job = batch.job
         tic = time.perf_counter()
-        done = job.advance()
+        done = job.advance(self.prefill_tokens_per_step if self._decoding() else None)
         if done:
             mx.eval(*[x for x in job.result if x is not None])
         self._counters.prompt_time += time.perf_counter() - tic

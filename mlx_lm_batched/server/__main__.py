@@ -23,14 +23,15 @@ from ..tool_parsers import FAMILIES
 log = logging.getLogger("mlx_lm_batched.server")
 
 
-def _positive(kind):
+def _positive(kind, zero_ok=False):
+    """argparse type: a ``kind`` > 0 (>= 0 with ``zero_ok``)."""
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        if value < 0 or (value == 0 and not zero_ok):
+            raise argparse.ArgumentTypeError(f"must be {'>= 0' if zero_ok else '> 0'}, got {text}")
         return value
 
     return parse
@@ -50,6 +51,11 @@ def build_parser():
     p.add_argument("--max-batch", type=_positive(int), default=64, help="rows decoding at once")
     p.add_argument("--prefill-batch", type=_positive(int), default=8, help="rows prefilled together")
     p.add_argument("--prefill-step-size", type=_positive(int), default=2048)
+    p.add_argument("--prefill-tokens-per-step", type=_positive(int, zero_ok=True), default=0,
+                   help="while rows decode, each step prefills at most this many prompt "
+                   "tokens (rows x columns), bounding how long running streams wait for "
+                   "joining prompts: smoother streams, later first tokens (e.g. 64-128 "
+                   "on a CPU; default 0: no bound, whole prefill chunks)")
     p.add_argument("--max-tokens", type=_positive(int), default=512,
                    help="max_tokens of a request that gives none")
     p.add_argument("--max-tokens-limit", type=_positive(int), default=4096,
@@ -202,7 +208,9 @@ def _serve(argv):
         return run_follower(model, group)
     config = EngineConfig(
         max_batch=args.max_batch, prefill_batch=args.prefill_batch,
-        prefill_step_size=args.prefill_step_size, default_max_tokens=args.max_tokens,
+        prefill_step_size=args.prefill_step_size,
+        prefill_tokens_per_step=args.prefill_tokens_per_step or None,
+        default_max_tokens=args.max_tokens,
         context_length=args.max_context, max_kv_bytes=args.max_kv_bytes,
         max_waiting=args.max_waiting, prompt_cache_size=args.prompt_cache_size,
         prompt_cache_bytes=args.prompt_cache_bytes, kv_bits=args.kv_bits,

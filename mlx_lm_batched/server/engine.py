@@ -72,6 +72,7 @@ class Engine:
                     completion_batch_size=self.config.max_batch,
                     prefill_batch_size=self.config.prefill_batch,
                     prefill_step_size=self.config.prefill_step_size,
+                    prefill_tokens_per_step=self.config.prefill_tokens_per_step,
                     kv_bits=self.config.kv_bits, kv_group_size=self.config.kv_group_size,
                     quantized_kv_start=self.config.quantized_kv_start)
 

@@ -17,6 +17,7 @@ class EngineConfig:
     max_batch: int = 64  # rows decoding at once
     prefill_batch: int = 8  # rows prefilled together
     prefill_step_size: int = 2048
+    prefill_tokens_per_step: Optional[int] = None  # prompt tokens per step while rows decode
     default_max_tokens: int = 512  # when a request gives none (bounded by the context)
     context_length: Optional[int] = None  # None: the model's (models.context.context_length)
     max_kv_bytes: Optional[int] = None  # KV reserved by admitted requests; None: no bound
