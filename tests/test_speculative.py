@@ -141,6 +141,24 @@ def test_batch_rows_keep_different_drafts_and_equal_plain(smol, draft):
         per_step.append(counts)
     assert [tokens[u] for u in uids] == [t[:m] for t, m in zip(plain.token_ids, [10, 4, 10, 4])]
     assert any(len(set(c.values())) > 1 for c in per_step)  # rows kept different numbers
+    # Under a prefill token budget the target's and the draft's prefill go in calls of at
+    # most 4 tokens while rows decode, with the same tokens.
+    gen = BatchGenerator(model, max_tokens=10, completion_batch_size=2, prefill_batch_size=1,
+                         draft_model=draft, num_draft_tokens=3, prefill_tokens_per_step=4)
+    uids = gen.insert(prompts)
+    tokens, fed, budgeted = {u: [] for u in uids}, {}, 0
+    while any(len(t) < 10 for t in tokens.values()):
+        decoding = any(0 < len(t) < 10 for t in tokens.values())
+        prompt_responses, responses = gen.next()
+        for r in prompt_responses:
+            if decoding:
+                assert r.progress[0] - fed.get(r.uid, 0) <= 4
+                budgeted += 1
+            fed[r.uid] = r.progress[0]
+        for r in responses:
+            tokens[r.uid].append(r.token)
+    assert [tokens[u] for u in uids] == plain.token_ids
+    assert budgeted >= (26 + 17 + 5) // 4  # the rows that joined later went 4 tokens a call
 
 
 def test_gemma3_drafts_for_itself(float_models):
