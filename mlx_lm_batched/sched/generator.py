@@ -190,22 +190,13 @@ class BatchGenerator:
         """Row ``row``'s cache now and the tokens it holds."""
         if batch is not None and (batch is self._decode or batch.job.done or (
                 row.cut_at_segments and batch.job.calls)):
-            return self._extract(batch, i, row), list(row.tokens)
+            return batch.extract(i, row), list(row.tokens)
         # Queued, or in a prefill that has not fed it (a shared prefill writes rows group
         # by group): the cache it came with holds exactly the tokens it came with.
         held = row.tokens[: len(row.tokens) - row.done]
         if row.cache is not None:
             return row.cache, held
         return make_prompt_cache(self.model, self.max_kv_size), held
-
-    @staticmethod
-    def _extract(batch, i, row):
-        """Row ``i``'s cache, holding exactly ``row.tokens``: a speculative step has fed
-        the drafts it kept before reporting them (and past where a row ends)."""
-        cache = batch.engine.extract_row(i)
-        if isinstance(batch.engine, SpeculativeEngine):
-            row_caches.trim_to(cache, len(row.tokens))
-        return cache
 
     def extract_cache(self, uids):
         """``{uid: (prompt cache, tokens in it)}`` for the rows still present."""
@@ -312,31 +303,20 @@ class BatchGenerator:
 
     def _join(self, batch, first_step):
         if batch.dead:  # rows removed while they were prefilled
-            first_step = self._drop_dead(batch, first_step)
+            first_step = batch.drop_dead(first_step)
         decode = self._decode
         if decode is None:
             batch.job, batch.pending = None, first_step
             self._decode = batch
             return
         if decode.dead:
-            decode.pending = self._drop_dead(decode, decode.pending)
+            decode.pending = decode.drop_dead(decode.pending)
         decode.engine.extend(batch.engine)
         y, logprobs = decode.pending[:2]
         decode.pending = (mx.concatenate([y, first_step[0].astype(y.dtype)]),
                           None if logprobs is None else mx.concatenate(
                               [logprobs, first_step[1].astype(logprobs.dtype)]),
                           *[a + b for a, b in zip(decode.pending[2:], first_step[2:])])
-
-    @staticmethod
-    def _drop_dead(batch, pending):
-        """Filter ``batch``'s dead rows out of its engine and its queued step."""
-        keep = [i for i, uid in enumerate(batch.uids) if uid not in batch.dead]
-        batch.engine.filter(keep)
-        batch.dead.clear()
-        idx = mx.array(keep, dtype=mx.int32)
-        # A speculative step's third part lists each row's kept drafts.
-        return tuple(None if x is None else [x[i] for i in keep] if isinstance(x, list)
-                     else x[idx] for x in pending)
 
     def _decode_step(self):
         """Feed the queued tokens, queue the next step, and report the fed tokens."""
@@ -373,7 +353,7 @@ class BatchGenerator:
             return Response(uid, t, lp, None, None, None)
         cache = None
         if self.return_caches:
-            cache = self._extract(batch, i, r)
+            cache = batch.extract(i, r)
         batch.dead.add(uid)
         del self._rows[uid]
         return Response(uid, t, lp, finish, cache, list(r.tokens))
@@ -390,7 +370,7 @@ class BatchGenerator:
         remaining = max(self._rows[u].max_tokens - self._rows[u].generated
                         for u in batch.uids if u not in batch.dead)
         if len(batch.dead) * remaining >= len(batch.uids):
-            batch.pending = self._drop_dead(batch, batch.pending)
+            batch.pending = batch.drop_dead(batch.pending)
 
     def _next(self):
         prompt_responses, generation_responses = [], []

@@ -6,6 +6,9 @@ from typing import Any, List, Optional
 
 import mlx.core as mx
 
+from ..cache import rows as row_caches
+from ..engine.speculative import SpeculativeEngine
+
 
 @dataclass
 class PromptResponse:
@@ -73,3 +76,22 @@ class Batch:
     @property
     def live(self):
         return len(self.engine.row_ids) - len(self.dead)
+
+    def extract(self, i, row):
+        """Row ``i``'s cache, holding exactly ``row.tokens``: a speculative step has fed
+        the drafts it kept before reporting them (and past where a row ends)."""
+        cache = self.engine.extract_row(i)
+        if isinstance(self.engine, SpeculativeEngine):
+            row_caches.trim_to(cache, len(row.tokens))
+        return cache
+
+    def drop_dead(self, pending):
+        """Filter the dead rows out of the engine and out of ``pending`` (a queued step);
+        returns the filtered step."""
+        keep = [i for i, uid in enumerate(self.uids) if uid not in self.dead]
+        self.engine.filter(keep)
+        self.dead.clear()
+        idx = mx.array(keep, dtype=mx.int32)
+        # A speculative step's third part lists each row's kept drafts.
+        return tuple(None if x is None else [x[i] for i in keep] if isinstance(x, list)
+                     else x[idx] for x in pending)
