@@ -47,7 +47,7 @@ MODULE = "_mlxlmb_cpu_prims"  # NB_MODULE's name in native/cpu_prims.cpp
 NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
 SOURCES = [os.path.join(NATIVE, name)
            for name in ("cpu_prims.cpp", "decode_attention.cpp", "norm_rope.cpp", "linear.cpp",
-                        "swiglu.cpp")]
+                        "swiglu.cpp", "quantized_linear.cpp")]
 HEADERS = [os.path.join(NATIVE, name) for name in ("cpu_prims.h", "lanes.h", "exp_lanes.h")]
 # -ffp-contract=off: no fused multiply-adds the source does not write (g++ fuses them in
 # C++ even with -std=c++20), so the exp and SiLU formulas round as cpu_ops' MLX ops do
@@ -140,6 +140,18 @@ def _check(module):
     if not mx.allclose(module.swiglu(gate, x), gate * mx.sigmoid(gate) * x,
                        rtol=1e-5, atol=1e-6).item():
         raise OSError("the SwiGLU primitive disagrees with MLX's ops")
+    for bits in (4, 8):
+        wq, scales, biases = mx.quantize(mx.random.normal((24, 64), key=mx.random.key(5)),
+                                         group_size=32, bits=bits)
+        # 6 rows (the decode kernel) and 40 (the dequantized prefill path).
+        for rows in (mx.random.normal((3, 2, 64), key=mx.random.key(6)),
+                     mx.random.normal((40, 64), key=mx.random.key(7))):
+            want = mx.quantized_matmul(rows, wq, scales, biases, transpose=True,
+                                       group_size=32, bits=bits) + b
+            got = module.quantized_linear(rows, wq, scales, biases, b, 32, bits)
+            if not mx.allclose(got, want, rtol=1e-5, atol=1e-4).item():
+                raise OSError("the quantized linear primitive disagrees with MLX's "
+                              "quantized_matmul")
 
 
 def module():
@@ -231,6 +243,17 @@ def linear(x, weight, bias=None):
     return _module.linear(x, weight, bias)
 
 
+def quantized_linear(x, weight, scales, biases, bias, group_size, bits):
+    """``mx.quantized_matmul(x, weight, scales, biases, transpose=True)`` (+ ``bias``)
+    for affine 4- or 8-bit weights as one primitive on the CPU for a float32 ``x`` (to
+    float32 rounding, not MLX's bits); None where it does not serve."""
+    if (not _on_cpu_float32(x) or bits not in (4, 8) or group_size not in (32, 64, 128)
+            or biases is None or weight.dtype != mx.uint32 or weight.ndim != 2
+            or (bias is not None and bias.dtype != mx.float32) or module() is None):
+        return None
+    return _module.quantized_linear(x, weight, scales, biases, bias, group_size, bits)
+
+
 def swiglu(gate, up):
     """``silu(gate) * up`` (a gated MLP's activation, ``layers/cpu_ops``' exp formula)
     as one primitive on the CPU for float32 operands of one shape; None where it does
@@ -256,10 +279,10 @@ def switched_off():
 
 def describe():
     """A short phrase for benchmark headers: ``"CPU primitives (attention, RMSNorm,
-    RoPE, linear, SwiGLU)"``, ``"CPU primitives off"`` or ``"CPU primitives not built:
+    RoPE, linear, SwiGLU, quantized linear)"``, ``"CPU primitives off"`` or ``"CPU primitives not built:
     <why>"``."""
     if _module is not None:
-        return "CPU primitives (attention, RMSNorm, RoPE, linear, SwiGLU)"
+        return "CPU primitives (attention, RMSNorm, RoPE, linear, SwiGLU, quantized linear)"
     if problem:
         return f"CPU primitives not built: {problem}"
     if not requested():

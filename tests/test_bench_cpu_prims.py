@@ -26,7 +26,7 @@ def test_bench_cpu_prims_table_and_json(tmp_path):
                           env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert "CPU primitives (attention, RMSNorm, RoPE, linear, SwiGLU)" in result["blas"]
+    assert "CPU primitives (attention, RMSNorm, RoPE, linear, SwiGLU, quantized linear)" in result["blas"]
     (step,) = result["forward"]
     assert step["bs"] == 2 and step["prims_ms"] > 0 and step["ops_ms"] > 0
     # 30 layers: each RMSNorm (~8 nodes), RoPE (~20) and attention (~30) becomes one.

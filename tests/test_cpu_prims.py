@@ -180,14 +180,12 @@ def test_linear_gives_nn_linears_bits(kernel, rows):
 
 
 def test_layers_route_plain_linears_through_it(kernel):
-    # cpu_ops.linear: a plain nn.Linear becomes one graph node with its own bits;
-    # a quantized layer (or any other) is called as it is.
+    # cpu_ops.linear: a plain nn.Linear becomes one graph node with its own bits (quantized
+    # layers have their own primitive: test_cpu_prims_quantized.py).
     layer = nn.Linear(64, 32, bias=False)
     x = random((2, 1, 64), 54)
     out = cpu_ops.linear(layer, x)
     assert mx.array_equal(out, layer(x)).item()
-    quantized = nn.QuantizedLinear.from_linear(layer, group_size=32, bits=4)
-    assert mx.array_equal(cpu_ops.linear(quantized, x), quantized(x)).item()
     embedding = nn.Embedding(50, 64)
     assert mx.array_equal(cpu_ops.tied_logits(embedding, x), embedding.as_linear(x)).item()
     with _cpu_prims.switched_off():

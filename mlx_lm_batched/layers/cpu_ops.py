@@ -165,10 +165,17 @@ def silu(x):
 def linear(layer, x):
     """``layer(x)``. For a plain ``mlx.nn.Linear`` on the CPU in float32, one primitive
     node with the same bits (``_cpu_prims.linear``) instead of the four MLX builds
-    (transpose, flatten, matmul, unflatten); any other layer (quantized, LoRA, a
+    (transpose, flatten, matmul, unflatten); for an affine 4- or 8-bit
+    ``mlx.nn.QuantizedLinear`` with a float32 input, the quantized primitive (several
+    times MLX's CPU ``quantized_matmul``, to float32 rounding); any other layer (LoRA, a
     subclass) is called as it is."""
     if type(layer) is nn.Linear:
         out = _cpu_prims.linear(x, layer.weight, layer.get("bias"))
+        if out is not None:
+            return out
+    elif type(layer) is nn.QuantizedLinear and layer.mode == "affine":
+        out = _cpu_prims.quantized_linear(x, layer.weight, layer.scales, layer.get("biases"),
+                                          layer.get("bias"), layer.group_size, layer.bits)
         if out is not None:
             return out
     return layer(x)
@@ -176,9 +183,16 @@ def linear(layer, x):
 
 def tied_logits(embedding, h):
     """``embedding.as_linear(h)``; for a plain ``mlx.nn.Embedding`` on the CPU in
-    float32, the linear primitive (the same bits, one node)."""
+    float32, the linear primitive (the same bits, one node); for an affine quantized one,
+    the quantized primitive."""
     if type(embedding) is nn.Embedding:
         out = _cpu_prims.linear(h, embedding.weight)
+        if out is not None:
+            return out
+    elif type(embedding) is nn.QuantizedEmbedding and embedding.mode == "affine":
+        out = _cpu_prims.quantized_linear(h, embedding.weight, embedding.scales,
+                                          embedding.get("biases"), None,
+                                          embedding.group_size, embedding.bits)
         if out is not None:
             return out
     return embedding.as_linear(h)

@@ -22,6 +22,10 @@ NB_MODULE(_mlxlmb_cpu_prims, m) {
         nb::arg("bias") = nb::none(), "x @ weight.T (+ bias) as one node (float32).");
   m.def("swiglu", &mlxlmb::swiglu, nb::arg("gate"), nb::arg("up"),
         "silu(gate) * up as one node (float32).");
+  m.def("quantized_linear", &mlxlmb::quantized_linear, nb::arg("x"), nb::arg("w"),
+        nb::arg("scales"), nb::arg("biases"), nb::arg("bias") = nb::none(),
+        nb::arg("group_size"), nb::arg("bits"),
+        "x @ dequantize(w)^T (+ bias), affine 4 or 8 bits (float32 x).");
   m.def("linear_available", &mlxlmb::linear_available,
         "Whether cblas_sgemm can be found in the process.");
 }

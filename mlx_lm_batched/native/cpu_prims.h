@@ -105,8 +105,9 @@ inline const float* row_major(const mx::array& a, std::vector<float>& scratch) {
 /* softmax(q k^T * scale) v for one query per row (decode_attention.cpp). */
 mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
                            float scale, std::optional<mx::array> mask);
-/* Threads decode_attention's tasks are split over. */
+/* Threads decode_attention's tasks (and quantized_linear's weight rows) are split over. */
 void set_attention_threads(int threads);
+int primitive_threads();
 
 /* x * rsqrt(mean(x^2) + eps) * weight over the last axis (norm_rope.cpp). */
 mx::array rms_norm(const mx::array& x, std::optional<mx::array> weight, float eps);
@@ -122,5 +123,14 @@ mx::array swiglu(const mx::array& gate, const mx::array& up);
 
 /* Whether cblas_sgemm is in the process's global symbol scope (linear.cpp). */
 bool linear_available();
+/* c = a @ b^T (+ beta * c) for row-major a (M, K), b (N, K), c (M, N), by the BLAS call
+ * MLX's matmul makes (linear.cpp). */
+void sgemm_nt(int M, int N, int K, const float* a, const float* b, float* c, float beta);
+
+/* x @ dequantize(w, scales, biases)^T (+ bias) for MLX's affine quantization, 4 or 8 bits
+ * (quantized_linear.cpp). */
+mx::array quantized_linear(const mx::array& x, const mx::array& w, const mx::array& scales,
+                           const mx::array& biases, std::optional<mx::array> bias,
+                           int group_size, int bits);
 
 }  // namespace mlxlmb

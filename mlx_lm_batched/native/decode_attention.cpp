@@ -269,6 +269,8 @@ void set_attention_threads(int threads) {
   configured_threads = threads > 0 ? threads : 1;
 }
 
+int primitive_threads() { return configured_threads; }
+
 /* q (B, H, 1, D), k (B, n_kv, S, D), v (B, n_kv, S, Dv), float32; mask boolean,
  * broadcastable to (B, 1, 1, S) (True = attend). */
 mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,

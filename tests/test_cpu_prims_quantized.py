@@ -1,0 +1,138 @@
+"""The quantized linear CPU primitive (``native/quantized_linear.cpp``): MLX's affine 4- and
+8-bit ``quantized_matmul`` (plus a layer's bias) as one node, several times faster than
+MLX's CPU loop, to float32 rounding; a row gets the same bits alone as in a decode batch;
+quantized SmolLM2 decodes the same greedy tokens through it as through MLX's op."""
+
+import sys
+
+import numpy as np
+import pytest
+
+import mlx_lm_batched  # noqa: F401  (the BLAS and the kernels load before mlx.core)
+import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
+from conftest import corpus_prompts, model_dir  # noqa: E402
+from mlx_lm_batched import _cpu_prims, load  # noqa: E402
+from mlx_lm_batched.layers import cpu_ops  # noqa: E402
+from test_cpu_prims import greedy_logprobs  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the kernel is built on Linux (the CPU backend's)")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    module = _cpu_prims.module()
+    assert module is not None, _cpu_prims.problem
+    return module
+
+
+def random(shape, seed):
+    return mx.random.normal(shape, key=mx.random.key(seed))
+
+
+def mlx_reference(x, wq, scales, biases, group, bits, bias=None):
+    y = mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=group, bits=bits)
+    return y if bias is None else y + bias
+
+
+def assert_close(got, want):
+    # Another summation order than MLX's loop: float32 rounding of the largest output.
+    scale = float(mx.abs(want).max())
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=0, atol=2e-6 * scale * 8)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("rows", [1, 7, 40])  # the decode kernel (<= 32 rows) and prefill
+def test_matches_mlx_quantized_matmul(kernel, bits, group, rows):
+    wq, scales, biases = mx.quantize(random((48, 256), 1), group_size=group, bits=bits)
+    bias = random((48,), 2)
+    x = random((rows, 3, 256), 3)[:, 1:]  # (rows, 2, 256), a strided view
+    for b in (None, bias):
+        got = kernel.quantized_linear(x, wq, scales, biases, b, group, bits)
+        assert got.shape == (rows, 2, 48) and got.dtype == mx.float32
+        assert_close(got, mlx_reference(x, wq, scales, biases, group, bits, b))
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+def test_half_precision_scales_are_read_as_float32(kernel, dtype):
+    wq, scales, biases = mx.quantize(random((40, 128), 4).astype(dtype), group_size=64, bits=4)
+    assert scales.dtype == dtype
+    x = random((3, 128), 5)
+    want = mlx_reference(x, wq, scales.astype(mx.float32), biases.astype(mx.float32), 64, 4)
+    assert_close(kernel.quantized_linear(x, wq, scales, biases, None, 64, 4), want)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_row_gets_the_same_bits_alone_and_in_a_batch(kernel, bits):
+    wq, scales, biases = mx.quantize(random((96, 192), 6), group_size=64, bits=bits)
+    x = random((32, 1, 192), 7)
+    batch = kernel.quantized_linear(x, wq, scales, biases, None, 64, bits)
+    for i in (0, 13, 31):
+        alone = kernel.quantized_linear(x[i:i + 1], wq, scales, biases, None, 64, bits)
+        assert mx.array_equal(alone, batch[i:i + 1]).item(), i
+
+
+def test_bad_arguments_get_one_clear_error(kernel):
+    wq, scales, biases = mx.quantize(random((8, 64), 8), group_size=64, bits=4)
+    x = random((2, 64), 9)
+    with pytest.raises(ValueError, match="4 or 8 bits"):
+        kernel.quantized_linear(x, wq, scales, biases, None, 64, 3)
+    with pytest.raises(ValueError, match="float32 input"):
+        kernel.quantized_linear(x.astype(mx.float16), wq, scales, biases, None, 64, 4)
+    with pytest.raises(ValueError, match=r"scales and biases of shape \(N, K / group\)"):
+        kernel.quantized_linear(x, wq, scales, biases, None, 32, 4)
+    with pytest.raises(ValueError, match="uint32"):
+        kernel.quantized_linear(random((2, 128), 10), wq, scales, biases, None, 64, 4)
+
+
+def test_layers_route_quantized_linears_and_embeddings_through_it(kernel):
+    layer = nn.QuantizedLinear.from_linear(nn.Linear(64, 32, bias=True), group_size=32, bits=4)
+    x = random((2, 1, 64), 11)
+    out = cpu_ops.linear(layer, x)
+    mine = kernel.quantized_linear(x, layer.weight, layer.scales, layer.biases, layer.bias, 32, 4)
+    assert mx.array_equal(out, mine).item()
+    assert_close(out, layer(x))
+    embedding = nn.QuantizedEmbedding.from_embedding(nn.Embedding(50, 64), group_size=64, bits=8)
+    logits = cpu_ops.tied_logits(embedding, x)
+    assert mx.array_equal(logits, kernel.quantized_linear(
+        x, embedding.weight, embedding.scales, embedding.biases, None, 64, 8)).item()
+    assert_close(logits, embedding.as_linear(x))
+    # Off its ground (a float16 input, primitives off): the layer as it is, MLX's bits.
+    half = x.astype(mx.float16)
+    assert mx.array_equal(cpu_ops.linear(layer, half), layer(half)).item()
+    with _cpu_prims.switched_off():
+        assert mx.array_equal(cpu_ops.linear(layer, x), layer(x)).item()
+
+
+def test_gradients_with_respect_to_the_input_match_mlx(kernel):
+    wq, scales, biases = mx.quantize(random((24, 64), 12), group_size=32, bits=4)
+    bias, x, cot = random((24,), 13), random((3, 64), 14), random((3, 24), 15)
+    got = mx.vjp(lambda x, b: kernel.quantized_linear(x, wq, scales, biases, b, 32, 4),
+                 [x, bias], [cot])[1]
+    want = mx.vjp(lambda x, b: mlx_reference(x, wq, scales, biases, 32, 4, b),
+                  [x, bias], [cot])[1]
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(np.array(g), np.array(r), rtol=1e-4, atol=1e-5)
+
+
+def test_quantized_smollm2_decodes_through_it_as_with_mlx_ops(kernel, monkeypatch):
+    """SmolLM2 quantized to 4 bits with float32 scales (the float32 model quantized):
+    greedy decoding of a padded batch gives MLX's op's tokens, log-probabilities within
+    float32 rounding through 30 layers, and every projection goes through the kernel."""
+    model, tokenizer = load(str(model_dir("smollm2", dtype="float32", quantize=True,
+                                          q_bits=4, q_group_size=64)))
+    assert isinstance(model.model.layers[0].mlp.gate_proj, nn.QuantizedLinear)
+    prompts = corpus_prompts(tokenizer, (30, 52, 41))
+    calls = []
+    quantized_linear = _cpu_prims.quantized_linear
+    monkeypatch.setattr(_cpu_prims, "quantized_linear",
+                        lambda *a: calls.append(a[0].shape) or quantized_linear(*a))
+    ours, our_tokens = greedy_logprobs(model, prompts, 6)
+    # 7 projections per layer and the tied LM head, at each of the 7 one-column calls.
+    assert sum(shape[:2] == (3, 1) for shape in calls) == 7 * (7 * len(model.layers) + 1)
+    with _cpu_prims.switched_off():
+        theirs, their_tokens = greedy_logprobs(model, prompts, 6)
+    assert (our_tokens == their_tokens).all()
+    assert float(np.abs(ours - theirs).max()) < 1e-3
