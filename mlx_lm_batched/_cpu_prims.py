@@ -184,6 +184,9 @@ def inverse_frequencies(dims, base):
     return mx.exp(mx.arange(half, dtype=mx.float32) * (-math.log(base) / half))
 
 
+_FLOATS = (mx.float32, mx.float16, mx.bfloat16)
+
+
 def _on_cpu_float32(x):
     return x.dtype == mx.float32 and mx.default_device() == mx.cpu
 
@@ -245,11 +248,13 @@ def linear(x, weight, bias=None):
 
 def quantized_linear(x, weight, scales, biases, bias, group_size, bits):
     """``mx.quantized_matmul(x, weight, scales, biases, transpose=True)`` (+ ``bias``)
-    for affine 4- or 8-bit weights as one primitive on the CPU for a float32 ``x`` (to
-    float32 rounding, not MLX's bits); None where it does not serve."""
-    if (not _on_cpu_float32(x) or bits not in (4, 8) or group_size not in (32, 64, 128)
-            or biases is None or weight.dtype != mx.uint32 or weight.ndim != 2
-            or (bias is not None and bias.dtype != mx.float32) or module() is None):
+    for affine 4- or 8-bit weights as one primitive on the CPU for a float32, float16 or
+    bfloat16 ``x`` (computed in float32: to float32 rounding, not MLX's bits); None where
+    it does not serve."""
+    if (x.dtype not in _FLOATS or mx.default_device() != mx.cpu or bits not in (4, 8)
+            or group_size not in (32, 64, 128) or biases is None
+            or weight.dtype != mx.uint32 or weight.ndim != 2
+            or (bias is not None and bias.dtype not in _FLOATS) or module() is None):
         return None
     return _module.quantized_linear(x, weight, scales, biases, bias, group_size, bits)
 

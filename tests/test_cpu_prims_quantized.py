@@ -64,6 +64,31 @@ def test_half_precision_scales_are_read_as_float32(kernel, dtype):
     assert_close(kernel.quantized_linear(x, wq, scales, biases, None, 64, 4), want)
 
 
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("rows", [2, 40])
+def test_half_precision_inputs_are_computed_in_float32(kernel, dtype, rows):
+    # A half-precision model's layer: x, scales, biases and bias in that dtype; the output
+    # too, rounded once from float32 (MLX's op is the reference to half-precision rounding).
+    wq, scales, biases = mx.quantize(random((40, 128), 16).astype(dtype), group_size=64, bits=4)
+    x, bias = random((rows, 128), 17).astype(dtype), random((40,), 18).astype(dtype)
+    got = kernel.quantized_linear(x, wq, scales, biases, bias, 64, 4)
+    assert got.dtype == dtype
+    exact = mlx_reference(x.astype(mx.float32), wq, scales.astype(mx.float32),
+                          biases.astype(mx.float32), 64, 4, bias.astype(mx.float32))
+    assert_close(got.astype(mx.float32), exact.astype(dtype).astype(mx.float32))
+    half_ulp = 2.0 ** (-11 if dtype == mx.float16 else -8)
+    np.testing.assert_allclose(np.array(got.astype(mx.float32)), np.array(exact),
+                               rtol=half_ulp, atol=half_ulp * float(mx.abs(exact).max()))
+
+
+def test_a_view_of_a_packed_weight_is_read_as_its_rows(kernel):
+    wq, scales, biases = mx.quantize(random((64, 128), 19), group_size=64, bits=4)
+    x = random((3, 128), 20)
+    half = slice(0, 64, 2)  # every other output row: a strided view of the packed weight
+    got = kernel.quantized_linear(x, wq[half], scales[half], biases[half], None, 64, 4)
+    assert_close(got, mlx_reference(x, wq, scales, biases, 64, 4)[:, half])
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_a_row_gets_the_same_bits_alone_and_in_a_batch(kernel, bits):
     wq, scales, biases = mx.quantize(random((96, 192), 6), group_size=64, bits=bits)
@@ -79,8 +104,8 @@ def test_bad_arguments_get_one_clear_error(kernel):
     x = random((2, 64), 9)
     with pytest.raises(ValueError, match="4 or 8 bits"):
         kernel.quantized_linear(x, wq, scales, biases, None, 64, 3)
-    with pytest.raises(ValueError, match="float32 input"):
-        kernel.quantized_linear(x.astype(mx.float16), wq, scales, biases, None, 64, 4)
+    with pytest.raises(ValueError, match="a float32, float16 or bfloat16 input"):
+        kernel.quantized_linear(x.astype(mx.int32), wq, scales, biases, None, 64, 4)
     with pytest.raises(ValueError, match=r"scales and biases of shape \(N, K / group\)"):
         kernel.quantized_linear(x, wq, scales, biases, None, 32, 4)
     with pytest.raises(ValueError, match="uint32"):
@@ -99,9 +124,7 @@ def test_layers_route_quantized_linears_and_embeddings_through_it(kernel):
     assert mx.array_equal(logits, kernel.quantized_linear(
         x, embedding.weight, embedding.scales, embedding.biases, None, 64, 8)).item()
     assert_close(logits, embedding.as_linear(x))
-    # Off its ground (a float16 input, primitives off): the layer as it is, MLX's bits.
-    half = x.astype(mx.float16)
-    assert mx.array_equal(cpu_ops.linear(layer, half), layer(half)).item()
+    # Primitives off: the layer as it is, MLX's bits.
     with _cpu_prims.switched_off():
         assert mx.array_equal(cpu_ops.linear(layer, x), layer(x)).item()
 

@@ -5,18 +5,20 @@ import mlx.core as mx
 import mlx.nn as nn
 
 
-def cast_floats(model, dtype):
-    """Cast the model's floating-point parameters to ``dtype`` in place."""
+def cast_floats(model, dtype, evaluate=True):
+    """Cast the model's floating-point parameters to ``dtype`` in place (``evaluate``:
+    now; False leaves the casts lazy, for weights a distributed load shards first)."""
     from mlx.utils import tree_map
 
     model.update(
         tree_map(lambda p: p.astype(dtype) if mx.issubdtype(p.dtype, mx.floating) else p,
                  model.parameters())
     )
-    mx.eval(model.parameters())
+    if evaluate:
+        mx.eval(model.parameters())
 
 
-def _dequantize_dtype():
+def dequantize_dtype():
     """float32 when the default device is the CPU (its half-float matmuls skip the
     BLAS), else None: keep the checkpoint's dtype, whose GPU kernels are fast."""
     return mx.float32 if mx.default_device() == mx.cpu else None

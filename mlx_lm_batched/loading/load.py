@@ -15,7 +15,7 @@ import mlx.nn as nn
 from ..models import get_model_module, resolve_model_type
 from .adapters import load_adapters
 from .config_checks import check_config_fields
-from .dequantize import _dequantize_dtype, cast_floats, dequantize_model
+from .dequantize import dequantize_dtype, cast_floats, dequantize_model
 from .mlx_lm_layout import from_mlx_lm_weights
 
 HUB_PATTERNS = [
@@ -375,14 +375,14 @@ def load(
             dtype = mx.float32
         model, tokenizer, config = load_gguf(path_or_hf_repo, dtype, tokenizer_config, model_config)
         if dequantize:
-            dequantize_model(model, dtype or _dequantize_dtype())
+            dequantize_model(model, dtype or dequantize_dtype())
     else:
         model_path = get_model_path(str(path_or_hf_repo), revision)
         if model_path.is_file():
             raise ModelLoadError(f"'{model_path}' is a file: pass a model directory or a .gguf file")
         model, config = load_model(model_path, lazy, model_config=model_config)
         if dequantize:
-            dtype = dtype or _dequantize_dtype()
+            dtype = dtype or dequantize_dtype()
             dequantize_model(model, dtype)
         if dtype is not None:
             cast_floats(model, dtype)

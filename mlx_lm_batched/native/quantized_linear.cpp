@@ -16,7 +16,8 @@
  *   multiplied by the BLAS call MLX's own matmul makes (`sgemm_nt`, linear.cpp).
  *
  * The sums run in another order than MLX's loop: outputs agree with mx.quantized_matmul
- * to float32 rounding (about 1e-6 relative), not bit for bit.
+ * to float32 rounding (about 1e-6 relative), not bit for bit. Float16 and bfloat16 inputs
+ * are computed in float32 and the output rounded to their dtype once.
  */
 #include <omp.h>
 
@@ -48,6 +49,20 @@ const float* float_rows(const mx::array& a, std::vector<float>& scratch) {
       dst[d] = a.dtype() == mx::float16 ? static_cast<float>(a.data<mx::float16_t>()[i])
                                         : static_cast<float>(a.data<mx::bfloat16_t>()[i]);
     }
+    dst += D;
+  }
+  return scratch.data();
+}
+
+/* The packed weight in row-major order: its own memory, or a copy in `scratch` (a view
+ * of a bigger weight, say). */
+const uint32_t* packed_rows(const mx::array& w, std::vector<uint32_t>& scratch) {
+  if (w.flags().row_contiguous) return w.data<uint32_t>();
+  scratch.resize(w.size());
+  const int64_t D = w.shape(-1), step = w.strides().back();
+  uint32_t* dst = scratch.data();
+  for (int64_t offset : row_offsets(w)) {
+    for (int64_t d = 0; d < D; d++) dst[d] = w.data<uint32_t>()[offset + d * step];
     dst += D;
   }
   return scratch.data();
@@ -185,12 +200,16 @@ class QuantizedLinear : public CpuPrimitive {
       const int K = x.shape(-1), N = inputs[1].shape(0);
       const int M = static_cast<int>(x.size() / (K > 0 ? K : 1));
       if (M == 0 || N == 0) return;
-      std::vector<float> x_copy, s_copy, b_copy, bias_copy;
-      Problem p{M, N, K, bits, group, row_major(x, x_copy),
-                inputs[1].data<uint32_t>(), float_rows(inputs[2], s_copy),
+      /* Half-precision inputs are computed in float32 and rounded once at the end. */
+      std::vector<float> x_copy, s_copy, b_copy, bias_copy, y_copy;
+      std::vector<uint32_t> w_copy;
+      const bool float_out = out.dtype() == mx::float32;
+      if (!float_out) y_copy.resize(static_cast<size_t>(M) * N);
+      Problem p{M, N, K, bits, group, float_rows(x, x_copy),
+                packed_rows(inputs[1], w_copy), float_rows(inputs[2], s_copy),
                 float_rows(inputs[3], b_copy),
-                inputs.size() > 4 ? row_major(inputs[4], bias_copy) : nullptr,
-                out.data<float>()};
+                inputs.size() > 4 ? float_rows(inputs[4], bias_copy) : nullptr,
+                float_out ? out.data<float>() : y_copy.data()};
       std::vector<float> x_order;
       if (bits == 4) {  /* x in the order the weights unpack in (both paths) */
         x_order.resize(static_cast<size_t>(M) * K);
@@ -201,6 +220,10 @@ class QuantizedLinear : public CpuPrimitive {
         small_rows(p, primitive_threads());
       else
         many_rows(p, primitive_threads());
+      if (out.dtype() == mx::float16)
+        for (size_t i = 0; i < y_copy.size(); i++) out.data<mx::float16_t>()[i] = y_copy[i];
+      else if (out.dtype() == mx::bfloat16)
+        for (size_t i = 0; i < y_copy.size(); i++) out.data<mx::bfloat16_t>()[i] = y_copy[i];
     });
   }
 
@@ -256,12 +279,12 @@ mx::array quantized_linear(const mx::array& x, const mx::array& w, const mx::arr
   if (bits != 4 && bits != 8) throw std::invalid_argument("quantized_linear: 4 or 8 bits");
   if (group_size != 32 && group_size != 64 && group_size != 128)
     throw std::invalid_argument("quantized_linear: group size 32, 64 or 128");
-  if (x.ndim() < 1 || x.dtype() != mx::float32)
-    throw std::invalid_argument("quantized_linear: a float32 input");
+  if (x.ndim() < 1 || !float_dtype(x.dtype()))
+    throw std::invalid_argument("quantized_linear: a float32, float16 or bfloat16 input");
   const int K = x.shape(-1);
-  if (w.dtype() != mx::uint32 || w.ndim() != 2 || !w.flags().row_contiguous ||
+  if (w.dtype() != mx::uint32 || w.ndim() != 2 ||
       static_cast<int64_t>(w.shape(1)) * 32 != static_cast<int64_t>(K) * bits)
-    throw std::invalid_argument("quantized_linear: a row-contiguous uint32 (N, K * bits / 32) weight");
+    throw std::invalid_argument("quantized_linear: a uint32 (N, K * bits / 32) weight");
   const int N = w.shape(0);
   for (const auto* a : {&scales, &biases})
     if (!float_dtype(a->dtype()) || a->ndim() != 2 || a->shape(0) != N ||
@@ -269,13 +292,13 @@ mx::array quantized_linear(const mx::array& x, const mx::array& w, const mx::arr
       throw std::invalid_argument("quantized_linear: scales and biases of shape (N, K / group)");
   std::vector<mx::array> inputs = {x, w, scales, biases};
   if (bias) {
-    if (bias->dtype() != mx::float32 || bias->ndim() != 1 || bias->shape(0) != N)
-      throw std::invalid_argument("quantized_linear: the bias must be float32 of shape (N,)");
+    if (!float_dtype(bias->dtype()) || bias->ndim() != 1 || bias->shape(0) != N)
+      throw std::invalid_argument("quantized_linear: the bias must be a float array of shape (N,)");
     inputs.push_back(*bias);
   }
   auto shape = x.shape();
   shape.back() = N;
-  return mx::array(std::move(shape), mx::float32,
+  return mx::array(std::move(shape), x.dtype(),
                    std::make_shared<QuantizedLinear>(cpu_stream(), group_size, bits),
                    std::move(inputs));
 }
