@@ -3,8 +3,6 @@
 MLX's CPU loop, to float32 rounding; a row gets the same bits alone as in a decode batch;
 quantized SmolLM2 decodes the same greedy tokens through it as through MLX's op."""
 
-import sys
-
 import numpy as np
 import pytest
 
@@ -14,21 +12,8 @@ import mlx.nn as nn  # noqa: E402
 from conftest import corpus_prompts, model_dir  # noqa: E402
 from mlx_lm_batched import _cpu_prims, load  # noqa: E402
 from mlx_lm_batched.layers import cpu_ops  # noqa: E402
-from test_cpu_prims import greedy_logprobs  # noqa: E402
-
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="the kernel is built on Linux (the CPU backend's)")
-
-
-@pytest.fixture(scope="module")
-def kernel():
-    module = _cpu_prims.module()
-    assert module is not None, _cpu_prims.problem
-    return module
-
-
-def random(shape, seed):
-    return mx.random.normal(shape, key=mx.random.key(seed))
+# The kernel fixture (the built module), the seeded arrays and the decode helper.
+from test_cpu_prims import greedy_logprobs, kernel, pytestmark, random  # noqa: E402,F401
 
 
 def mlx_reference(x, wq, scales, biases, group, bits, bias=None):
