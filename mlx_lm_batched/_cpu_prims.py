@@ -284,8 +284,8 @@ def switched_off():
 
 def describe():
     """A short phrase for benchmark headers: ``"CPU primitives (attention, RMSNorm,
-    RoPE, linear, SwiGLU, quantized linear)"``, ``"CPU primitives off"`` or ``"CPU primitives not built:
-    <why>"``."""
+    RoPE, linear, SwiGLU, quantized linear)"``, ``"CPU primitives off"`` or ``"CPU
+    primitives not built: <why>"``."""
     if _module is not None:
         return "CPU primitives (attention, RMSNorm, RoPE, linear, SwiGLU, quantized linear)"
     if problem:

@@ -166,9 +166,9 @@ def linear(layer, x):
     """``layer(x)``. For a plain ``mlx.nn.Linear`` on the CPU in float32, one primitive
     node with the same bits (``_cpu_prims.linear``) instead of the four MLX builds
     (transpose, flatten, matmul, unflatten); for an affine 4- or 8-bit
-    ``mlx.nn.QuantizedLinear`` with a float32 input, the quantized primitive (several
-    times MLX's CPU ``quantized_matmul``, to float32 rounding); any other layer (LoRA, a
-    subclass) is called as it is."""
+    ``mlx.nn.QuantizedLinear`` on the CPU (float32, float16 or bfloat16 input), the
+    quantized primitive (several times MLX's CPU ``quantized_matmul``, to float32
+    rounding); any other layer (LoRA, a subclass) is called as it is."""
     if type(layer) is nn.Linear:
         out = _cpu_prims.linear(x, layer.weight, layer.get("bias"))
         if out is not None:

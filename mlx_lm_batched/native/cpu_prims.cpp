@@ -25,7 +25,7 @@ NB_MODULE(_mlxlmb_cpu_prims, m) {
   m.def("quantized_linear", &mlxlmb::quantized_linear, nb::arg("x"), nb::arg("w"),
         nb::arg("scales"), nb::arg("biases"), nb::arg("bias") = nb::none(),
         nb::arg("group_size"), nb::arg("bits"),
-        "x @ dequantize(w)^T (+ bias), affine 4 or 8 bits (float32 x).");
+        "x @ dequantize(w)^T (+ bias), affine 4 or 8 bits (float32, float16 or bfloat16 x).");
   m.def("linear_available", &mlxlmb::linear_available,
         "Whether cblas_sgemm can be found in the process.");
 }

@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "mlx/backend/cpu/encoder.h"
@@ -87,16 +88,19 @@ inline std::vector<int64_t> row_offsets(const mx::array& a) {
   return out;
 }
 
-/* `a`'s elements in row-major order: its own memory when laid out so, else a copy in
- * `scratch` (for inputs whose layout a kernel cannot read in place). */
-inline const float* row_major(const mx::array& a, std::vector<float>& scratch) {
-  if (a.flags().row_contiguous || a.size() == 0) return a.data<float>();
+/* `a`'s elements (stored as `Src`) in row-major order as `T`: its own memory when laid
+ * out so and of that type, else a (converted) copy in `scratch` (for inputs whose layout
+ * or dtype a kernel cannot read in place). */
+template <typename T, typename Src = T>
+inline const T* row_major(const mx::array& a, std::vector<T>& scratch) {
+  if constexpr (std::is_same_v<T, Src>)
+    if (a.flags().row_contiguous || a.size() == 0) return a.data<T>();
   const int64_t D = a.shape(-1), step = a.strides().back();
-  const float* src = a.data<float>();
+  const Src* src = a.data<Src>();
   scratch.resize(a.size());
-  float* dst = scratch.data();
+  T* dst = scratch.data();
   for (int64_t offset : row_offsets(a)) {
-    for (int64_t d = 0; d < D; d++) dst[d] = src[offset + d * step];
+    for (int64_t d = 0; d < D; d++) dst[d] = static_cast<T>(src[offset + d * step]);
     dst += D;
   }
   return scratch.data();

@@ -36,36 +36,19 @@ namespace {
 constexpr int SMALL_ROWS = 32;  // rows up to which the fused kernel serves
 constexpr int LANES = 16;
 
-/* A (rows, cols) array of float32, float16 or bfloat16 as row-major float32: its own
- * memory for row-contiguous float32, else converted into `scratch`. */
+/* A float32, float16 or bfloat16 array as row-major float32 (`row_major`: in place for
+ * row-contiguous float32, else converted into `scratch`). */
 const float* float_rows(const mx::array& a, std::vector<float>& scratch) {
-  if (a.dtype() == mx::float32) return row_major(a, scratch);
-  scratch.resize(a.size());
-  const int64_t D = a.shape(-1), step = a.strides().back();
-  float* dst = scratch.data();
-  for (int64_t offset : row_offsets(a)) {
-    for (int64_t d = 0; d < D; d++) {
-      const int64_t i = offset + d * step;
-      dst[d] = a.dtype() == mx::float16 ? static_cast<float>(a.data<mx::float16_t>()[i])
-                                        : static_cast<float>(a.data<mx::bfloat16_t>()[i]);
-    }
-    dst += D;
-  }
-  return scratch.data();
+  if (a.dtype() == mx::float16) return row_major<float, mx::float16_t>(a, scratch);
+  if (a.dtype() == mx::bfloat16) return row_major<float, mx::bfloat16_t>(a, scratch);
+  return row_major(a, scratch);
 }
 
-/* The packed weight in row-major order: its own memory, or a copy in `scratch` (a view
- * of a bigger weight, say). */
-const uint32_t* packed_rows(const mx::array& w, std::vector<uint32_t>& scratch) {
-  if (w.flags().row_contiguous) return w.data<uint32_t>();
-  scratch.resize(w.size());
-  const int64_t D = w.shape(-1), step = w.strides().back();
-  uint32_t* dst = scratch.data();
-  for (int64_t offset : row_offsets(w)) {
-    for (int64_t d = 0; d < D; d++) dst[d] = w.data<uint32_t>()[offset + d * step];
-    dst += D;
-  }
-  return scratch.data();
+/* A fixed-order sum of 16 lanes (pairwise halves): the same bits wherever it runs. */
+inline float reduce_lanes(float* lanes) {
+  for (int w = LANES / 2; w; w >>= 1)
+    for (int j = 0; j < w; j++) lanes[j] += lanes[j + w];
+  return lanes[0];
 }
 
 /* The K integer values of one packed weight row, as floats, read byte by byte (the
@@ -128,9 +111,7 @@ void small_rows(const Problem& p, int threads) {
       const float* xg = p.x + static_cast<size_t>(m) * p.K + g * p.group;
       float lanes[LANES] = {0};
       for (int k = 0; k < p.group; k++) lanes[k % LANES] += xg[k];
-      for (int w = LANES / 2; w; w >>= 1)
-        for (int j = 0; j < w; j++) lanes[j] += lanes[j + w];
-      xsum[static_cast<size_t>(m) * groups + g] = lanes[0];
+      xsum[static_cast<size_t>(m) * groups + g] = reduce_lanes(lanes);
     }
   const int words = p.K * p.bits / 32;
   const int teams = std::max(1, std::min(threads, p.N));
@@ -156,9 +137,7 @@ void small_rows(const Problem& p, int threads) {
           for (int j = 0; j < LANES; j++) lanes[j] += sc[g] * part[j];
           offsets += bi[g] * xs[g];
         }
-        for (int w = LANES / 2; w; w >>= 1)
-          for (int j = 0; j < w; j++) lanes[j] += lanes[j + w];
-        float y = lanes[0] + offsets;
+        float y = reduce_lanes(lanes) + offsets;
         if (p.bias) y += p.bias[n];
         p.out[static_cast<size_t>(m) * p.N + n] = y;
       }
@@ -206,7 +185,7 @@ class QuantizedLinear : public CpuPrimitive {
       const bool float_out = out.dtype() == mx::float32;
       if (!float_out) y_copy.resize(static_cast<size_t>(M) * N);
       Problem p{M, N, K, bits, group, float_rows(x, x_copy),
-                packed_rows(inputs[1], w_copy), float_rows(inputs[2], s_copy),
+                row_major(inputs[1], w_copy), float_rows(inputs[2], s_copy),
                 float_rows(inputs[3], b_copy),
                 inputs.size() > 4 ? float_rows(inputs[4], bias_copy) : nullptr,
                 float_out ? out.data<float>() : y_copy.data()};
