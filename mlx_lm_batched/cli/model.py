@@ -27,7 +27,7 @@ def load_model(model_path, args, adapter_path=None):
     directory applied to the model (``load``'s argument; not with ``--distributed``)."""
     import mlx.core as mx
 
-    from ..loading.dequantize import dequantize_dtype, cast_floats, dequantize_model
+    from ..loading.dequantize import dequantize_for_device
     from ..loading.load import load
 
     group = getattr(args, "group", None)
@@ -39,12 +39,9 @@ def load_model(model_path, args, adapter_path=None):
     quantized = is_quantized(model)
     dequantize = args.dequantize if args.dequantize is not None else mx.default_device() == mx.cpu
     if quantized and dequantize:
-        # As load(..., dequantize=True): float32 on the CPU, whose float16 matmuls skip the
-        # BLAS (a GGUF's float16 scales made the default model decode 5x slower).
-        dtype = dequantize_dtype()
-        dequantize_model(model, dtype)
-        if dtype is not None:
-            cast_floats(model, dtype, evaluate=group is None)
+        # load(..., dequantize=True)'s floats: float32 on the CPU, whose float16 matmuls
+        # skip the BLAS (a GGUF's float16 scales made the default model decode 5x slower).
+        dequantize_for_device(model, evaluate=group is None)
     if group is not None:  # after dequantizing: the float layers are the ones split
         from ..parallel.load import finish_sharding
 

@@ -24,6 +24,16 @@ def dequantize_dtype():
     return mx.float32 if mx.default_device() == mx.cpu else None
 
 
+def dequantize_for_device(model, dtype=None, evaluate=True):
+    """``load(..., dequantize=True)``'s float model: quantized layers dequantized and
+    every float cast to ``dtype`` (default :func:`dequantize_dtype`: float32 on the CPU;
+    on a GPU the scales' dtype, nothing cast). ``evaluate``: as :func:`cast_floats`."""
+    dtype = dtype or dequantize_dtype()
+    dequantize_model(model, dtype)
+    if dtype is not None:
+        cast_floats(model, dtype, evaluate)
+
+
 def dequantize_model(model, dtype=None):
     """Replace quantized layers (Linear, Embedding, MoE switch layers) by float ones.
 

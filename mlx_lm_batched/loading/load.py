@@ -15,7 +15,7 @@ import mlx.nn as nn
 from ..models import get_model_module, resolve_model_type
 from .adapters import load_adapters
 from .config_checks import check_config_fields
-from .dequantize import dequantize_dtype, cast_floats, dequantize_model
+from .dequantize import cast_floats, dequantize_dtype, dequantize_for_device, dequantize_model
 from .mlx_lm_layout import from_mlx_lm_weights
 
 HUB_PATTERNS = [
@@ -382,9 +382,8 @@ def load(
             raise ModelLoadError(f"'{model_path}' is a file: pass a model directory or a .gguf file")
         model, config = load_model(model_path, lazy, model_config=model_config)
         if dequantize:
-            dtype = dtype or dequantize_dtype()
-            dequantize_model(model, dtype)
-        if dtype is not None:
+            dequantize_for_device(model, dtype)
+        elif dtype is not None:
             cast_floats(model, dtype)
         eos = (model_config or {}).get("eos_token_id")
         if eos is None:
