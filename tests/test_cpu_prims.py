@@ -264,20 +264,29 @@ def greedy_logprobs(model, prompts, steps):
     return np.array(mx.stack(out)), np.array(mx.stack(tokens))
 
 
+def decode_with_and_without(model, tokenizer, monkeypatch, primitive):
+    """Greedy decoding (6 steps) of a padded batch of 3 corpus prompts with our primitives
+    and with MLX's ops: ``(shapes of the first argument of every call of _cpu_prims'
+    function ``primitive``, (logprobs, tokens) ours, (logprobs, tokens) MLX's ops)``."""
+    prompts = corpus_prompts(tokenizer, (30, 52, 41))
+    calls = []
+    function = getattr(_cpu_prims, primitive)
+    monkeypatch.setattr(_cpu_prims, primitive,
+                        lambda *a: calls.append(a[0].shape) or function(*a))
+    ours = greedy_logprobs(model, prompts, 6)
+    monkeypatch.undo()
+    with _cpu_prims.switched_off():
+        return calls, ours, greedy_logprobs(model, prompts, 6)
+
+
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 def test_real_models_decode_through_it_as_with_mlx_ops(float_models, kernel, monkeypatch, name):
     model, tokenizer = float_models[name]
-    prompts = corpus_prompts(tokenizer, (30, 52, 41))
-    calls = []
-    attend = _cpu_prims.attend
-    monkeypatch.setattr(_cpu_prims, "attend",
-                        lambda *a: calls.append(a[0].shape) or attend(*a))
-    fused, fused_tokens = greedy_logprobs(model, prompts, 6)
+    calls, (fused, fused_tokens), (ops, ops_tokens) = decode_with_and_without(
+        model, tokenizer, monkeypatch, "attend")
     # Every layer of every one-column call of the batch: the prefill's last column
     # (fed alone, as mlx-lm's) and the 6 decode steps.
     assert sum(shape[0] == 3 for shape in calls) == 7 * len(model.layers)
-    with _cpu_prims.switched_off():
-        ops, ops_tokens = greedy_logprobs(model, prompts, 6)
     assert (fused_tokens == ops_tokens).all()
     assert float(np.abs(fused - ops).max()) < 1e-4
 

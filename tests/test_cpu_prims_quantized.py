@@ -9,11 +9,11 @@ import pytest
 import mlx_lm_batched  # noqa: F401  (the BLAS and the kernels load before mlx.core)
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
-from conftest import corpus_prompts, model_dir  # noqa: E402
+from conftest import model_dir  # noqa: E402
 from mlx_lm_batched import _cpu_prims, load  # noqa: E402
 from mlx_lm_batched.layers import cpu_ops  # noqa: E402
 # The kernel fixture (the built module), the seeded arrays and the decode helper.
-from test_cpu_prims import greedy_logprobs, kernel, pytestmark, random  # noqa: E402,F401
+from test_cpu_prims import decode_with_and_without, kernel, pytestmark, random  # noqa: E402,F401
 
 
 def mlx_reference(x, wq, scales, biases, group, bits, bias=None):
@@ -132,15 +132,9 @@ def test_quantized_smollm2_decodes_through_it_as_with_mlx_ops(kernel, monkeypatc
     model, tokenizer = load(str(model_dir("smollm2", dtype="float32", quantize=True,
                                           q_bits=4, q_group_size=64)))
     assert isinstance(model.model.layers[0].mlp.gate_proj, nn.QuantizedLinear)
-    prompts = corpus_prompts(tokenizer, (30, 52, 41))
-    calls = []
-    quantized_linear = _cpu_prims.quantized_linear
-    monkeypatch.setattr(_cpu_prims, "quantized_linear",
-                        lambda *a: calls.append(a[0].shape) or quantized_linear(*a))
-    ours, our_tokens = greedy_logprobs(model, prompts, 6)
+    calls, (ours, our_tokens), (theirs, their_tokens) = decode_with_and_without(
+        model, tokenizer, monkeypatch, "quantized_linear")
     # 7 projections per layer and the tied LM head, at each of the 7 one-column calls.
     assert sum(shape[:2] == (3, 1) for shape in calls) == 7 * (7 * len(model.layers) + 1)
-    with _cpu_prims.switched_off():
-        theirs, their_tokens = greedy_logprobs(model, prompts, 6)
     assert (our_tokens == their_tokens).all()
     assert float(np.abs(ours - theirs).max()) < 1e-3
