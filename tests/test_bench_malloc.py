@@ -1,6 +1,6 @@
 """scripts/bench_malloc.py runs end to end with tiny sizes on the real SmolLM2 float32 model:
-fresh processes with glibc's defaults and with our thresholds give the same tokens, and
-ours fault in fewer pages."""
+fresh processes with glibc's defaults and with our thresholds, alternated, give the same
+tokens, and every run's wall time, page faults and CPU times are reported."""
 
 import json
 import os
@@ -32,9 +32,11 @@ def test_bench_malloc_table_and_json(tmp_path):
         runs.setdefault(r["malloc"], []).append(r)
     assert sorted(runs) == ["auto", "system"] and all(len(v) == 2 for v in runs.values())
     assert all(r["wall_s"] > 0 and r["prompt_tokens"] > 4 * 16 - 1 for r in result["runs"])
-    # Both load the same model and run the same batch; glibc's defaults fault the
-    # forward pass's arrays in again on every layer. The margin is a few thousand faults
-    # of about 25,000, so each setting's fewest over two alternated runs are compared
-    # (one run each flipped once under a parallel test run's load).
-    fewest = {name: min(r["faults"] for r in rs) for name, rs in runs.items()}
-    assert fewest["auto"] < fewest["system"], result["runs"]
+    assert all(r["faults"] > 0 and r["sys_s"] >= 0 and r["user_s"] > 0 for r in result["runs"])
+    # No fewer-faults assertion here: since the CPU primitives (fourteenth to sixteenth
+    # sessions) keep the forward pass's large temporaries out of MLX's allocator, the whole
+    # generation faults in about as many pages with either setting (seventeenth session,
+    # 16 prompts x 32 tokens: 82-85 thousand against 106-114 thousand; at this test's size
+    # 26 thousand each, within run-to-run noise, which is how CI failed on it). The
+    # mechanism itself, arrays of a few MB reusing freed pages, is asserted in
+    # tests/test_malloc.py on a probe where glibc's defaults fault in every call.
