@@ -22,8 +22,9 @@ def is_quantized(model):
 
 def load_model(model_path, args, adapter_path=None):
     """``(model, tokenizer, weights)``; ``weights`` says, for the summary, whether a
-    quantized model was dequantized (default on the CPU, where MLX's quantized
-    matmul is slow) or kept quantized (default on a GPU). ``adapter_path``: an adapter
+    quantized model was dequantized (default on the CPU, where float matmuls are faster
+    for batches, while :func:`dequantize_fits`) or kept quantized (default on a GPU, and
+    on the CPU when the floats would not fit). ``adapter_path``: an adapter
     directory applied to the model (``load``'s argument; not with ``--distributed``)."""
     import mlx.core as mx
 
@@ -37,7 +38,11 @@ def load_model(model_path, args, adapter_path=None):
     model, tokenizer = load(model_path, trust_remote_code=args.trust_remote_code,
                             lazy=group is not None, adapter_path=adapter_path)
     quantized = is_quantized(model)
-    dequantize = args.dequantize if args.dequantize is not None else mx.default_device() == mx.cpu
+    on_cpu = mx.default_device() == mx.cpu
+    dequantize = args.dequantize if args.dequantize is not None else on_cpu
+    why_not = ""
+    if quantized and dequantize and on_cpu:
+        dequantize, why_not = dequantize_fits(model, args, group)
     if quantized and dequantize:
         # load(..., dequantize=True)'s floats: float32 on the CPU, whose float16 matmuls
         # skip the BLAS (a GGUF's float16 scales made the default model decode 5x slower).
@@ -48,8 +53,42 @@ def load_model(model_path, args, adapter_path=None):
         finish_sharding(model, group, getattr(args, "distributed", "auto"))
     weights = "float" if not quantized else "dequantized" if dequantize else "quantized"
     if quantized and args.dequantize is None:
-        weights += " (default on " + ("the CPU)" if dequantize else "a GPU)")
+        weights += " (default on " + ("the CPU" if on_cpu else "a GPU") + why_not + ")"
     return model, tokenizer, weights
+
+
+# The CLI's default dequantizes on the CPU only while the float32 weights take at most this
+# share of the memory available: the rest is for the KV cache and activations, and a 7B
+# 4-bit model (about 4 GB) needs 30 GB as float32, which would get the process killed.
+DEQUANTIZE_MEMORY_SHARE = 0.5
+
+
+def dequantize_fits(model, args, group=None):
+    """``(True, "")`` when the float32 form of quantized ``model`` fits this machine for the
+    CLI's CPU default; ``(False, reason)`` when it would take more than
+    :data:`DEQUANTIZE_MEMORY_SHARE` of the available memory (the model stays quantized).
+    An explicit ``--dequantize`` that cannot fit at all is a :class:`CliError`."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from ..engine.kv_budget import available_memory
+    from ..loading.dequantize import dequantized_bytes
+
+    have = available_memory()
+    if have is None:
+        return True, ""
+    need = dequantized_bytes(model, mx.float32)
+    if group is not None:  # lazily loaded: each rank will hold its shard of the floats
+        need //= group.size()
+    else:  # dequantizing frees the packed weights, which the available memory excludes
+        have += sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    if args.dequantize and need > have:
+        raise CliError(f"--dequantize: the float32 weights need {need / 1e9:.1f} GB and "
+                       f"{have / 1e9:.1f} GB is available; run without it (kept quantized)")
+    if args.dequantize is None and need > DEQUANTIZE_MEMORY_SHARE * have:
+        return False, (f": float32 weights would take {need / 1e9:.1f} GB of "
+                       f"{have / 1e9:.1f} GB available")
+    return True, ""
 
 
 def join_group(args):

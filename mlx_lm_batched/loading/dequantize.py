@@ -34,6 +34,31 @@ def dequantize_for_device(model, dtype=None, evaluate=True):
         cast_floats(model, dtype, evaluate)
 
 
+def dequantized_bytes(model, dtype=mx.float32):
+    """Bytes the model's parameters would take after :func:`dequantize_for_device` with
+    ``dtype``: every packed weight unpacked to one ``dtype`` element per value, its scales
+    and biases gone, every other floating-point parameter cast, integer buffers as they
+    are. Reads shapes only, so a lazily loaded model stays unevaluated."""
+    itemsize = mx.zeros((), dtype=dtype).itemsize
+    elements = kept_bytes = 0
+    for _, module in model.named_modules():
+        # Quantized Linear, Embedding and MoE switch layers pack 32 // bits values into
+        # each uint32 word of their weight, next to scales (and, affine, biases).
+        quantized = getattr(module, "bits", None) is not None and "scales" in module
+        for key, value in module.items():
+            if not isinstance(value, mx.array):
+                continue
+            if quantized and key == "weight":
+                elements += value.size * 32 // module.bits
+            elif quantized and key in ("scales", "biases"):
+                continue
+            elif mx.issubdtype(value.dtype, mx.floating):
+                elements += value.size
+            else:
+                kept_bytes += value.nbytes
+    return elements * itemsize + kept_bytes
+
+
 def dequantize_model(model, dtype=None):
     """Replace quantized layers (Linear, Embedding, MoE switch layers) by float ones.
 
