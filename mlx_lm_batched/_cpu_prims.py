@@ -143,9 +143,9 @@ def _check(module):
     for bits in (4, 8):
         wq, scales, biases = mx.quantize(mx.random.normal((24, 64), key=mx.random.key(5)),
                                          group_size=32, bits=bits)
-        # 6 rows (the decode kernel) and 40 (the dequantized prefill path).
+        # 6 rows (the tiled kernel) and 72 (the dequantized prefill path).
         for rows in (mx.random.normal((3, 2, 64), key=mx.random.key(6)),
-                     mx.random.normal((40, 64), key=mx.random.key(7))):
+                     mx.random.normal((72, 64), key=mx.random.key(7))):
             want = mx.quantized_matmul(rows, wq, scales, biases, transpose=True,
                                        group_size=32, bits=bits) + b
             got = module.quantized_linear(rows, wq, scales, biases, b, 32, bits)

@@ -29,14 +29,16 @@ def assert_close(got, want):
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group", [32, 64, 128])
-@pytest.mark.parametrize("rows", [1, 7, 40])  # the decode kernel (<= 32 rows) and prefill
+@pytest.mark.parametrize("rows", [1, 7, 32, 40])  # the tiled kernel (<= 64 rows) and prefill
 def test_matches_mlx_quantized_matmul(kernel, bits, group, rows):
-    wq, scales, biases = mx.quantize(random((48, 256), 1), group_size=group, bits=bits)
-    bias = random((48,), 2)
+    # 47 weight rows: the tiles' odd last one; 2 to 80 input rows: full tiles of 8, partial
+    # ones, and past 64 the dequantized path.
+    wq, scales, biases = mx.quantize(random((47, 256), 1), group_size=group, bits=bits)
+    bias = random((47,), 2)
     x = random((rows, 3, 256), 3)[:, 1:]  # (rows, 2, 256), a strided view
     for b in (None, bias):
         got = kernel.quantized_linear(x, wq, scales, biases, b, group, bits)
-        assert got.shape == (rows, 2, 48) and got.dtype == mx.float32
+        assert got.shape == (rows, 2, 47) and got.dtype == mx.float32
         assert_close(got, mlx_reference(x, wq, scales, biases, group, bits, b))
 
 
@@ -50,7 +52,7 @@ def test_half_precision_scales_are_read_as_float32(kernel, dtype):
 
 
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
-@pytest.mark.parametrize("rows", [2, 40])
+@pytest.mark.parametrize("rows", [2, 72])
 def test_half_precision_inputs_are_computed_in_float32(kernel, dtype, rows):
     # A half-precision model's layer: x, scales, biases and bias in that dtype; the output
     # too, rounded once from float32 (MLX's op is the reference to half-precision rounding).
@@ -77,11 +79,24 @@ def test_a_view_of_a_packed_weight_is_read_as_its_rows(kernel):
 @pytest.mark.parametrize("bits", [4, 8])
 def test_a_row_gets_the_same_bits_alone_and_in_a_batch(kernel, bits):
     wq, scales, biases = mx.quantize(random((96, 192), 6), group_size=64, bits=bits)
-    x = random((32, 1, 192), 7)
+    x = random((64, 1, 192), 7)
     batch = kernel.quantized_linear(x, wq, scales, biases, None, 64, bits)
-    for i in (0, 13, 31):
+    # Tiles of 8 rows in the batch; alone, 3 and 13 rows: a row's tile differs, its bits not.
+    for i in (0, 13, 31, 63):
         alone = kernel.quantized_linear(x[i:i + 1], wq, scales, biases, None, 64, bits)
         assert mx.array_equal(alone, batch[i:i + 1]).item(), i
+    for start, n in ((5, 3), (40, 13)):
+        some = kernel.quantized_linear(x[start:start + n], wq, scales, biases, None, 64, bits)
+        assert mx.array_equal(some, batch[start:start + n]).item(), (start, n)
+
+
+def test_a_weight_of_many_blocks_in_the_prefill_path(kernel):
+    # 1000 x 512 weight rows: the prefill path dequantizes 512 rows (1 MB) at a time into
+    # its columns of the output; a bias goes into every block's columns.
+    wq, scales, biases = mx.quantize(random((1000, 512), 21), group_size=64, bits=4)
+    x, bias = random((70, 512), 22), random((1000,), 23)
+    assert_close(kernel.quantized_linear(x, wq, scales, biases, bias, 64, 4),
+                 mlx_reference(x, wq, scales, biases, 64, 4, bias))
 
 
 def test_bad_arguments_get_one_clear_error(kernel):

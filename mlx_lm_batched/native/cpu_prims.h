@@ -127,9 +127,10 @@ mx::array swiglu(const mx::array& gate, const mx::array& up);
 
 /* Whether cblas_sgemm is in the process's global symbol scope (linear.cpp). */
 bool linear_available();
-/* c = a @ b^T (+ beta * c) for row-major a (M, K), b (N, K), c (M, N), by the BLAS call
- * MLX's matmul makes (linear.cpp). */
-void sgemm_nt(int M, int N, int K, const float* a, const float* b, float* c, float beta);
+/* c = a @ b^T (+ beta * c) for row-major a (M, K), b (N, K), c (M, N) with rows `ldc`
+ * apart (0: N), by the BLAS call MLX's matmul makes (linear.cpp). */
+void sgemm_nt(int M, int N, int K, const float* a, const float* b, float* c, float beta,
+              int ldc = 0);
 
 /* x @ dequantize(w, scales, biases)^T (+ bias) for MLX's affine quantization, 4 or 8 bits
  * (quantized_linear.cpp). */

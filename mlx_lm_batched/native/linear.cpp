@@ -133,8 +133,9 @@ class Linear : public CpuPrimitive {
 
 bool linear_available() { return find_sgemm() != nullptr; }
 
-void sgemm_nt(int M, int N, int K, const float* a, const float* b, float* c, float beta) {
-  find_sgemm()(ROW_MAJOR, NO_TRANS, TRANS, M, N, K, 1.0f, a, K, b, K, beta, c, N);
+void sgemm_nt(int M, int N, int K, const float* a, const float* b, float* c, float beta,
+              int ldc) {
+  find_sgemm()(ROW_MAJOR, NO_TRANS, TRANS, M, N, K, 1.0f, a, K, b, K, beta, c, ldc ? ldc : N);
 }
 
 mx::array linear(const mx::array& x, const mx::array& weight, std::optional<mx::array> bias) {

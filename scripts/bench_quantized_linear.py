@@ -1,0 +1,96 @@
+"""One quantized linear layer on the CPU: our primitive against MLX's op and the float32 layer.
+
+    python scripts/bench_quantized_linear.py [--shapes 1536x576,576x1536,49152x576]
+        [--rows 1,8,16,32,64,128] [--bits 4] [--group 64] [--json out.json]
+
+For each weight shape (N x K: N outputs, K inputs; SmolLM2-135M's MLP and tied LM head by
+default) and each number of input rows: the best time of ``--repeats`` rounds of ``--calls``
+evaluated calls of ``_cpu_prims.quantized_linear`` (MLX affine quantization, float32
+scales), ``mx.quantized_matmul`` on the same packed weight, and ``x @ W.T`` on the
+dequantized float32 weight (MLX's matmul, which goes to the BLAS or our small-row kernel).
+Up to 64 rows the primitive runs its tiled kernel, above that it dequantizes into the BLAS.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import mlx_lm_batched  # noqa: E402,F401  (the BLAS and the kernels load before mlx.core)
+import mlx.core as mx  # noqa: E402
+from mlx_lm_batched import _blas, _cpu_prims  # noqa: E402
+
+
+def best_ms(fn, calls, repeats):
+    for _ in range(2):
+        mx.eval(fn())
+    best = float("inf")
+    for _ in range(repeats):
+        tic = time.perf_counter()
+        for _ in range(calls):
+            mx.eval(fn())
+        best = min(best, (time.perf_counter() - tic) / calls)
+    return best * 1e3
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default="1536x576,576x1536,49152x576")
+    p.add_argument("--rows", default="1,8,16,32,64,128")
+    p.add_argument("--bits", type=int, default=4, choices=(4, 8))
+    p.add_argument("--group", type=int, default=64, choices=(32, 64, 128))
+    p.add_argument("--calls", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--skip-mlx-op", action="store_true",
+                   help="leave out mx.quantized_matmul (slow: about 2 GFLOP/s)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    kernel = _cpu_prims.module()
+    if kernel is None:
+        sys.exit(f"error: the CPU primitives are not available: {_cpu_prims.problem}")
+    from bench_report import machine
+
+    print(f"{machine()}; BLAS: {_blas.describe()}; load average {os.getloadavg()[0]:.2f}")
+    print(f"{args.bits}-bit, group {args.group}; best of {args.repeats} x {args.calls} calls")
+    print(f"{'N x K':>12} {'rows':>5} {'ours ms':>8} {'f32 ms':>8} {'mlx op ms':>9} "
+          f"{'f32/ours':>8} {'op/ours':>8}")
+    results = []
+    for shape in args.shapes.split(","):
+        n, k = (int(v) for v in shape.split("x"))
+        w = mx.random.normal((n, k), key=mx.random.key(0))
+        wq, scales, biases = mx.quantize(w, group_size=args.group, bits=args.bits)
+        dense = mx.dequantize(wq, scales, biases, group_size=args.group, bits=args.bits)
+        mx.eval(wq, scales, biases, dense)
+        for rows in (int(r) for r in args.rows.split(",")):
+            x = mx.random.normal((rows, k), key=mx.random.key(1))
+            mx.eval(x)
+            ours = best_ms(lambda: kernel.quantized_linear(x, wq, scales, biases, None,
+                                                           args.group, args.bits),
+                           args.calls, args.repeats)
+            f32 = best_ms(lambda: x @ dense.T, args.calls, args.repeats)
+            op = None if args.skip_mlx_op else best_ms(
+                lambda: mx.quantized_matmul(x, wq, scales, biases, transpose=True,
+                                            group_size=args.group, bits=args.bits),
+                max(1, args.calls // 5), max(1, args.repeats // 2))
+            results.append({"n": n, "k": k, "rows": rows, "ours_ms": ours, "f32_ms": f32,
+                            "mlx_op_ms": op})
+            op_text = f"{op:9.3f}" if op is not None else f"{'-':>9}"
+            ratio = f"{op / ours:8.2f}" if op is not None else f"{'-':>8}"
+            print(f"{shape:>12} {rows:5d} {ours:8.3f} {f32:8.3f} {op_text} {f32 / ours:8.2f} "
+                  f"{ratio}", flush=True)
+    print(f"load average at end {os.getloadavg()[0]:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "machine": machine(), "blas": _blas.describe(), "bits": args.bits,
+            "group": args.group, "calls": args.calls, "repeats": args.repeats,
+            "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
