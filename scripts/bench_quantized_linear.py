@@ -9,6 +9,8 @@ evaluated calls of ``_cpu_prims.quantized_linear`` (MLX affine quantization, flo
 scales), ``mx.quantized_matmul`` on the same packed weight, and ``x @ W.T`` on the
 dequantized float32 weight (MLX's matmul, which goes to the BLAS or our small-row kernel).
 Up to 64 rows the primitive runs its tiled kernel, above that it dequantizes into the BLAS.
+The JSON also records each case's largest difference from the float32 layer, relative to its
+largest output (float32 rounding: about 1e-6).
 """
 
 import argparse
@@ -77,8 +79,12 @@ def main(argv=None):
                 lambda: mx.quantized_matmul(x, wq, scales, biases, transpose=True,
                                             group_size=args.group, bits=args.bits),
                 max(1, args.calls // 5), max(1, args.repeats // 2))
+            # Same products: ours against the float32 layer on the dequantized weight.
+            want = x @ dense.T
+            got = kernel.quantized_linear(x, wq, scales, biases, None, args.group, args.bits)
+            difference = (mx.abs(got - want).max() / mx.abs(want).max()).item()
             results.append({"n": n, "k": k, "rows": rows, "ours_ms": ours, "f32_ms": f32,
-                            "mlx_op_ms": op})
+                            "mlx_op_ms": op, "max_relative_difference": difference})
             op_text = f"{op:9.3f}" if op is not None else f"{'-':>9}"
             ratio = f"{op / ours:8.2f}" if op is not None else f"{'-':>8}"
             print(f"{shape:>12} {rows:5d} {ours:8.3f} {f32:8.3f} {op_text} {f32 / ours:8.2f} "
