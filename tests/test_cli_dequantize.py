@@ -58,7 +58,10 @@ def test_default_keeps_quantized_when_floats_would_take_over_half_the_memory(mon
     monkeypatch.setattr(kv_budget, "available_memory", lambda: floats - packed)
     model, _, weights = cli_model.load_model(str(smollm2_gguf_path()), args_for())
     assert cli_model.is_quantized(model)
-    assert model.layers[0].mlp.down_proj.bits == 4
+    down = model.layers[0].mlp.down_proj
+    assert down.bits == 4 and down.weight.dtype == mx.uint32
+    # The GGUF's float16 scales and norms become float32 (MLX's float16 CPU ops are slow).
+    assert down.scales.dtype == mx.float32 and model.model.norm.weight.dtype == mx.float32
     assert weights == (f"quantized (default on the CPU: float32 weights would take "
                        f"{floats / 1e9:.1f} GB of {floats / 1e9:.1f} GB available)")
     # Three times the room: dequantized, as before.
@@ -80,5 +83,7 @@ def test_explicit_flags(monkeypatch):
     monkeypatch.setattr(kv_budget, "available_memory", lambda: floats - packed)
     model, _, weights = cli_model.load_model(str(smollm2_gguf_path()), args_for("--dequantize"))
     assert weights == "dequantized" and not cli_model.is_quantized(model)
+    # Kept as stored when asked: the GGUF's float16 scales stay.
     model, _, weights = cli_model.load_model(str(smollm2_gguf_path()), args_for("--no-dequantize"))
     assert weights == "quantized" and cli_model.is_quantized(model)
+    assert model.layers[0].mlp.down_proj.scales.dtype == mx.float16

@@ -24,8 +24,10 @@ def load_model(model_path, args, adapter_path=None):
     """``(model, tokenizer, weights)``; ``weights`` says, for the summary, whether a
     quantized model was dequantized (default on the CPU, where float matmuls are faster
     for batches, while :func:`dequantize_fits`) or kept quantized (default on a GPU, and
-    on the CPU when the floats would not fit). ``adapter_path``: an adapter
-    directory applied to the model (``load``'s argument; not with ``--distributed``)."""
+    on the CPU when the floats would not fit: then its other floats become float32, the
+    CPU primitives' type). The choice never depends on the number of prompts, so a prompt
+    gets the same tokens alone as with others. ``adapter_path``: an adapter directory
+    applied to the model (``load``'s argument; not with ``--distributed``)."""
     import mlx.core as mx
 
     from ..loading.dequantize import dequantize_for_device
@@ -47,6 +49,12 @@ def load_model(model_path, args, adapter_path=None):
         # load(..., dequantize=True)'s floats: float32 on the CPU, whose float16 matmuls
         # skip the BLAS (a GGUF's float16 scales made the default model decode 5x slower).
         dequantize_for_device(model, evaluate=group is None)
+    elif quantized and on_cpu and args.dequantize is None:
+        # Kept packed because the floats would not fit: scales, norms and embeddings in
+        # float32 (half a bit more per weight at 4 bits), as MLX's float16 CPU ops are slow.
+        from ..loading.dequantize import cast_floats
+
+        cast_floats(model, mx.float32, evaluate=group is None)
     if group is not None:  # after dequantizing: the float layers are the ones split
         from ..parallel.load import finish_sharding
 
