@@ -17,7 +17,7 @@ from mlx_lm_batched.cli import model as cli_model
 from mlx_lm_batched.cli.args import CliError, build_parser
 from mlx_lm_batched.demo_models import smollm2_gguf_path
 from mlx_lm_batched.engine import kv_budget
-from mlx_lm_batched.loading.dequantize import dequantize_for_device, dequantized_bytes
+from mlx_lm_batched.loading.dequantize import dequantize_for_device, dequantized_bytes, is_quantized
 
 pytestmark = pytest.mark.skipif(mx.default_device() != mx.cpu,
                                 reason="the default this guards is the CPU's")
@@ -57,7 +57,7 @@ def test_default_keeps_quantized_when_floats_would_take_over_half_the_memory(mon
     # A machine with room for the floats only once over: more than half of it -> quantized.
     monkeypatch.setattr(kv_budget, "available_memory", lambda: floats - packed)
     model, _, weights = cli_model.load_model(str(smollm2_gguf_path()), args_for())
-    assert cli_model.is_quantized(model)
+    assert is_quantized(model)
     down = model.layers[0].mlp.down_proj
     assert down.bits == 4 and down.weight.dtype == mx.uint32
     # The GGUF's float16 scales and norms become float32 (MLX's float16 CPU ops are slow).
@@ -67,7 +67,7 @@ def test_default_keeps_quantized_when_floats_would_take_over_half_the_memory(mon
     # Three times the room: dequantized, as before.
     monkeypatch.setattr(kv_budget, "available_memory", lambda: 3 * floats)
     model, _, weights = cli_model.load_model(str(smollm2_gguf_path()), args_for())
-    assert not cli_model.is_quantized(model)
+    assert not is_quantized(model)
     assert model.layers[0].mlp.down_proj.weight.dtype == mx.float32
     assert weights == "dequantized (default on the CPU)"
 
@@ -82,8 +82,8 @@ def test_explicit_flags(monkeypatch):
     # Asked for, over half but within what is there: done as asked.
     monkeypatch.setattr(kv_budget, "available_memory", lambda: floats - packed)
     model, _, weights = cli_model.load_model(str(smollm2_gguf_path()), args_for("--dequantize"))
-    assert weights == "dequantized" and not cli_model.is_quantized(model)
+    assert weights == "dequantized" and not is_quantized(model)
     # Kept as stored when asked: the GGUF's float16 scales stay.
     model, _, weights = cli_model.load_model(str(smollm2_gguf_path()), args_for("--no-dequantize"))
-    assert weights == "quantized" and cli_model.is_quantized(model)
+    assert weights == "quantized" and is_quantized(model)
     assert model.layers[0].mlp.down_proj.scales.dtype == mx.float16

@@ -13,24 +13,16 @@ CPU_CHUNK_WORK = 256 * 135e6
 MIN_CPU_CHUNK = 16
 
 
-def is_quantized(model):
-    import mlx.nn as nn
-
-    return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) or hasattr(m, "dequantized")
-               for _, m in model.named_modules())
-
-
 def load_model(model_path, args, adapter_path=None):
     """``(model, tokenizer, weights)``; ``weights`` says, for the summary, whether a
-    quantized model was dequantized (default on the CPU, where float matmuls are faster
-    for batches, while :func:`dequantize_fits`) or kept quantized (default on a GPU, and
-    on the CPU when the floats would not fit: then its other floats become float32, the
-    CPU primitives' type). The choice never depends on the number of prompts, so a prompt
-    gets the same tokens alone as with others. ``adapter_path``: an adapter directory
-    applied to the model (``load``'s argument; not with ``--distributed``)."""
-    import mlx.core as mx
-
-    from ..loading.dequantize import dequantize_for_device
+    quantized model was dequantized (default on the CPU while the float32 weights fit)
+    or kept quantized (default on a GPU, and on the CPU when the floats would not fit):
+    ``loading.dequantize.weights_for_device``. The choice never depends on the number of
+    prompts, so a prompt gets the same tokens alone as with others. ``adapter_path``: an
+    adapter directory applied to the model (``load``'s argument; not with
+    ``--distributed``)."""
+    from ..engine import kv_budget
+    from ..loading.dequantize import weights_for_device
     from ..loading.load import load
 
     group = getattr(args, "group", None)
@@ -39,64 +31,17 @@ def load_model(model_path, args, adapter_path=None):
                        "adapter first (python -m mlx_lm_batched.fuse)")
     model, tokenizer = load(model_path, trust_remote_code=args.trust_remote_code,
                             lazy=group is not None, adapter_path=adapter_path)
-    quantized = is_quantized(model)
-    on_cpu = mx.default_device() == mx.cpu
-    dequantize = args.dequantize if args.dequantize is not None else on_cpu
-    why_not = ""
-    if quantized and dequantize and on_cpu:
-        dequantize, why_not = dequantize_fits(model, args, group)
-    if quantized and dequantize:
-        # load(..., dequantize=True)'s floats: float32 on the CPU, whose float16 matmuls
-        # skip the BLAS (a GGUF's float16 scales made the default model decode 5x slower).
-        dequantize_for_device(model, evaluate=group is None)
-    elif quantized and on_cpu and args.dequantize is None:
-        # Kept packed because the floats would not fit: scales, norms and embeddings in
-        # float32 (half a bit more per weight at 4 bits), as MLX's float16 CPU ops are slow.
-        from ..loading.dequantize import cast_floats
-
-        cast_floats(model, mx.float32, evaluate=group is None)
+    try:
+        weights = weights_for_device(model, args.dequantize, kv_budget.available_memory(),
+                                     shards=group.size() if group is not None else 1,
+                                     evaluate=group is None)
+    except ValueError as e:
+        raise CliError(one_line(e)) from None
     if group is not None:  # after dequantizing: the float layers are the ones split
         from ..parallel.load import finish_sharding
 
         finish_sharding(model, group, getattr(args, "distributed", "auto"))
-    weights = "float" if not quantized else "dequantized" if dequantize else "quantized"
-    if quantized and args.dequantize is None:
-        weights += " (default on " + ("the CPU" if on_cpu else "a GPU") + why_not + ")"
     return model, tokenizer, weights
-
-
-# The CLI's default dequantizes on the CPU only while the float32 weights take at most this
-# share of the memory available: the rest is for the KV cache and activations, and a 7B
-# 4-bit model (about 4 GB) needs 30 GB as float32, which would get the process killed.
-DEQUANTIZE_MEMORY_SHARE = 0.5
-
-
-def dequantize_fits(model, args, group=None):
-    """``(True, "")`` when the float32 form of quantized ``model`` fits this machine for the
-    CLI's CPU default; ``(False, reason)`` when it would take more than
-    :data:`DEQUANTIZE_MEMORY_SHARE` of the available memory (the model stays quantized).
-    An explicit ``--dequantize`` that cannot fit at all is a :class:`CliError`."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
-    from ..engine.kv_budget import available_memory
-    from ..loading.dequantize import dequantized_bytes
-
-    have = available_memory()
-    if have is None:
-        return True, ""
-    need = dequantized_bytes(model, mx.float32)
-    if group is not None:  # lazily loaded: each rank will hold its shard of the floats
-        need //= group.size()
-    else:  # dequantizing frees the packed weights, which the available memory excludes
-        have += sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-    if args.dequantize and need > have:
-        raise CliError(f"--dequantize: the float32 weights need {need / 1e9:.1f} GB and "
-                       f"{have / 1e9:.1f} GB is available; run without it (kept quantized)")
-    if args.dequantize is None and need > DEQUANTIZE_MEMORY_SHARE * have:
-        return False, (f": float32 weights would take {need / 1e9:.1f} GB of "
-                       f"{have / 1e9:.1f} GB available")
-    return True, ""
 
 
 def join_group(args):
