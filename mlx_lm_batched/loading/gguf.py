@@ -8,10 +8,11 @@ The file is parsed by a small reader of our own instead of ``gguf.GGUFReader``, 
 builds a numpy view per array element and takes ~20 s on Gemma's 262k-token vocabulary
 (ours: well under a second). ``gguf.quants.dequantize`` still decodes the K-quants.
 
-Q4_0 / Q4_1 / Q8_0 blocks (32 weights sharing one f16 scale, plus an f16 min for Q4_1)
-are exactly MLX's affine format with ``group_size=32``, so they are repacked, not
-dequantized: the triples equal what ``mx.load`` produces for these types, and unlike
-``mx.load`` this also works on files that contain K-quants.
+Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 and the Q4_K / Q5_K super-blocks are exactly MLX's affine
+format with ``group_size=32`` (``gguf_blocks.py``), so they are repacked, not dequantized: for
+Q4_0 / Q4_1 / Q8_0 the triples equal what ``mx.load`` produces, and unlike ``mx.load`` (which
+turns every other type into float16) a Q4_K_M file stays about 6 bits a weight instead of
+becoming float. Q6_K (groups of 16, which MLX lacks) is dequantized to float32.
 """
 
 import mmap
@@ -21,14 +22,15 @@ import struct
 import mlx.core as mx
 import numpy as np
 
+from .gguf_blocks import AFFINE_TYPES, GROUP_SIZE, to_float32, to_mlx_affine
+
 SUPPORTED_ARCHITECTURES = ("llama", "gemma3")
-GROUP_SIZE = 32
 
 _SCALAR_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
                10: "<Q", 11: "<q", 12: "<d"}
 _ARRAY_DTYPE = {0: "u1", 1: "i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?",
                 10: "<u8", 11: "<i8", 12: "<f8"}
-_F32, _F16, _Q4_0, _Q4_1, _Q8_0, _BF16 = 0, 1, 2, 3, 8, 30  # ggml type ids
+_F32, _F16, _BF16 = 0, 1, 30  # ggml type ids
 
 # GGUF block-tensor name -> HF module name (inside ``model.layers.{i}``).
 _LAYER_COMMON = {
@@ -120,33 +122,6 @@ def gguf_architecture(path, metadata=None):
     return arch
 
 
-def _blocks(ttype, shape, raw):
-    """Q4_0/Q4_1/Q8_0 as (q, d, m) with w = d * q + m per block of 32: q uint8 per element in
-    order, d and m f16 of shape (..., n_blocks, 1). The signed types become unsigned by an
-    offset folded into m, which is how MLX's affine format stores them."""
-    blocks = raw.reshape(*shape[:-1], shape[-1] // GROUP_SIZE, -1)
-    f16 = lambda a: np.ascontiguousarray(a).view(np.float16)  # noqa: E731
-    d = f16(blocks[..., :2])
-    if ttype == _Q8_0:  # w = d * int8  ->  q = int8 + 128 (the byte ^ 0x80), m = -128 d
-        return blocks[..., 2:] ^ np.uint8(0x80), d, (d.astype(np.float32) * -128).astype(np.float16)
-    if ttype == _Q4_0:  # w = d * (nibble - 8)
-        qs, m = blocks[..., 2:], (d.astype(np.float32) * -8).astype(np.float16)
-    else:  # Q4_1: w = d * nibble + m
-        qs, m = blocks[..., 4:], f16(blocks[..., 2:4])
-    # ggml keeps element j in the low nibble of byte j and element j + 16 in its high nibble.
-    return np.concatenate([qs & 15, qs >> 4], axis=-1), d, m
-
-
-def _affine(ttype, shape, raw):
-    """MLX affine triple (weight uint32, scales, biases) and bits, from Q4_0/Q4_1/Q8_0."""
-    q, d, m = _blocks(ttype, shape, raw)
-    if ttype != _Q8_0:  # MLX packs consecutive elements: 2i in the low nibble of byte i
-        q = q[..., 0::2] | (q[..., 1::2] << 4)
-    rows = shape[:-1]
-    packed = np.ascontiguousarray(q).reshape(*rows, -1).view(np.uint32)
-    return packed, d.reshape(*rows, -1), m.reshape(*rows, -1), 8 if ttype == _Q8_0 else 4
-
-
 def _to_float(ttype, shape, raw):
     """A tensor as an array: F32/F16 as stored, BF16 via mx, quantized ones float32."""
     if ttype == _F32:
@@ -155,18 +130,10 @@ def _to_float(ttype, shape, raw):
         return raw.view(np.float16).reshape(shape)
     if ttype == _BF16:
         return mx.array(raw.view(np.uint16).reshape(shape)).view(mx.bfloat16)
-    if ttype in (_Q4_0, _Q4_1, _Q8_0):
-        # d * (q - offset) [+ m] in float32: bit-identical to gguf's reference dequantizer,
-        # which is ~10x slower (Gemma's Q8_0 embedding alone takes it 10 s).
-        if ttype == _Q8_0:
-            blocks = raw.reshape(*shape[:-1], shape[-1] // GROUP_SIZE, -1)
-            d = np.ascontiguousarray(blocks[..., :2]).view(np.float16).astype(np.float32)
-            return (d * blocks[..., 2:].view(np.int8)).reshape(shape)
-        q, d, m = _blocks(ttype, shape, raw)
-        d = d.astype(np.float32)
-        if ttype == _Q4_1:
-            return (d * q + m.astype(np.float32)).reshape(shape)
-        return (d * (q.astype(np.int8) - np.int8(8))).reshape(shape)
+    if ttype in AFFINE_TYPES:
+        # scale * q + bias in float32: bit-identical to gguf's reference dequantizer, which
+        # is ~10x slower (Gemma's Q8_0 embedding alone takes it 10 s).
+        return to_float32(ttype, shape, raw)
     from gguf import GGMLQuantizationType, quants
 
     return quants.dequantize(raw.reshape(*shape[:-1], -1), GGMLQuantizationType(ttype)).reshape(shape)
@@ -278,9 +245,10 @@ def read_gguf(path, dtype=None):
     ``weights`` maps HF names (``model.layers.0.self_attn.q_proj.weight``, ...) to mx
     arrays; ``lm_head.weight`` only when the file has an untied ``output.weight``.
     llama.cpp's conversions are undone: the llama q/k row permutation and Gemma's
-    ``norm + 1``. With ``dtype=None``, Q4_0/Q4_1/Q8_0 tensors stay quantized as MLX
-    affine triples (``.weight`` uint32, ``.scales``/``.biases`` f16, group size 32), F16/
-    BF16/F32 keep their dtype and other quantizations (K-quants, Q5_*) become float32;
+    ``norm + 1``. With ``dtype=None``, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K tensors stay
+    quantized as MLX affine triples (``.weight`` uint32, ``.scales``/``.biases`` f16, or
+    float32 for the K-quants; group size 32; 4, 5 or 8 bits), F16/BF16/F32 keep their dtype
+    and other quantizations (Q2_K, Q3_K, Q6_K) become float32;
     ``config["quantization"]`` (and ``quantization_config``) then gives the default bits
     plus per-module overrides. With a ``dtype``, everything is dequantized to it.
     ``config`` is a transformers config.json dict; ``metadata`` the raw GGUF key/values.
@@ -301,15 +269,15 @@ def read_gguf(path, dtype=None):
             n_head = kv_heads
         # Gemma is converted without the permutation (llama.cpp uses NEOX rope for it).
         fix = (lambda a: _unpermute(a, n_head)) if n_head else (lambda a: a)
-        if dtype is None and ttype in (_Q4_0, _Q4_1, _Q8_0) and len(shape) == 2:
-            w, s, b, nbits = _affine(ttype, shape, raw)
+        if dtype is None and ttype in AFFINE_TYPES and len(shape) == 2:
+            w, s, b, nbits = to_mlx_affine(ttype, shape, raw)
             module = name[: -len(".weight")]
             weights.update({name: mx.array(fix(w)), f"{module}.scales": mx.array(fix(s)),
                             f"{module}.biases": mx.array(fix(b))})
             bits[module] = nbits
             continue
-        # With a dtype, Q4_0/Q4_1/Q8_0 are dequantized in numpy with ggml's own arithmetic
-        # (d * q in float32, as llama.cpp and transformers do): bit-identical to them and
+        # With a dtype, the affine types are dequantized in numpy with ggml's own arithmetic
+        # (d * q - m in float32, as llama.cpp and transformers do): bit-identical to them and
         # several times faster than mx.dequantize on the CPU backend.
         value = fix(_to_float(ttype, shape, raw))
         if isinstance(value, np.ndarray):
