@@ -48,6 +48,8 @@ NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
 SOURCES = [os.path.join(NATIVE, name)
            for name in ("cpu_prims.cpp", "decode_attention.cpp", "norm_rope.cpp", "linear.cpp",
                         "swiglu.cpp", "quantized_linear.cpp")]
+# Widths of MLX affine weights the quantized linear primitive unpacks: all of MLX's.
+QUANTIZED_BITS = (1, 2, 3, 4, 5, 6, 8)
 HEADERS = [os.path.join(NATIVE, name) for name in ("cpu_prims.h", "lanes.h", "exp_lanes.h")]
 # -ffp-contract=off: no fused multiply-adds the source does not write (g++ fuses them in
 # C++ even with -std=c++20), so the exp and SiLU formulas round as cpu_ops' MLX ops do
@@ -140,7 +142,7 @@ def _check(module):
     if not mx.allclose(module.swiglu(gate, x), gate * mx.sigmoid(gate) * x,
                        rtol=1e-5, atol=1e-6).item():
         raise OSError("the SwiGLU primitive disagrees with MLX's ops")
-    for bits in (4, 8):
+    for bits in QUANTIZED_BITS:
         wq, scales, biases = mx.quantize(mx.random.normal((24, 64), key=mx.random.key(5)),
                                          group_size=32, bits=bits)
         # 6 rows (the tiled kernel) and 72 (the dequantized prefill path).
@@ -248,10 +250,10 @@ def linear(x, weight, bias=None):
 
 def quantized_linear(x, weight, scales, biases, bias, group_size, bits):
     """``mx.quantized_matmul(x, weight, scales, biases, transpose=True)`` (+ ``bias``)
-    for affine 4- or 8-bit weights as one primitive on the CPU for a float32, float16 or
+    for affine weights of :data:`QUANTIZED_BITS` as one primitive on the CPU for a float32, float16 or
     bfloat16 ``x`` (computed in float32: to float32 rounding, not MLX's bits); None where
     it does not serve."""
-    if (x.dtype not in _FLOATS or mx.default_device() != mx.cpu or bits not in (4, 8)
+    if (x.dtype not in _FLOATS or mx.default_device() != mx.cpu or bits not in QUANTIZED_BITS
             or group_size not in (32, 64, 128) or biases is None
             or weight.dtype != mx.uint32 or weight.ndim != 2
             or (bias is not None and bias.dtype not in _FLOATS) or module() is None):

@@ -44,7 +44,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="1536x576,576x1536,49152x576")
     p.add_argument("--rows", default="1,8,16,32,64,128")
-    p.add_argument("--bits", type=int, default=4, choices=(4, 8))
+    p.add_argument("--bits", type=int, default=4, choices=_cpu_prims.QUANTIZED_BITS)
     p.add_argument("--group", type=int, default=64, choices=(32, 64, 128))
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--repeats", type=int, default=5)

@@ -27,7 +27,7 @@ def assert_close(got, want):
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=0, atol=2e-6 * scale * 8)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 6, 8])  # every width MLX has
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("rows", [1, 7, 32, 40])  # the tiled kernel (<= 64 rows) and prefill
 def test_matches_mlx_quantized_matmul(kernel, bits, group, rows):
@@ -76,7 +76,7 @@ def test_a_view_of_a_packed_weight_is_read_as_its_rows(kernel):
     assert_close(got, mlx_reference(x, wq, scales, biases, 64, 4)[:, half])
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [3, 4, 5, 8])
 def test_a_row_gets_the_same_bits_alone_and_in_a_batch(kernel, bits):
     wq, scales, biases = mx.quantize(random((96, 192), 6), group_size=64, bits=bits)
     x = random((64, 1, 192), 7)
@@ -102,8 +102,8 @@ def test_a_weight_of_many_blocks_in_the_prefill_path(kernel):
 def test_bad_arguments_get_one_clear_error(kernel):
     wq, scales, biases = mx.quantize(random((8, 64), 8), group_size=64, bits=4)
     x = random((2, 64), 9)
-    with pytest.raises(ValueError, match="4 or 8 bits"):
-        kernel.quantized_linear(x, wq, scales, biases, None, 64, 3)
+    with pytest.raises(ValueError, match="1, 2, 3, 4, 5, 6 or 8 bits"):
+        kernel.quantized_linear(x, wq, scales, biases, None, 64, 7)
     with pytest.raises(ValueError, match="a float32, float16 or bfloat16 input"):
         kernel.quantized_linear(x.astype(mx.int32), wq, scales, biases, None, 64, 4)
     with pytest.raises(ValueError, match=r"scales and biases of shape \(N, K / group\)"):

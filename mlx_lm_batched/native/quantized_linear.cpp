@@ -5,7 +5,7 @@
  * of rows: a decode step of a 4-bit SmolLM2-135M took longer than the float32 model's,
  * which streams 6x the bytes, and prefill ran at single-digit tokens/s. Here, for MLX's
  * "affine" quantization (w = scale * q + bias per group of `group` weights along K, q
- * packed little end first into uint32 words, 4 or 8 bits):
+ * packed little end first into uint32 words, 1, 2, 3, 4, 5, 6 or 8 bits):
  *
  * - up to SMALL_ROWS rows (decode steps), each thread unpacks its weight rows once and
  *   multiplies every input row with them, a tile of rows and weight rows at a time:
@@ -58,30 +58,44 @@ inline float reduce_lanes(float* lanes) {
 }
 
 /* The K integer values of one packed weight row, as floats, read byte by byte (the
- * words are little-endian: element i of a 4-bit row is byte i / 2's low nibble for even
- * i, its high nibble for odd i), so the compiler makes each step one vector of 16 bytes.
- * 4-bit values come out block-permuted: each block of 32 elements as its 16 even then
- * its 16 odd elements (`permute_blocks` puts x in the same order). */
+ * words are a little-endian bit stream: element i takes bits [i * BITS, (i + 1) * BITS)).
+ * 8 and 4 bits make each step one vector of 16 bytes: 4-bit values come out
+ * block-permuted, each block of 32 elements as its 16 even then its 16 odd elements (byte
+ * i's low nibble is element 2i; `permute_blocks` puts x in the same order). The other
+ * widths (GGUF's Q5 types, mlx-lm's 2-, 3- and 6-bit recipe layers, 1 bit) come in element
+ * order, every 8 values from BITS bytes. */
 template <int BITS>
 inline void unpack_bits(const uint8_t* __restrict bytes, int K, float* __restrict q) {
   if constexpr (BITS == 8) {
     for (int k = 0; k < K; k++) q[k] = static_cast<float>(bytes[k]);
-  } else {
+  } else if constexpr (BITS == 4) {
     for (int b = 0; b < K / 32; b++) {
       const uint8_t* by = bytes + 16 * b;
       float* qb = q + 32 * b;
       for (int j = 0; j < 16; j++) qb[j] = static_cast<float>(by[j] & 15);
       for (int j = 0; j < 16; j++) qb[16 + j] = static_cast<float>(by[j] >> 4);
     }
+  } else {
+    constexpr uint64_t mask = (uint64_t{1} << BITS) - 1;
+    for (int o = 0; o < K / 8; o++) {
+      uint64_t v = 0;
+      for (int b = 0; b < BITS; b++) v |= static_cast<uint64_t>(bytes[BITS * o + b]) << (8 * b);
+      for (int j = 0; j < 8; j++) q[8 * o + j] = static_cast<float>((v >> (BITS * j)) & mask);
+    }
   }
 }
 
 inline void unpack_row(const uint32_t* words, int bits, int K, float* q) {
   const auto* bytes = reinterpret_cast<const uint8_t*>(words);
-  if (bits == 4)
-    unpack_bits<4>(bytes, K, q);
-  else
-    unpack_bits<8>(bytes, K, q);
+  switch (bits) {
+    case 1: unpack_bits<1>(bytes, K, q); break;
+    case 2: unpack_bits<2>(bytes, K, q); break;
+    case 3: unpack_bits<3>(bytes, K, q); break;
+    case 4: unpack_bits<4>(bytes, K, q); break;
+    case 5: unpack_bits<5>(bytes, K, q); break;
+    case 6: unpack_bits<6>(bytes, K, q); break;
+    default: unpack_bits<8>(bytes, K, q);
+  }
 }
 
 /* Rows of x in 4-bit weights' element order (see unpack_bits). */
@@ -361,7 +375,8 @@ bool float_dtype(mx::Dtype t) {
 mx::array quantized_linear(const mx::array& x, const mx::array& w, const mx::array& scales,
                            const mx::array& biases, std::optional<mx::array> bias,
                            int group_size, int bits) {
-  if (bits != 4 && bits != 8) throw std::invalid_argument("quantized_linear: 4 or 8 bits");
+  if (bits < 1 || bits > 8 || bits == 7)
+    throw std::invalid_argument("quantized_linear: 1, 2, 3, 4, 5, 6 or 8 bits");
   if (group_size != 32 && group_size != 64 && group_size != 128)
     throw std::invalid_argument("quantized_linear: group size 32, 64 or 128");
   if (x.ndim() < 1 || !float_dtype(x.dtype()))
