@@ -126,16 +126,15 @@ struct Problem {
  * bits are those of the lane-by-lane loop (no contraction: -ffp-contract=off). */
 typedef float v16 __attribute__((vector_size(LANES * sizeof(float)), aligned(4)));
 
-inline v16 load16(const float* p) {
-  v16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
+/* One vector instruction (not memcpy, which GCC may split into two 32-byte moves through
+ * the stack: a failed store-to-load forward per load; see lanes.h). */
+typedef float v16_unaligned __attribute__((vector_size(LANES * sizeof(float)), aligned(4), may_alias));
+inline v16 load16(const float* p) { return *reinterpret_cast<const v16_unaligned*>(p); }
 
 /* reduce_lanes of a vector. */
 inline float reduce16(v16 v) {
   float lanes[LANES];
-  std::memcpy(lanes, &v, sizeof lanes);
+  for (int j = 0; j < LANES; j++) lanes[j] = v[j];
   return reduce_lanes(lanes);
 }
 
