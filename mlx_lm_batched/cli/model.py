@@ -21,27 +21,18 @@ def load_model(model_path, args, adapter_path=None):
     prompts, so a prompt gets the same tokens alone as with others. ``adapter_path``: an
     adapter directory applied to the model (``load``'s argument; not with
     ``--distributed``)."""
-    from ..engine import kv_budget
-    from ..loading.dequantize import weights_for_device
-    from ..loading.load import load
+    from ..parallel.load import load_for_device
 
     group = getattr(args, "group", None)
     if adapter_path and group is not None:
         raise CliError("--adapter-path cannot be combined with --distributed yet: fuse the "
                        "adapter first (python -m mlx_lm_batched.fuse)")
-    model, tokenizer = load(model_path, trust_remote_code=args.trust_remote_code,
-                            lazy=group is not None, adapter_path=adapter_path)
     try:
-        weights = weights_for_device(model, args.dequantize, kv_budget.available_memory(),
-                                     shards=group.size() if group is not None else 1,
-                                     evaluate=group is None)
+        return load_for_device(model_path, args.dequantize, group,
+                               getattr(args, "distributed", "auto"),
+                               trust_remote_code=args.trust_remote_code, adapter_path=adapter_path)
     except ValueError as e:
         raise CliError(one_line(e)) from None
-    if group is not None:  # after dequantizing: the float layers are the ones split
-        from ..parallel.load import finish_sharding
-
-        finish_sharding(model, group, getattr(args, "distributed", "auto"))
-    return model, tokenizer, weights
 
 
 def join_group(args):

@@ -49,3 +49,25 @@ def sharded_load(repo, pipeline_group=None, tensor_group=None, return_config=Fal
     else:  # a pipeline group of one rank: the whole model here
         mx.eval(model.parameters())
     return (model, tokenizer, config) if return_config else (model, tokenizer)
+
+
+def load_for_device(path, dequantize, group=None, mode="auto", **load_kwargs):
+    """The model the CLI and the server run: ``(model, tokenizer, weights)``.
+
+    Loads ``path`` (lazily under ``group``), puts its weights in the form
+    ``loading.dequantize.weights_for_device`` picks for ``dequantize`` (True, False, or
+    None for the device's default) against the memory available now, then, under
+    ``group``, shards it (``mode``: ``finish_sharding``'s) after dequantizing, so the float
+    layers are the ones split. ``weights``: the summary's words for that form.
+    ``load_kwargs`` go to :func:`~mlx_lm_batched.loading.load.load`. Raises ValueError
+    (one line) for an asked dequantizing that cannot fit."""
+    from ..engine.kv_budget import available_memory
+    from ..loading.dequantize import weights_for_device
+
+    model, tokenizer = load(path, lazy=group is not None, **load_kwargs)
+    weights = weights_for_device(model, dequantize, available_memory(),
+                                 shards=group.size() if group is not None else 1,
+                                 evaluate=group is None)
+    if group is not None:
+        finish_sharding(model, group, mode)
+    return model, tokenizer, weights

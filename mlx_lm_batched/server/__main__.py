@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 
-from .. import load
 from .app import ServerConfig, create_app
 from .engine import Engine, EngineConfig
 from ..tool_parsers import FAMILIES
@@ -138,22 +137,13 @@ def _group(args, parser):
 
 def _load(path, group, dequantize, parser):
     """The model (this rank's shard when ``group`` is given), its tokenizer, and the words
-    for its weights' form (``--dequantize``: ``loading.dequantize.weights_for_device``)."""
-    from ..engine.kv_budget import available_memory
-    from ..loading.dequantize import weights_for_device
+    for its weights' form (``--dequantize``: ``parallel.load.load_for_device``)."""
+    from ..parallel.load import load_for_device
 
-    model, tokenizer = load(path, lazy=group is not None)
     try:
-        weights = weights_for_device(model, dequantize, available_memory(),
-                                     shards=group.size() if group is not None else 1,
-                                     evaluate=group is None)
+        return load_for_device(path, dequantize, group, "tensor")
     except ValueError as e:
         parser.error(str(e))
-    if group is not None:  # after dequantizing: the float layers are the ones split
-        from ..parallel.load import finish_sharding
-
-        finish_sharding(model, group)
-    return model, tokenizer, weights
 
 
 def main(argv=None):
