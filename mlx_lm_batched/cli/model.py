@@ -21,6 +21,7 @@ def load_model(model_path, args, adapter_path=None):
     prompts, so a prompt gets the same tokens alone as with others. ``adapter_path``: an
     adapter directory applied to the model (``load``'s argument; not with
     ``--distributed``)."""
+    from ..loading.dequantize import DequantizeDoesNotFit
     from ..parallel.load import load_for_device
 
     group = getattr(args, "group", None)
@@ -31,7 +32,7 @@ def load_model(model_path, args, adapter_path=None):
         return load_for_device(model_path, args.dequantize, group,
                                getattr(args, "distributed", "auto"),
                                trust_remote_code=args.trust_remote_code, adapter_path=adapter_path)
-    except ValueError as e:
+    except DequantizeDoesNotFit as e:  # load's own errors keep the "loading the model" stage
         raise CliError(one_line(e)) from None
 
 

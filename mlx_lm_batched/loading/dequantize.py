@@ -41,6 +41,10 @@ def dequantize_for_device(model, dtype=None, evaluate=True):
 DEQUANTIZE_MEMORY_SHARE = 0.5
 
 
+class DequantizeDoesNotFit(ValueError):
+    """An asked ``--dequantize`` whose float32 weights cannot fit in the memory available."""
+
+
 def is_quantized(model):
     """Whether any layer of ``model`` holds packed weights (Linear, Embedding, MoE)."""
     return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) or hasattr(m, "dequantized")
@@ -57,7 +61,8 @@ def weights_for_device(model, dequantize, available, shards=1, evaluate=True):
     else kept quantized with the other floats in float32; on a GPU, as stored. ``shards``:
     ranks the weights will be split over (a lazily loaded model). Returns the summary's
     words ("float", "dequantized", "quantized (default on the CPU: ...)"); raises
-    ValueError, one line, for an asked dequantizing that cannot fit."""
+    :class:`DequantizeDoesNotFit` (a ValueError, one line) for an asked dequantizing that
+    cannot fit."""
     if not is_quantized(model):
         return "float"
     on_cpu = mx.default_device() == mx.cpu
@@ -70,7 +75,7 @@ def weights_for_device(model, dequantize, available, shards=1, evaluate=True):
         if shards == 1:  # dequantizing frees the packed weights, already held
             available += sum(v.nbytes for _, v in tree_flatten(model.parameters()))
         if dequantize and need > available:
-            raise ValueError(f"--dequantize: the float32 weights need {need / 1e9:.1f} GB and "
+            raise DequantizeDoesNotFit(f"--dequantize: the float32 weights need {need / 1e9:.1f} GB and "
                              f"{available / 1e9:.1f} GB is available; run without it "
                              f"(kept quantized)")
         if dequantize is None and need > DEQUANTIZE_MEMORY_SHARE * available:

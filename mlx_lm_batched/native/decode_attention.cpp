@@ -47,7 +47,7 @@ inline float exp_and_sum(float* x, int n, float shift) {
   int i = 0;
   for (; i + VW <= n; i += VW) {
     vf e = exp_lanes(load(x + i) - shift);
-    store(x + i, e);
+    store_vector(x + i, e);
     lanes += e;
   }
   if (i < n) {
@@ -156,7 +156,7 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
       vf acc[VW];
       for (int i = 0; i < VW; i++) acc[i] = dot_lanes(qs + h * D, rows[i]);
       vf sums = hsum16(acc);
-      store(scores + h * n + c, sums);
+      store_vector(scores + h * n + c, sums);
     }
   }
   for (; c < n; c++) {

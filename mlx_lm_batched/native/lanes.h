@@ -18,7 +18,7 @@ typedef float vf_unaligned __attribute__((vector_size(VW * 4), aligned(4), may_a
 static inline vf load(const float *p) { return *(const vf_unaligned *)p; }
 /* The matching store, one instruction too (memcpy made two 32-byte stores: no stall, as
  * nothing reloads them at once, but two instructions). */
-static inline void store(float *p, vf v) { *(vf_unaligned *)p = v; }
+static inline void store_vector(float *p, vf v) { *(vf_unaligned *)p = v; }
 static inline vf load_tail(const float *p, int n) {
   vf v = {0};
   for (int i = 0; i < n; i++) v[i] = p[i];

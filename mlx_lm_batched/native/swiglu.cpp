@@ -27,7 +27,7 @@ void swiglu_span(const float* gate, const float* up, float* out, size_t n) {
   for (; i + VW <= n; i += VW) {
     const vf g = load(gate + i);
     const vf r = g / (1.0f + exp_lanes(-g)) * load(up + i);
-    store(out + i, r);
+    store_vector(out + i, r);
   }
   if (i < n) {
     const int rest = static_cast<int>(n - i);

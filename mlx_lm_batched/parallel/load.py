@@ -59,8 +59,9 @@ def load_for_device(path, dequantize, group=None, mode="auto", **load_kwargs):
     None for the device's default) against the memory available now, then, under
     ``group``, shards it (``mode``: ``finish_sharding``'s) after dequantizing, so the float
     layers are the ones split. ``weights``: the summary's words for that form.
-    ``load_kwargs`` go to :func:`~mlx_lm_batched.loading.load.load`. Raises ValueError
-    (one line) for an asked dequantizing that cannot fit."""
+    ``load_kwargs`` go to :func:`~mlx_lm_batched.loading.load.load`, whose errors pass
+    through; an asked dequantizing that cannot fit raises
+    ``loading.dequantize.DequantizeDoesNotFit`` (one line)."""
     from ..engine.kv_budget import available_memory
     from ..loading.dequantize import weights_for_device
 

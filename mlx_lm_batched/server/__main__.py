@@ -138,11 +138,12 @@ def _group(args, parser):
 def _load(path, group, dequantize, parser):
     """The model (this rank's shard when ``group`` is given), its tokenizer, and the words
     for its weights' form (``--dequantize``: ``parallel.load.load_for_device``)."""
+    from ..loading.dequantize import DequantizeDoesNotFit
     from ..parallel.load import load_for_device
 
     try:
         return load_for_device(path, dequantize, group, "tensor")
-    except ValueError as e:
+    except DequantizeDoesNotFit as e:
         parser.error(str(e))
 
 
