@@ -39,6 +39,7 @@ from mlx_lm_batched.sched.generator import BatchGenerator
 from mlx_lm_batched.utils import load, sharded_load
 
 ATOL = 1e-4
+SCALE_TOL = 1e-5  # of a row's largest logit (see compare)
 # 4-bit weights: the split sums of larger dequantized products round differently (measured:
 # 1 logit in 600k off by 1.3e-4 on SmolLM2), still far below any token change.
 ATOL_QUICK = 5e-4
@@ -94,7 +95,10 @@ def run_all(model, vocab, join=True, ring=False):
 
 def compare(ours, oracle, atol=ATOL):
     for i, (a, b) in enumerate(zip(ours[0], oracle[0])):
-        np.testing.assert_allclose(a, b, atol=atol, rtol=ATOL, err_msg=f"row {i} logits")
+        # Float32 rounding of the reordered sums grows with the logits' scale: Gemma 3's reach
+        # 23, and its tensor-parallel logits differed by up to 1.6e-4 with MKL (7e-6 of that).
+        row_atol = max(atol, SCALE_TOL * float(np.abs(b).max()))
+        np.testing.assert_allclose(a, b, atol=row_atol, rtol=ATOL, err_msg=f"row {i} logits")
     assert ours[1] == oracle[1], f"greedy tokens differ: {ours[1]} vs {oracle[1]}"
     assert ours[3] == oracle[3], f"greedy tokens on rotating caches differ: {ours[3]} vs {oracle[3]}"
     ring = ["greedy tokens, rotating caches"] if oracle[3] is not None else []
