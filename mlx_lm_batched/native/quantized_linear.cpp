@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cpu_prims.h"
+#include "lanes.h"
 
 namespace mlxlmb {
 
@@ -121,22 +122,11 @@ struct Problem {
   float* out;            // (M, N)
 };
 
-/* 16 float lanes (a GCC/Clang vector: one AVX-512 register, two AVX2 or four NEON ones).
- * Lane j of every vector operation below is the scalar operation it replaces, so the
- * bits are those of the lane-by-lane loop (no contraction: -ffp-contract=off). */
-typedef float v16 __attribute__((vector_size(LANES * sizeof(float)), aligned(4)));
-
-/* One vector instruction (not memcpy, which GCC may split into two 32-byte moves through
- * the stack: a failed store-to-load forward per load; see lanes.h). */
-typedef float v16_unaligned __attribute__((vector_size(LANES * sizeof(float)), aligned(4), may_alias));
-inline v16 load16(const float* p) { return *reinterpret_cast<const v16_unaligned*>(p); }
-
-/* reduce_lanes of a vector. */
-inline float reduce16(v16 v) {
-  float lanes[LANES];
-  for (int j = 0; j < LANES; j++) lanes[j] = v[j];
-  return reduce_lanes(lanes);
-}
+/* Vectors of 16 float lanes, their one-instruction load and their fixed-order sum are
+ * lanes.h's `vf`, `load` and `hsum1` (the order of reduce_lanes). Lane j of every vector
+ * operation below is the scalar operation it replaces, so the bits are those of the
+ * lane-by-lane loop (no contraction: -ffp-contract=off). */
+static_assert(VW == LANES, "lanes.h's vectors hold this kernel's 16 lanes");
 
 /* Outputs (m0 .. m0 + MB) x (n0 .. n0 + NB) from NB unpacked weight rows `q` (K floats
  * each). Per output, per group: 16 lanes gather x * q, the group's scale multiplies
@@ -160,22 +150,22 @@ void small_tile(const Problem& p, int m0, int n0, const float* q, const float* x
     sc[r] = p.scales + static_cast<size_t>(n0 + r) * groups;
     bi[r] = p.biases + static_cast<size_t>(n0 + r) * groups;
   }
-  v16 lanes[MB][NB];
+  vf lanes[MB][NB];
   float offsets[MB][NB];
   for (int i = 0; i < MB; i++)
     for (int r = 0; r < NB; r++) {
-      lanes[i][r] = v16{};
+      lanes[i][r] = vf{};
       offsets[i][r] = 0.0f;
     }
   for (int g = 0; g < groups; g++) {
-    v16 part[MB][NB];
+    vf part[MB][NB];
     for (int i = 0; i < MB; i++)
-      for (int r = 0; r < NB; r++) part[i][r] = v16{};
+      for (int r = 0; r < NB; r++) part[i][r] = vf{};
     for (int k = g * p.group; k < (g + 1) * p.group; k += LANES) {
-      v16 qv[NB];
-      for (int r = 0; r < NB; r++) qv[r] = load16(q + static_cast<size_t>(r) * p.K + k);
+      vf qv[NB];
+      for (int r = 0; r < NB; r++) qv[r] = load(q + static_cast<size_t>(r) * p.K + k);
       for (int i = 0; i < MB; i++) {
-        const v16 xv = load16(x[i] + k);
+        const vf xv = load(x[i] + k);
         for (int r = 0; r < NB; r++) part[i][r] += xv * qv[r];
       }
     }
@@ -187,7 +177,7 @@ void small_tile(const Problem& p, int m0, int n0, const float* q, const float* x
   }
   for (int i = 0; i < MB; i++)
     for (int r = 0; r < NB; r++) {
-      float y = reduce16(lanes[i][r]) + offsets[i][r];
+      float y = hsum1(lanes[i][r]) + offsets[i][r];
       if (p.bias) y += p.bias[n0 + r];
       p.out[static_cast<size_t>(m0 + i) * p.N + n0 + r] = y;
     }
