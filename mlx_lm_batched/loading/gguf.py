@@ -6,7 +6,8 @@ Supported architectures: ``llama`` (Mistral GGUFs also declare ``llama``) and ``
 
 The file is parsed by a small reader of our own instead of ``gguf.GGUFReader``, which
 builds a numpy view per array element and takes ~20 s on Gemma's 262k-token vocabulary
-(ours: well under a second). ``gguf.quants.dequantize`` still decodes the K-quants.
+(ours: well under a second). ``gguf.quants.dequantize`` still decodes the types MLX cannot
+hold (Q2_K, Q3_K, Q6_K).
 
 Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 and the Q4_K / Q5_K super-blocks are exactly MLX's affine
 format with ``group_size=32`` (``gguf_blocks.py``), so they are repacked, not dequantized: for

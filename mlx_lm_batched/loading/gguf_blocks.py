@@ -39,6 +39,12 @@ def _f16(byte_columns):
     return np.ascontiguousarray(byte_columns).view(np.float16)
 
 
+def _offset_bias(d, offset):
+    """The f16 bias ``-offset * d`` of a signed type stored unsigned (exact: a power of two
+    times an f16)."""
+    return (d.astype(np.float32) * -offset).astype(np.float16)
+
+
 def _nibbles(qs):
     """ggml's 4-bit layout for one group: element j in the low nibble of byte j, element
     j + 16 in its high nibble (``qs``: (..., 16) bytes -> (..., 32) values)."""
@@ -73,14 +79,14 @@ def affine_groups(ttype, shape, raw):
     blocks = raw.reshape(*rows, length // per_block, size)
     d = _f16(blocks[..., 0:2])
     if ttype == 8:  # Q8_0: w = d * int8  ->  q = int8 + 128 (the byte ^ 0x80), bias -128 d
-        return blocks[..., 2:] ^ np.uint8(0x80), d, (d.astype(np.float32) * -128).astype(np.float16)
+        return blocks[..., 2:] ^ np.uint8(0x80), d, _offset_bias(d, 128)
     if ttype == 2:  # Q4_0: w = d * (nibble - 8)
-        return _nibbles(blocks[..., 2:]), d, (d.astype(np.float32) * -8).astype(np.float16)
+        return _nibbles(blocks[..., 2:]), d, _offset_bias(d, 8)
     if ttype == 3:  # Q4_1: w = d * nibble + m
         return _nibbles(blocks[..., 4:]), d, _f16(blocks[..., 2:4])
     if ttype == 6:  # Q5_0: w = d * (q5 - 16)
         q = _nibbles(blocks[..., 6:]) | _fifth_bits(blocks[..., 2:6])
-        return q, d, (d.astype(np.float32) * -16).astype(np.float16)
+        return q, d, _offset_bias(d, 16)
     if ttype == 7:  # Q5_1: w = d * q5 + m
         return _nibbles(blocks[..., 8:]) | _fifth_bits(blocks[..., 4:8]), d, _f16(blocks[..., 2:4])
     # K-quants: super-block -> 8 groups of 32. The nibbles come in four runs of 32 bytes,
