@@ -27,7 +27,7 @@ from test_arch_minicpm3_minimax import MINIMAX
 from test_arch_mlxlm_oracle import BAICHUAN_M1, normalised_head
 from test_arch_recurrent import (FALCON_H1, GRANITE_HYBRID, JAMBA, KIMI_LINEAR, LFM2, MAMBA,
                                  NEMOTRON_H, QWEN3_5, QWEN3_NEXT, RECURRENT_GEMMA)
-from test_arch_wave3_g import KIMI_K3
+from test_arch_muse_spark_kimi_k3 import KIMI_K3
 
 WORKER = Path(__file__).parent / "dist_worker.py"
 TIMEOUT = 240

@@ -1,9 +1,9 @@
-"""Wave 3 of the architectures, part C (recurrent and hybrid families), with mlx-lm
-0.32 as the oracle where transformers 5.24 has no model: mlx-lm's module builds a tiny
-random model and saves it in its layout, our ``load`` reads it, and the harness's four
-checks (padded-batch logits, greedy rows equal solo, incremental decode, rows joining a
-running ``BatchGenerator``) run against mlx-lm on each prompt alone, in both config
-layouts."""
+"""Recurrent and hybrid families (RWKV-7, Bailing linear and hybrid, PLaMo 2, OLMo
+hybrid, a Hadamard-packed Qwen 3.5), with mlx-lm 0.32 as the oracle where transformers
+5.24 has no model: mlx-lm's module builds a tiny random model and saves it in its
+layout, our ``load`` reads it, and the harness's four checks (padded-batch logits,
+greedy rows equal solo, incremental decode, rows joining a running ``BatchGenerator``)
+run against mlx-lm on each prompt alone, in both config layouts."""
 
 import mlx.core as mx
 import pytest

@@ -1,4 +1,4 @@
-"""Architectures, wave 3 (part f): DeepSeek V4.1 (``deepseek_v41`` and its
+"""DeepSeek V4.1 (``deepseek_v41`` and its
 ``deepseek_v41_text`` alias), checked against mlx-lm 0.32's module on the same tiny
 random checkpoint (transformers 5.24 has no DeepSeek V4.1)."""
 

@@ -1,4 +1,4 @@
-"""Wave 3, part G: Muse Spark against transformers and Kimi K3 against mlx-lm 0.32 (which
+"""Muse Spark against transformers and Kimi K3 against mlx-lm 0.32 (which
 transformers lacks) on tiny random checkpoints, in both config layouts (Muse Spark's
 language model; its vision and audio towers are ignored)."""
 

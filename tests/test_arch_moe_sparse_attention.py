@@ -1,4 +1,4 @@
-"""Wave 3, part B (mixture-of-experts, latent and sparse attention): each family
+"""Mixture-of-experts families with latent or sparse attention: each family
 against its reference on a tiny random checkpoint, in both config layouts —
 transformers where it has the model, else mlx-lm 0.32 on the same weights."""
 

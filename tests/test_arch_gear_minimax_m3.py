@@ -1,6 +1,6 @@
-"""Wave 3 of the architectures, part E: Gear (Gemma 3 with gated key/value
-convolution layers), with mlx-lm 0.32 as the oracle (transformers 5.24 has no Gear):
-mlx-lm's module builds a tiny random model and saves it in its layout, our ``load``
+"""Gear (Gemma 3 with gated key/value convolution layers) and MiniMax M3 (block-sparse
+indexed attention), with mlx-lm 0.32 as the oracle (transformers 5.24 has no Gear; MiniMax M3
+is also checked in transformers' layout against transformers): mlx-lm's module builds a tiny random model and saves it in its layout, our ``load``
 reads it, and the harness's four checks (padded-batch logits, greedy rows equal solo,
 incremental decode, rows joining a running ``BatchGenerator``) run against mlx-lm on
 each prompt alone, in both config layouts."""
