@@ -315,9 +315,10 @@ def test_gemma3_rows_with_and_without_an_adapter(float_dirs, tmp_path):
     model, _ = load(str(d))
     attach_adapters(model, [path])
     base, _ = load(str(d))
-    # mlx-lm's Gemma differs from ours already without adapters (its embedding scale is
-    # rounded to bf16: DESIGN "Known traps"), so its greedy tokens are the oracle here, and
-    # the logits are checked against the adapter folded into the weights (fuse).
+    # mlx-lm's Gemma differs from ours already without adapters (it rounds the embedding
+    # scale sqrt(hidden_size) to bf16; we keep it in the compute dtype), so its greedy
+    # tokens are the oracle here, and the logits are checked against the adapter folded
+    # into the weights (fuse).
     assert greedy(alone, tok, PROMPTS[1]) == greedy(ref, tok, PROMPTS[1])
     from mlx_lm_batched.loading.adapters import fuse_adapters
 
