@@ -1,4 +1,4 @@
-"""One rank of a distributed test, run by ``mlx.launch`` from tests/test_distributed.py.
+"""One rank of a distributed test (tests/test_distributed_*.py), run by ``mlx.launch``.
 
 ``python tests/dist_worker.py MODE MODEL_DIR RESULT_JSON``. Every rank loads the model
 sharded; rank 0 also runs the unsharded model as the oracle, compares, and writes

@@ -132,20 +132,20 @@ def test_tensor_parallel_refuses_the_layers_it_cannot_split():
     from mlx_lm_batched.models import bitnet
     from mlx_lm_batched.models import get_model_module
     from mlx_lm_batched.parallel.shard import shard_model
-    from test_distributed import _TwoRanks
+    from distributed_harness import TwoRanks
 
     config = dict(BASE, model_type="bitnet")
     with pytest.raises(ValueError, match=r"cannot shard layer 'model\.layers\.0\.self_attn' "
                                          r"\(SubNormAttention\): BitNet"):
-        shard_model(bitnet.Model(bitnet.ModelArgs.from_dict(config)), _TwoRanks())
+        shard_model(bitnet.Model(bitnet.ModelArgs.from_dict(config)), TwoRanks())
     loop = get_model_module("iquestloopcoder")
     config = dict(FAMILIES["iquestloopcoder"][0], model_type="iquestloopcoder")
     with pytest.raises(ValueError, match=r"'model' \(LoopStack\)"):
-        shard_model(loop.Model(loop.ModelArgs.from_dict(config)), _TwoRanks())
+        shard_model(loop.Model(loop.ModelArgs.from_dict(config)), TwoRanks())
     talkie = get_model_module("talkie")
     config = dict(FAMILIES["talkie"][0], model_type="talkie")
     with pytest.raises(ValueError, match=r"'model\.layers\.0\.self_attn' \(HeadGainAttention\)"):
-        shard_model(talkie.Model(talkie.ModelArgs.from_dict(config)), _TwoRanks())
+        shard_model(talkie.Model(talkie.ModelArgs.from_dict(config)), TwoRanks())
 
 
 @pytest.mark.parametrize("model_type,extra,message", [

@@ -72,13 +72,13 @@ def test_gear_mixer_shards_heads_and_convolution_channels():
     head's 16 convolution channels (weights and biases) in the mixer layers."""
     from mlx_lm_batched.models import gear
     from mlx_lm_batched.parallel.shard import shard_model
-    from test_distributed import _TwoRanks
+    from distributed_harness import TwoRanks
 
     model = gear.Model(gear.ModelArgs.from_dict(dict(GEAR_CAPPED, model_type="gear")))
     conv = model.layers[0].local_mixer.key_conv
     conv.weight = mx.arange(conv.weight.size, dtype=mx.float32).reshape(conv.weight.shape)
     before = conv.weight
-    shard_model(model, _TwoRanks())
+    shard_model(model, TwoRanks())
     mixer = model.layers[0].local_mixer
     assert (mixer.n_heads, mixer.n_kv_heads) == (2, 1)
     assert mixer.q_proj.weight.shape == (32, 64) and mixer.k_proj.weight.shape == (16, 64)
@@ -125,12 +125,12 @@ def test_minimax_m3_shards_indexer_heads_with_their_groups():
     group those query heads share); the indexer's one key head stays whole."""
     from mlx_lm_batched.models import minimax_m3_vl
     from mlx_lm_batched.parallel.shard import shard_model
-    from test_distributed import _TwoRanks
+    from distributed_harness import TwoRanks
 
     args = minimax_m3_vl.ModelArgs.from_dict(dict(MINIMAX_M3, model_type="minimax_m3_vl"))
     model = minimax_m3_vl.Model(args)
     before = model.layers[0].self_attn.indexer.q_proj.weight
-    shard_model(model, _TwoRanks())
+    shard_model(model, TwoRanks())
     attn = model.layers[0].self_attn
     assert (attn.n_heads, attn.n_kv_heads, attn.indexer.heads) == (2, 1, 1)
     assert mx.array_equal(attn.indexer.q_proj.weight, before[:16])

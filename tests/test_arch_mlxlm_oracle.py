@@ -185,15 +185,16 @@ def test_hunyuan_fused_projections_load(tmp_path):
     _logits_close(model, ref, make_prompts((5, 9)))
 
 
+@pytest.mark.slow
 def test_tensor_parallel_cla_matches_one_process(tmp_path):
     """Hunyuan with cross-layer attention sharded over 2 ranks generates what it
     generates in one process: layer 1 attends with layer 0's sharded keys/values."""
     from mlx_lm_oracle import build_mlx_lm_model, save_mlx_lm_model
-    from test_distributed import _tiny_tokenizer, assert_tensor_parallel_exact
+    from distributed_harness import assert_tensor_parallel_exact, tiny_tokenizer
 
     ref = build_mlx_lm_model("hunyuan", HUNYUAN)
     save_mlx_lm_model(ref, dict(HUNYUAN, model_type="hunyuan"), tmp_path, "transformers4")
-    _tiny_tokenizer(tmp_path)
+    tiny_tokenizer(tmp_path)
     assert_tensor_parallel_exact(tmp_path, [2, 4])
 
 
@@ -202,11 +203,11 @@ def test_bailing_shards_heads_and_experts_and_replicates_its_router():
     whole router (``gate.gate_proj``, a linear inside the router module)."""
     from mlx_lm_batched.parallel.shard import shard_model
     from mlx_lm_batched.models import bailing_moe
-    from test_distributed import _TwoRanks
+    from distributed_harness import TwoRanks
 
     model = bailing_moe.Model(bailing_moe.ModelArgs.from_dict(dict(LING2,
                                                                    model_type="bailing_moe")))
-    shard_model(model, _TwoRanks())
+    shard_model(model, TwoRanks())
     layer = model.layers[1]
     assert layer.self_attn.qkv_proj.weight.shape == ((2 + 2 * 1) * 16, 64)
     assert layer.mlp.gate.gate_proj.weight.shape == (8, 64)

@@ -52,11 +52,11 @@ def test_tensor_parallel_splits_klear():
     every rank)."""
     from mlx_lm_batched.models import get_model_module
     from mlx_lm_batched.parallel.shard import shard_model
-    from test_distributed import _TwoRanks
+    from distributed_harness import TwoRanks
 
     klear = get_model_module("Klear")
     config = dict(FAMILIES["Klear"][0], model_type="Klear")
-    model = shard_model(klear.Model(klear.ModelArgs.from_dict(config)), _TwoRanks())
+    model = shard_model(klear.Model(klear.ModelArgs.from_dict(config)), TwoRanks())
     moe = model.layers[0].mlp
     assert moe.coefficient.weight.shape == (2, 64)
     assert moe.switch_mlp.gate_proj.weight.shape == (4, 16, 64)

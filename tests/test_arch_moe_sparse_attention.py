@@ -184,16 +184,16 @@ def test_new_attention_kinds_shard_their_gates_and_value_heads():
     DeepSeek sparse attention half of the latent attention's heads and the whole
     indexer (its keys ride in each rank's cache as the extra head). (Run on 2 real
     ranks, the sparse model's logits, greedy tokens and joining rows equal one
-    process, as ``test_distributed.assert_tensor_parallel_exact`` checks; too slow
+    process, as ``distributed_harness.assert_tensor_parallel_exact`` checks; too slow
     for this file.)"""
     from mlx_lm_batched.models import afmoe, deepseek_v32, laguna, mimo_v2_flash
     from mlx_lm_batched.parallel.shard import shard_model
-    from test_distributed import _TwoRanks
+    from distributed_harness import TwoRanks
 
     def sharded(module, config):
         model = module.Model(module.ModelArgs.from_dict(dict(config, model_type=module.__name__
                                                               .rsplit(".", 1)[1])))
-        return shard_model(model, _TwoRanks())
+        return shard_model(model, TwoRanks())
 
     attn = sharded(laguna, LAGUNA).layers[0].self_attn
     assert attn.g_proj.weight.shape == (2, 64) and attn.q_proj.weight.shape == (32, 64)
@@ -210,12 +210,12 @@ def test_new_attention_kinds_shard_their_gates_and_value_heads():
 def test_ngram_embeddings_refuse_tensor_parallelism_by_name():
     from mlx_lm_batched.models import longcat_flash_ngram
     from mlx_lm_batched.parallel.shard import shard_model
-    from test_distributed import _TwoRanks
+    from distributed_harness import TwoRanks
 
     model = longcat_flash_ngram.Model(longcat_flash_ngram.ModelArgs.from_dict(
         dict(LONGCAT_NGRAM, model_type="longcat_flash_ngram")))
     with pytest.raises(ValueError, match="cannot shard layer 'model.ngram_embeddings"):
-        shard_model(model, _TwoRanks())
+        shard_model(model, TwoRanks())
 
 
 def test_glm5_shared_indexer_layers_are_refused_by_name(tmp_path):

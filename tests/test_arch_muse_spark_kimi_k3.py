@@ -76,11 +76,11 @@ def test_muse_spark_shards_heads_gates_and_experts():
     the router stay whole. (The 2-rank run itself is too slow for this file.)"""
     from mlx_lm_batched.models import muse_spark
     from mlx_lm_batched.parallel.shard import shard_model
-    from test_distributed import _TwoRanks
+    from distributed_harness import TwoRanks
 
     config = dict(MUSE_SPARK_TEXT, model_type="muse_spark")
     model = muse_spark.Model(muse_spark.ModelArgs.from_dict(config))
-    shard_model(model, _TwoRanks())
+    shard_model(model, TwoRanks())
     layer = model.layers[0]
     assert layer.self_attn.q_proj.weight.shape == (2 * 16, 64)
     assert layer.self_attn.gate_proj.weight.shape == (2 * 16, 64)
@@ -133,10 +133,10 @@ def test_kimi_k3_shards_heads_gates_and_experts():
     units; the latent projections, their norm and the router stay whole."""
     from mlx_lm_batched.models import kimi_k3
     from mlx_lm_batched.parallel.shard import shard_model
-    from test_distributed import _TwoRanks
+    from distributed_harness import TwoRanks
 
     model = kimi_k3.Model(kimi_k3.ModelArgs.from_dict(dict(KIMI_K3, model_type="kimi_k3")))
-    shard_model(model, _TwoRanks())
+    shard_model(model, TwoRanks())
     kda, mla = model.layers[0].self_attn, model.layers[2].self_attn
     assert kda.g_proj.weight.shape == (2 * 16, 64) and kda.q_proj.weight.shape == (32, 64)
     assert mla.n_heads == 2 and mla.g_proj.weight.shape == (2 * 12, 64)

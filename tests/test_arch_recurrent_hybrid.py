@@ -155,13 +155,13 @@ def test_bailing_linear_shards_heads_decays_and_norm_groups(groups):
     from mlx_lm_batched.models import bailing_moe_linear
     from mlx_lm_batched.parallel.recurrent import ShardedGatedRMSNorm
     from mlx_lm_batched.parallel.shard import shard_model
-    from test_distributed import _TwoRanks
+    from distributed_harness import TwoRanks
 
     args = bailing_moe_linear.ModelArgs.from_dict(
         dict(BAILING_LINEAR, group_norm_size=groups, model_type="bailing_moe_linear"))
     model = bailing_moe_linear.Model(args)
     slopes = model.layers[0].self_attn._slope
-    shard_model(model, _TwoRanks())
+    shard_model(model, TwoRanks())
     attn = model.layers[0].self_attn
     assert attn.n_heads == attn.n_kv_heads == 2
     assert attn.qkv_proj.weight.shape == (3 * 2 * 16, 64)
@@ -232,12 +232,12 @@ def test_rwkv7_tensor_parallel_is_refused_by_name():
     splitting it wrongly."""
     from mlx_lm_batched.models import rwkv7
     from mlx_lm_batched.parallel.shard import shard_model
-    from test_distributed import _TwoRanks
+    from distributed_harness import TwoRanks
 
     model = rwkv7.Model(rwkv7.ModelArgs.from_dict(dict(RWKV7, model_type="rwkv7")))
     with pytest.raises(ValueError, match=r"cannot shard layer 'model\.layers\.0\.attn\.r_proj' "
                                          r"of TimeMixing"):
-        shard_model(model, _TwoRanks())
+        shard_model(model, TwoRanks())
 
 
 def test_olmo_hybrid_without_rope_theta_has_no_rope():
@@ -276,19 +276,19 @@ def test_bailing_v3_shards_gated_mla_and_refuses_delta_attention_by_name():
     attention has no sharder and is named."""
     from mlx_lm_batched.models import bailing_moe_v3
     from mlx_lm_batched.parallel.shard import shard_model
-    from test_distributed import _TwoRanks
+    from distributed_harness import TwoRanks
 
     def build(**changes):
         args = dict(BAILING_V3, model_type="bailing_moe_v3", **changes)
         return bailing_moe_v3.Model(bailing_moe_v3.ModelArgs.from_dict(args))
 
-    model = shard_model(build(layer_group_size=1), _TwoRanks())  # every layer MLA
+    model = shard_model(build(layer_group_size=1), TwoRanks())  # every layer MLA
     attn = model.layers[0].self_attn
     assert attn.n_heads == 2 and attn.g_proj.weight.shape == (2, 64)
     assert attn.q_b_proj.weight.shape == (2 * 24, 24)
     with pytest.raises(ValueError, match=r"cannot shard layer 'model\.layers\.0\.self_attn\."
                                          r"q_proj' of DeltaAttention"):
-        shard_model(build(), _TwoRanks())
+        shard_model(build(), TwoRanks())
 
 
 def test_plamo2_shards_attention_norm_rows_and_refuses_its_ssm_by_name():
@@ -296,7 +296,7 @@ def test_plamo2_shards_attention_norm_rows_and_refuses_its_ssm_by_name():
     PLaMo's SSM mixer has no sharder and is named."""
     from mlx_lm_batched.models import plamo2
     from mlx_lm_batched.parallel.shard import shard_model
-    from test_distributed import _TwoRanks
+    from distributed_harness import TwoRanks
 
     def build(**changes):
         return plamo2.Model(plamo2.ModelArgs.from_dict(dict(PLAMO2, model_type="plamo2",
@@ -304,13 +304,13 @@ def test_plamo2_shards_attention_norm_rows_and_refuses_its_ssm_by_name():
 
     model = build(mamba_enabled=False)  # attention only
     q_weight = model.layers[0].mixer.q_weight
-    shard_model(model, _TwoRanks())
+    shard_model(model, TwoRanks())
     attn = model.layers[0].mixer
     assert (attn.n_heads, attn.n_kv_heads) == (2, 1)
     assert mx.array_equal(attn.q_weight, q_weight[:2]) and attn.k_weight.shape == (1, 16)
     with pytest.raises(ValueError, match=r"cannot shard layer 'model\.layers\.0\.mixer\.in_proj' "
                                          r"of Mamba"):
-        shard_model(build(), _TwoRanks())
+        shard_model(build(), TwoRanks())
 
 
 def test_prism_pack_uses_hadamard_layers_and_refuses_sharding(tmp_path):
@@ -320,14 +320,14 @@ def test_prism_pack_uses_hadamard_layers_and_refuses_sharding(tmp_path):
     from mlx_lm_batched.layers.hadamard import HadamardQuantizedEmbedding, HadamardQuantizedLinear
     from mlx_lm_batched.models import prism_hadamard_qwen35 as prism
     from mlx_lm_batched.parallel.shard import shard_model
-    from test_distributed import _TwoRanks
+    from distributed_harness import TwoRanks
 
     model = _load_family("prism_hadamard_qwen35", tmp_path)
     assert isinstance(model.model.embed_tokens, HadamardQuantizedEmbedding)
     assert isinstance(model.layers[0].mlp.gate_proj, HadamardQuantizedLinear)
     assert type(model.layers[1].self_attn.k_proj).__name__ == "Linear"
     with pytest.raises(ValueError, match="cannot shard 'prism_hadamard_qwen35': Hadamard"):
-        shard_model(model, _TwoRanks())
+        shard_model(model, TwoRanks())
     args = lambda **c: prism.ModelArgs.from_dict(dict(PRISM, model_type="prism_hadamard_qwen35",
                                                       **c))
     bad = [dict(PRISM_MODULES[0], path="model.layers.0.mlp.nothing")]

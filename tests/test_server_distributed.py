@@ -21,7 +21,7 @@ import pytest
 from mlx_lm_batched import generate, load
 from mlx_lm_batched.server.sampling import SeededSampler
 from server_harness import ServerProcess
-from test_distributed import launcher
+from distributed_harness import launcher
 
 STORY = "Once upon a time, in a small village by the sea,"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -67,6 +67,7 @@ def rank0_pid(srv):
     return int(found.group(1))
 
 
+@pytest.mark.slow
 def test_concurrent_requests_equal_one_process(server, oracle):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=300, max_retries=0)
     model_id = client.models.list().data[0].id
@@ -110,6 +111,7 @@ def test_concurrent_requests_equal_one_process(server, oracle):
     assert again.usage.prompt_tokens_details.cached_tokens > 0
 
 
+@pytest.mark.slow
 def test_sigterm_on_rank_0_drains_and_stops_both_ranks_cleanly(server, oracle):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=300, max_retries=0)
     stream = iter(client.completions.create(model=client.models.list().data[0].id, prompt=STORY,
@@ -132,6 +134,7 @@ def test_distributed_tensor_needs_several_ranks():
     assert "--distributed tensor: tensor parallelism needs more than one rank" in proc.stderr
 
 
+@pytest.mark.slow
 def test_killed_follower_ends_rank_0_with_a_clear_error(float_dirs, tmp_path):
     # Both ranks by hand (what mlx.launch does), so no launcher cleans up after rank 1.
     hostfile = tmp_path / "hosts.json"

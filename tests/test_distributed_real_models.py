@@ -1,0 +1,99 @@
+"""Tensor and pipeline parallelism on the real models over 2 local ranks (``mlx.launch
+--backend ring -n 2``) against the single-process model. Tensor: SmolLM2 (9 heads, 3 KV
+heads: uneven KV groups) float32 and 4-bit, Gemma 3 (1 KV head: replicated, its query heads
+split). Pipeline: SmolLM2 and Gemma 3 float32 split by layers. Each run is one
+``tests/dist_worker.py`` per rank; rank 0 compares and writes a JSON result. Also: a rank
+that dies or stalls, and the generate CLI under ``mlx.launch``."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import model_dir
+from distributed_harness import (TIMEOUT, assert_tensor_parallel_exact, launch, launch_by_hand,
+                                 launcher, run_group)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,options,heads,mode", [
+    ("smollm2", dict(dtype="float32"), [6, 9], "tensor"),  # KV heads [0, 2) of 3: uneven groups
+    ("gemma3", dict(dtype="float32"), [2, 4], "tensor"),  # 1 KV head, replicated; queries split
+    # 4-bit: split in whole quantization groups (MLX's CPU quantized matmul is slow: no joins)
+    ("smollm2", dict(quantize=True, q_bits=4, q_group_size=64), [6, 9], "tensor-quick"),
+])
+def test_tensor_parallel_real_models(name, options, heads, mode):
+    assert_tensor_parallel_exact(model_dir(name, **options), heads, mode)
+
+
+PIPELINE_CHECKS = ["padded logits", "greedy tokens", "rows joining BatchGenerator",
+                   "greedy tokens, rotating caches"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,layers,mode", [
+    ("smollm2", 30, "pipeline"),  # tied embeddings: on the first and the last stage
+    ("gemma3", 18, "pipeline-quick"),  # sliding-window layers (rotating caches) on both stages
+])
+def test_pipeline_parallel_real_models(name, layers, mode):
+    data, out, _ = launch(mode, model_dir(name, dtype="float32"))
+    assert data is not None, out[-3000:]
+    assert "failure" not in data, data.get("failure")
+    half = layers // 2
+    # Each rank holds half the blocks, and caches for those only.
+    assert data["layers"] == [[0, half, half], [half, layers, layers - half], layers]
+    assert data["passed"] == (PIPELINE_CHECKS if mode == "pipeline" else PIPELINE_CHECKS[:2])
+    mine, whole = data["bytes"]
+    assert mine < whole  # rank 0 materialised only its share of the weights
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,message", [
+    ("die", "[rank 0] error: lost a peer of the distributed group"),
+    ("stall", "[rank 0] error: no progress from the distributed group for 10 s"),
+    # A send queued in the background (mx.async_eval) may fail on MLX's ring thread without
+    # raising in Python ("Failing pending tasks"): then the watchdog ends the run.
+    ("pipeline-die", ("[rank 0] error: lost a peer of the distributed group",
+                      "[rank 0] error: no progress from the distributed group for 10 s")),
+])
+def test_lost_rank_makes_the_other_exit_with_a_clear_error(mode, message, tmp_path):
+    status, out, seconds = launch_by_hand(mode, model_dir("smollm2", dtype="float32"),
+                                          tmp_path, timeout=150)
+    assert status == 1, out[-3000:]
+    messages = message if isinstance(message, tuple) else (message,)
+    assert any(m in out for m in messages), out[-3000:]
+    assert not (tmp_path / "result.json").exists()  # rank 0 did not carry on as if all was well
+
+
+@pytest.fixture(scope="module")
+def cli_prompts(tmp_path_factory):
+    """Prompt files, the CLI arguments and the single-process run's result."""
+    d = tmp_path_factory.mktemp("cli")
+    for name, text in (("a.txt", "The capital of France is"), ("b.txt", "Write a haiku.")):
+        (d / name).write_text(text)
+    args = ["-m", "mlx_lm_batched.generate", "--model", str(model_dir("smollm2", dtype="float32")),
+            "--prompts", "a.txt", "b.txt", "--max-tokens", "6", "--no-progress"]
+    return d, args, run_group([sys.executable, *args], TIMEOUT, cwd=d)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [[], ["--distributed", "pipeline"]])
+def test_cli_under_mlx_launch_prints_once_and_matches_one_process(cli_prompts, flags):
+    cwd, args, solo = cli_prompts
+    ranks = run_group([*launcher(), sys.executable, *args, *flags], TIMEOUT, cwd=cwd)
+    assert solo[0] == 0 and ranks[0] == 0, ranks[2][-2000:]
+    assert solo[1].count("==== a.txt ====") == 1
+    assert ranks[1] == solo[1]  # rank 1 printed nothing, rank 0 the same texts
+    assert ranks[2].count("[summary]") == 1
+
+
+@pytest.mark.parametrize("mode,message", [
+    ("tensor", "--distributed tensor: tensor parallelism needs more than one rank"),
+    ("pipeline", "--distributed pipeline: pipeline parallelism needs more than one rank"),
+])
+def test_cli_distributed_flag_errors(mode, message):
+    proc = subprocess.run([sys.executable, "-m", "mlx_lm_batched.generate", "--prompt", "hi",
+                           "--distributed", mode], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
