@@ -4,6 +4,10 @@ Directories are made with our own ``convert`` and cached outside the repository
 (``$MLX_LM_BATCHED_TEST_CACHE``, default ``~/.cache/mlx_lm_batched/test_models``)
 under a key that changes whenever the conversion code or the GGUF changes, so a
 stale conversion is never reused.
+
+Long end-to-end tests (benchmark scripts, 2-rank launches) carry the ``slow`` marker
+(registered in pyproject.toml): ``python -m pytest -q -m "not slow" tests`` is the quick
+run while developing; CI runs every test.
 """
 
 import hashlib

@@ -14,6 +14,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "scripts" / "bench.py"
+# A benchmark script end to end on the real model: left out of the quick run
+# (-m "not slow").
+pytestmark = pytest.mark.slow
 
 
 def run_bench(*args, env=None):

@@ -10,8 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "scripts" / "bench_continuous.py"
+# A benchmark script end to end on the real model: left out of the quick run
+# (-m "not slow").
+pytestmark = pytest.mark.slow
 
 
 def test_trace_replayed_through_every_system(float_dirs, tmp_path):

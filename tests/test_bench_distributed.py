@@ -9,9 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import model_dir
 
 BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_distributed.py"
+# A benchmark script end to end on the real model: left out of the quick run
+# (-m "not slow").
+pytestmark = pytest.mark.slow
 
 
 def test_bench_distributed_table_and_json(tmp_path):

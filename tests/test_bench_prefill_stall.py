@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import model_dir
 
 BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_prefill_stall.py"
@@ -21,6 +23,7 @@ def run_bench(*args):
                           env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
 
 
+@pytest.mark.slow
 def test_budget_spreads_the_burst_over_steps_with_the_same_tokens(tmp_path):
     out = tmp_path / "stall.json"
     # 2 prompts of 40 tokens join 2 decoding rows: without a budget the burst is one

@@ -9,11 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from test_cpu_prims import kernel, pytestmark  # noqa: F401  (skips where it is not built)
 
 BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_quantized_linear.py"
 
 
+@pytest.mark.slow
 def test_bench_quantized_linear_table_and_json(kernel, tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, str(BENCH), "--shapes", "96x128,33x256",

@@ -10,11 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "scripts" / "bench_server.py"
 GPU_SCRIPT, GPU_TABLE = ROOT / "scripts" / "bench_gpu.sh", ROOT / "scripts" / "bench_gpu_table.py"
 
 
+@pytest.mark.slow
 def test_trace_replayed_over_http_to_both_servers(float_dirs, tmp_path):
     out, png = tmp_path / "srv.json", tmp_path / "srv.png"
     proc = subprocess.run(
@@ -39,6 +42,7 @@ def test_trace_replayed_over_http_to_both_servers(float_dirs, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_fixed_workload_concurrency_sweep(float_dirs, tmp_path):
     """``--fixed-len P O --concurrency ...``: closed-loop streams per level, every prompt
     exactly P tokens and every output exactly O (ours only: the trace test above already
@@ -101,6 +105,7 @@ def test_gpu_script_parses_and_dry_run_prints_its_commands(float_dirs):
         assert bad.returncode == 2 and message in bad.stderr and not bad.stdout
 
 
+@pytest.mark.slow
 def test_profile_serving_reports_the_closed_loop_and_step_kinds(float_dirs):
     """scripts/profile_serving.py drives the fixed workload through BatchGenerator: every
     request gets all its tokens, and the step kinds add up."""

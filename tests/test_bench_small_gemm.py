@@ -9,10 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import model_dir
 from mlx_lm_batched import _small_gemm
 
 BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_small_gemm.py"
+# A benchmark script end to end on the real model: left out of the quick run
+# (-m "not slow").
+pytestmark = pytest.mark.slow
 
 
 def test_bench_small_gemm_table_and_json(tmp_path):

@@ -9,10 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import model_dir
 from mlx_lm_batched import _small_gemm
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "profile_decode.py"
+# A benchmark script end to end on the real model: left out of the quick run
+# (-m "not slow").
+pytestmark = pytest.mark.slow
 
 
 def test_profile_decode_splits_cpu_time_by_thread():
