@@ -115,3 +115,24 @@ def client(server):
 @pytest.fixture(autouse=True)
 def _seed():
     mx.random.seed(0)
+
+
+def pytest_configure(config):
+    # Under pytest-xdist (CI runs ``-n 2 --dist loadfile``) files go to the workers in the
+    # order pytest_collection_modifyitems leaves them, not xdist's default (most tests
+    # first, which leaves the one-test benchmark files, the longest, for the end).
+    if getattr(config.option, "loadscopereorder", None) is not None:
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files with slow tests first, then the others by test count (most first); each
+    file's tests stay together in their own order. With ``--dist loadfile`` the long
+    files (benchmark scripts, 2-rank launches) start early rather than end the run on
+    one worker while the other idles."""
+    files = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    slow = {f for f, tests in files.items() if any(t.get_closest_marker("slow") for t in tests)}
+    order = sorted(files, key=lambda f: (f not in slow, -len(files[f])))
+    items[:] = [t for f in order for t in files[f]]

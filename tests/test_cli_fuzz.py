@@ -12,6 +12,9 @@ import pytest
 import test_cli as base
 from mlx_lm_batched.cli.args import MAX_MESSAGE
 
+# A CLI process per case: left out of the quick run (-m "not slow").
+pytestmark = pytest.mark.slow
+
 CASES = 40
 GARBAGE = ["", "-", "--", "nan", "inf", "-inf", "1e309", "-1", "0", "1", "2", "0.5", "-0.5",
            "999999999999999999999", str(2**63), str(-(2**64)), "True", "F", "x", "é☃", "{}", "[]",

@@ -74,6 +74,7 @@ def _answer(stdout):
     return "\n".join(lines[lines.index("==== --prompt #1 ====") + 1:]).strip()
 
 
+@pytest.mark.slow
 def test_readme_command_convert_and_load_without_torch(run, tmp_path):
     try:
         demo_models.smollm2_gguf_path()
@@ -93,6 +94,7 @@ def test_readme_command_convert_and_load_without_torch(run, tmp_path):
     assert _answer(run(*cli, "--model", out).stdout) == answer
 
 
+@pytest.mark.slow
 def test_gemma3_gguf_without_torch(run):
     try:
         path = demo_models.gemma3_gguf_path()

@@ -9,6 +9,8 @@ import sys
 import time
 from collections import Counter
 
+import pytest
+
 from conftest import model_dir
 
 N = 20  # lines, two of them bad
@@ -38,6 +40,7 @@ def records(path):
     return [json.loads(line) for line in data.splitlines()]
 
 
+@pytest.mark.slow
 def test_run_batch_resumes_after_sigkill_with_every_line_once(tmp_path):
     smol = str(model_dir("smollm2", dtype="float32"))
     requests, results = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"

@@ -16,6 +16,9 @@ import pytest
 from mlx_lm_batched import batch_generate, generate, load
 from server_harness import ServerProcess
 
+# 64 concurrent streams against solo generation: left out of the quick run (-m "not slow").
+pytestmark = pytest.mark.slow
+
 CLIENTS, DROPPED, MAX_TOKENS = 64, 16, 12
 TOPICS = ["the sea", "a red fox", "winter", "bread", "rivers", "the moon", "bees", "trains",
           "chess", "a lighthouse", "rain", "tea", "mountains", "owls", "clocks", "gardens"]
