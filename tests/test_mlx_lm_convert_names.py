@@ -17,6 +17,7 @@ from mlx_lm_batched.loading.load import load_model
 # (test module holding the tiny config, family name there[, checkpoint layout])
 CASES = {
     "mixtral": ("test_arch_moe", "mixtral"),  # experts stacked into switch_mlp
+    "phi": ("test_arch_dense_b", "phi"),  # attention output named dense there
     "qwen3_moe": ("test_arch_moe", "qwen3_moe"),  # num_experts (transformers 5 renamed it)
     "gemma4_text": ("test_arch_gemma4", "gemma4_text"),  # global_head_dim, rope keys
     "gemma4": ("test_arch_gemma4", "gemma4"),  # the language_model. prefix

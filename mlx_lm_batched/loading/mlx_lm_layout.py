@@ -115,12 +115,14 @@ def _full_attention_interval(layer_types):
 
 
 def _add_rope_keys(config):
-    """``rope_theta`` (and ``rope_scaling`` for a scaled RoPE) from a one-kind
-    ``rope_parameters`` (per-layer-type parameters, Gemma 3's, stay as they are)."""
+    """``rope_theta`` (``partial_rotary_factor``, and ``rope_scaling`` for a scaled RoPE)
+    from a one-kind ``rope_parameters`` (per-layer-type parameters, Gemma 3's, stay as they are)."""
     params = config.get("rope_parameters")
     if not isinstance(params, dict) or "rope_theta" not in params:
         return
     config.setdefault("rope_theta", params["rope_theta"])
+    if "partial_rotary_factor" in params:  # Phi's: mlx-lm reads it at the top level only
+        config.setdefault("partial_rotary_factor", params["partial_rotary_factor"])
     if params.get("rope_type", "default") != "default" and "rope_scaling" not in config:
         scaling = {k: v for k, v in params.items() if k != "rope_theta"}
         scaling.setdefault("type", scaling["rope_type"])
@@ -139,6 +141,12 @@ _SWITCH_GLU_EXPERTS = {"gemma4", "gemma4_text"}
 _EXPERTS = re.compile(r"\.experts\.(gate_proj|up_proj|down_proj)\.")
 _SWITCH_GLU = re.compile(r"\.experts\.switch_glu\.(gate_proj|up_proj|down_proj)\.")
 
+# model_type -> (this package's module name, Hugging Face's and mlx-lm's) where the shared
+# layers name a module otherwise (Phi's attention output is ``dense`` there, its last norm
+# ``final_layernorm``); the model's ``sanitize`` reads both.
+_RENAMED_MODULES = {"phi": ((".self_attn.o_proj.", ".self_attn.dense."),
+                            ("model.norm.", "model.final_layernorm."))}
+
 
 def mlx_lm_weights(model_type, weights):
     """``weights`` (this package's parameter names) under mlx-lm 0.32's names for
@@ -146,6 +154,8 @@ def mlx_lm_weights(model_type, weights):
     back."""
     if model_type in _SWITCH_GLU_EXPERTS:
         weights = {_EXPERTS.sub(r".experts.switch_glu.\1.", k): v for k, v in weights.items()}
+    for ours, theirs in _RENAMED_MODULES.get(model_type, ()):
+        weights = {k.replace(ours, theirs): v for k, v in weights.items()}
     if model_type in _LANGUAGE_MODEL_PREFIX:
         weights = {f"language_model.{k}": v for k, v in weights.items()}
     return weights

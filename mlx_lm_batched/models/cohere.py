@@ -16,7 +16,15 @@ from .common import DecoderArgs, config_rope, init_causal_lm
 
 @dataclass
 class ModelArgs(DecoderArgs):
-    intermediate_size: Optional[int] = None  # 4 x hidden_size (DecoderArgs)
+    # Sizes a config leaves out take mlx-lm's defaults (Command-R 35B's), so
+    # ``ModelArgs(model_type="cohere")`` builds as it does there; RoPE keeps
+    # transformers' default base, which is what a checkpoint that omits it means.
+    model_type: str = "cohere"
+    hidden_size: int = 8192
+    num_hidden_layers: int = 40
+    intermediate_size: Optional[int] = 22528
+    num_attention_heads: int = 64
+    vocab_size: int = 256000
     layer_norm_eps: float = 1e-5
     max_position_embeddings: int = 8192
     logit_scale: float = 0.0625

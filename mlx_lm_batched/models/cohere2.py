@@ -11,6 +11,13 @@ from .common import type_windows
 
 @dataclass
 class ModelArgs(cohere.ModelArgs):
+    # mlx-lm's defaults for the sizes a config leaves out (Command R7B's).
+    model_type: str = "cohere2"
+    hidden_size: int = 4096
+    num_hidden_layers: int = 32
+    intermediate_size: Optional[int] = 14336
+    num_attention_heads: int = 32
+    num_key_value_heads: Optional[int] = 8
     sliding_window: int = 4096
     sliding_window_pattern: int = 4
     layer_types: Optional[List[str]] = None

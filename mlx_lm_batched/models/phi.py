@@ -14,7 +14,14 @@ from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
 
 @dataclass
 class ModelArgs(DecoderArgs):
-    intermediate_size: Optional[int] = None  # 4 x hidden_size (DecoderArgs)
+    # mlx-lm's defaults (phi-2's sizes) for what a config leaves out: ``ModelArgs()``
+    # builds phi-2 there and here.
+    model_type: str = "phi"
+    hidden_size: int = 2560
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    vocab_size: int = 51200
+    intermediate_size: Optional[int] = 10240
     hidden_act: str = "gelu_new"
     layer_norm_eps: float = 1e-5
     max_position_embeddings: int = 2048

@@ -15,6 +15,7 @@ from .common import DecoderArgs, attention_dims, config_rope, init_causal_lm
 @dataclass
 class ModelArgs(DecoderArgs):
     intermediate_size: Optional[int] = None  # 4 x hidden_size (DecoderArgs)
+    vocab_size: int = 49152  # mlx-lm's default (StarCoder2's vocabulary)
     norm_epsilon: float = 1e-5
     hidden_act: str = "gelu_pytorch_tanh"
     use_bias: bool = True
