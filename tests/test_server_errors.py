@@ -130,10 +130,11 @@ def test_body_over_limit(server):
 
 
 def test_kv_admission(server):
-    """A request that can never fit is 400; one that does not fit next to a running one
-    is 429 with Retry-After, and fits once that one is done."""
-    assert_error(server, 400, post(server, "/v1/completions", {"prompt": [17] * 100, "max_tokens": 250}),
-                 "max_tokens")
+    """A request that can never fit is 400 naming the limit; one that does not fit next
+    to a running one waits (never 429) and starts once that one is gone."""
+    code, err, _ = post(server, "/v1/completions", {"prompt": [17] * 100, "max_tokens": 250})
+    assert_error(server, 400, (code, err, _), "max_tokens")
+    assert "--kv-memory" in err["error"]["message"]
     body = {"prompt": "Count from one to one hundred:", "max_tokens": 200, "stream": True,
             "logit_bias": {"2": -100}}  # no EOS: the first request stays running
     with httpx.Client(base_url=server.url, headers=AUTH, timeout=120) as http:
@@ -141,16 +142,24 @@ def test_kv_admission(server):
             assert first.status_code == 200
             lines = first.iter_lines()
             next(line for line in lines if line.startswith("data:"))
-            code, err, headers = post(server, "/v1/completions", {**body, "stream": False})
-            assert code == 429 and err["error"]["type"] == "rate_limit_error"
-            assert int(headers["retry-after"]) >= 1
-        # The first stream was dropped: its reservation is released.
-        deadline = time.monotonic() + 30
-        while server.metrics(AUTH)["mlx_lm_batched_kv_reserved_bytes"] and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert server.metrics(AUTH)["mlx_lm_batched_kv_reserved_bytes"] == 0
-    code, out, _ = post(server, "/v1/completions", {**body, "stream": False, "max_tokens": 8})
-    assert code == 200 and out["usage"]["completion_tokens"] == 8
+            with futures.ThreadPoolExecutor(1) as pool:
+                # 100 more tokens do not fit beside the first's 200 (room for 300).
+                second = pool.submit(post, server, "/v1/completions",
+                                     {**body, "stream": False, "max_tokens": 100})
+                deadline = time.monotonic() + 30
+                while server.metrics(AUTH)["mlx_lm_batched_kv_waiting_requests"] < 1:
+                    assert time.monotonic() < deadline, server.output()
+                    assert not second.done(), second.result()
+                    time.sleep(0.1)
+                first.close()  # the running stream goes: its memory starts the second
+                code, out, _ = second.result(timeout=60)
+    assert code == 200 and out["usage"]["completion_tokens"] == 100
+    deadline = time.monotonic() + 30
+    while server.metrics(AUTH)["mlx_lm_batched_kv_reserved_bytes"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    metrics = server.metrics(AUTH)
+    assert metrics["mlx_lm_batched_kv_reserved_bytes"] == 0
+    assert metrics["mlx_lm_batched_kv_waiting_requests"] == 0
 
 
 def test_waiting_requests_limit(float_dirs):

@@ -105,13 +105,6 @@ def cache_bytes(model, cache, rows, slots, kv_quant=None):
     return kv, state
 
 
-def kv_bytes(model, cache, rows, slots, kv_quant=None):
-    """Bytes of key/value cache and recurrent state for ``rows`` rows holding ``slots``
-    slots each, or None when unknown."""
-    parts = cache_bytes(model, cache, rows, slots, kv_quant)
-    return None if parts is None else sum(parts)
-
-
 def available_memory():
     """Bytes the device (or, for the CPU, the system) can still give, or None."""
     try:
@@ -150,3 +143,38 @@ def check_kv_fits(model, cache, rows, slots, kv_quant=None):
         f"this batch needs ~{sum(parts) / 1e9:.1f} GB of {what} ({rows} rows x {slots} slots), "
         f"more than the {max(have, 0) / 1e9:.1f} GB available; lower {lower}"
     )
+
+
+# What a server leaves free beside its KV budget by default: a tenth of the memory
+# available after the weights are loaded, at least this many bytes (activations of a
+# prefill chunk, the tokenizer, the HTTP side, the allocator's slack).
+DEFAULT_MARGIN_BYTES = 1 << 30
+
+
+def kv_memory_budget(setting, available, held_elsewhere=0):
+    """Bytes of KV cache and state admitted requests may reserve in all.
+
+    ``setting``: None for the default (what ``available`` leaves after
+    ``held_elsewhere``, e.g. the prefix cache's bound, and a margin), a string
+    ``"N%"`` for that share of ``available``, or a number of GB. ``available``: bytes
+    free now (``available_memory()``, after the weights), or None when unknown (then
+    only an explicit GB setting bounds). Raises ValueError on a malformed setting."""
+    if setting is None:
+        if available is None:
+            return None
+        margin = max(DEFAULT_MARGIN_BYTES, available // 10)
+        return max(0, available - held_elsewhere - margin)
+    text = str(setting).strip()
+    try:
+        value = float(text[:-1] if text.endswith("%") else text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or (text.endswith("%") and value > 100):
+        raise ValueError(f"--kv-memory must be a number of GB > 0 or a share like '50%', "
+                         f"got {setting!r}")
+    if text.endswith("%"):
+        if available is None:
+            raise ValueError("--kv-memory as a share needs the available memory, which this "
+                             "device does not report: give it in GB")
+        return int(available * value / 100)
+    return int(value * 1e9)

@@ -66,9 +66,14 @@ def build_parser():
     p.add_argument("--max-n", type=_positive(int), default=8, help="largest n (choices) per request")
     p.add_argument("--max-context", type=_positive(int),
                    help="context length (default: the model's max_position_embeddings)")
+    p.add_argument("--kv-memory",
+                   help="memory for the KV cache and recurrent state of admitted requests, in "
+                   "GB or as a share of the memory free after loading ('50%%'); a request "
+                   "that does not fit beside the running ones waits its turn, one that can "
+                   "never fit is answered 400 (default: the free memory less the prefix "
+                   "cache's bound and a margin of 10%%, at least 1 GB)")
     p.add_argument("--max-kv-bytes", type=_positive(int),
-                   help="KV cache bytes admitted requests may reserve (prompt + max_tokens); "
-                   "beyond it 429 with Retry-After (default: no bound)")
+                   help="the same bound in bytes (instead of --kv-memory)")
     p.add_argument("--kv-bits", type=int, choices=(2, 3, 4, 5, 6, 8),
                    help="store the KV cache quantized to this many bits (--max-kv-bytes "
                    "then counts the quantized bytes, so more rows fit)")
@@ -211,12 +216,23 @@ def _serve(argv):
         from .replay import run_follower
 
         return run_follower(model, group)
+    if args.kv_memory is not None and args.max_kv_bytes is not None:
+        parser.error("--kv-memory and --max-kv-bytes set the same bound: pass one")
+    kv_budget = args.max_kv_bytes
+    if kv_budget is None:
+        from ..engine.kv_budget import available_memory, kv_memory_budget
+
+        try:
+            kv_budget = kv_memory_budget(args.kv_memory, available_memory(),
+                                         held_elsewhere=args.prompt_cache_bytes)
+        except ValueError as e:
+            parser.error(str(e))
     config = EngineConfig(
         max_batch=args.max_batch, prefill_batch=args.prefill_batch,
         prefill_step_size=args.prefill_step_size,
         prefill_tokens_per_step=args.prefill_tokens_per_step or None,
         default_max_tokens=args.max_tokens,
-        context_length=args.max_context, max_kv_bytes=args.max_kv_bytes,
+        context_length=args.max_context, max_kv_bytes=kv_budget,
         max_waiting=args.max_waiting, prompt_cache_size=args.prompt_cache_size,
         prompt_cache_bytes=args.prompt_cache_bytes, kv_bits=args.kv_bits,
         kv_group_size=args.kv_group_size, quantized_kv_start=args.quantized_kv_start,
@@ -252,8 +268,10 @@ def _serve(argv):
         signal.signal(sig, lambda *_: None)
     if group is not None:
         engine.on_fatal = lambda: setattr(server, "should_exit", True)
-    log.info("serving %s on http://%s:%d (context %s tokens; weights: %s%s)", name, args.host,
-             args.port, engine.context_length, weights, "" if group is None else
+    log.info("serving %s on http://%s:%d (context %s tokens; weights: %s; KV memory: %s%s)",
+             name, args.host, args.port, engine.context_length, weights,
+             "no bound" if kv_budget is None else f"{kv_budget / 1e9:.2f} GB",
+             "" if group is None else
              f"; tensor parallel over {group.size()} ranks, rank 0 is pid {os.getpid()}")
     try:
         server.run()

@@ -8,6 +8,7 @@ the job's asyncio queue. A cancelled job's rows leave the batch at the next step
 Nothing else touches MLX, so no lock guards the model or the caches.
 """
 
+import collections
 import itertools
 import logging
 import queue
@@ -55,6 +56,9 @@ class Engine:
         self._waiting_jobs = 0
         self._rows = {}  # uid -> RowState
         self._reserved = 0
+        # Jobs whose KV reservation does not fit beside the running ones yet: they start,
+        # first come first served, as running jobs end and release theirs.
+        self._memory_waiting = collections.deque()
         self._thread = None
         self._stopping = False
         self._last_gauges = 0.0
@@ -155,6 +159,7 @@ class Engine:
         while not self._stopping:
             try:
                 self._drain(block=not self._rows)
+                self._start_memory_waiting()
                 if self._rows:
                     self._step()
                 else:
@@ -216,17 +221,42 @@ class Engine:
             job.send(Failed(APIError(400, f"Cannot prepare the request: {e}", None, "invalid_request")))
 
     def _insert(self, job):
-        """Tokenize, check and reserve, then insert one row per choice."""
+        """Tokenize, check and reserve, then insert one row per choice; a job whose KV
+        memory is not free yet waits for it (``_start_memory_waiting``)."""
         params = job.spec.params
         prompts, max_tokens = prepare_prompts(job.spec, self.tokenizer, self.vocab_size,
                                               self.context_length, self.config.default_max_tokens)
+        if params.echo and params.logprobs and not self.scores_prompts:
+            raise APIError(400, "'echo' with 'logprobs' is not supported by this server's "
+                           "distributed mode.", "echo", "unsupported_parameter")
+        if self._memory_waiting or not self._reserve(job, prompts, max_tokens):
+            self._memory_waiting.append((job, prompts, max_tokens))
+            return
+        self._insert_rows(job, prompts, max_tokens)
+
+    def _start_memory_waiting(self):
+        """Start the jobs waiting for KV memory, in arrival order, while theirs is free."""
+        while self._memory_waiting:
+            job, prompts, max_tokens = self._memory_waiting[0]
+            if not job.cancelled and not self._reserve(job, prompts, max_tokens):
+                return
+            self._memory_waiting.popleft()
+            if job.cancelled:
+                continue
+            try:
+                self._insert_rows(job, prompts, max_tokens)
+            except Exception as e:  # this request only, as in _start_job
+                log.warning("request failed: %s", traceback.format_exc())
+                self._end_job(job)
+                job.send(Failed(e if isinstance(e, APIError) else APIError(
+                    400, f"Cannot prepare the request: {e}", None, "invalid_request")))
+
+    def _insert_rows(self, job, prompts, max_tokens):
+        """Insert the rows of a job whose KV memory is reserved."""
+        params = job.spec.params
         # Echo with logprobs scores the whole prompt: no prefix cache (its tokens are
         # not prefilled, so they would have no logits).
         score = params.echo and params.logprobs
-        if score and not self.scores_prompts:
-            raise APIError(400, "'echo' with 'logprobs' is not supported by this server's "
-                           "distributed mode.", "echo", "unsupported_parameter")
-        self._reserve(job, prompts, max_tokens)
         rests, caches, prefixes, samplers, procs, states, cached = [], [], [], [], [], [], 0
         stops = row_stops(params, self.tokenizer)
         for i, prompt in enumerate(prompts):
@@ -268,7 +298,8 @@ class Engine:
 
     def _reserve(self, job, prompts, max_tokens):
         """Reserve the job's cache bytes (key/value slots for prompt + max_tokens, and
-        recurrent state, per row) or raise 400/429."""
+        recurrent state, per row); False when they do not fit beside the reservations
+        of running jobs yet, 400 when they can never fit."""
         n = job.spec.params.n
         start = self.config.quantized_kv_start if self.config.kv_bits is not None else None
         kv = (lambda slots: slots * self.kv_bytes_per_token) if start is None else (
@@ -279,14 +310,14 @@ class Engine:
         limit = self.config.max_kv_bytes
         if limit is not None and need > limit:
             raise APIError(400, f"This request needs about {need} bytes of KV cache and state "
-                           f"(prompt + max_tokens, times n), over the server's "
-                           f"--max-kv-bytes {limit}.",
+                           f"(prompt + max_tokens, times n), over the server's KV memory "
+                           f"of {limit} bytes (--kv-memory / --max-kv-bytes).",
                            "max_tokens", "request_too_large")
         if limit is not None and self._reserved + need > limit:
-            raise APIError(429, "The server's KV memory is fully reserved; retry later.", None,
-                           "kv_memory_full", retry_after=1)
+            return False
         job.reserved = need
         self._reserved += need
+        return True
 
     def _fetch_prefix(self, prompt, adapter=0):
         """(cache copy or None, tokens still to prefill) of a row on adapter slot ``adapter``."""
@@ -397,5 +428,6 @@ class Engine:
         self.metrics.set_gauges(
             running_rows=running, waiting_rows=len(self._rows) - running,
             waiting_requests=self.waiting_jobs, kv_cache_bytes=self.gen.prompt_cache_nbytes,
-            kv_reserved_bytes=self._reserved, prefix_cache_bytes=self.prefix.nbytes,
+            kv_reserved_bytes=self._reserved, kv_budget_bytes=self.config.max_kv_bytes or 0,
+            kv_waiting_requests=len(self._memory_waiting), prefix_cache_bytes=self.prefix.nbytes,
             memory_active_bytes=mx.get_active_memory())

@@ -20,7 +20,7 @@ class EngineConfig:
     prefill_tokens_per_step: Optional[int] = None  # prompt tokens per step while rows decode
     default_max_tokens: int = 512  # when a request gives none (bounded by the context)
     context_length: Optional[int] = None  # None: the model's (models.context.context_length)
-    max_kv_bytes: Optional[int] = None  # KV reserved by admitted requests; None: no bound
+    max_kv_bytes: Optional[int] = None  # KV admitted requests reserve in all; None: no bound
     max_waiting: int = 256  # requests admitted but not started; more -> 429
     prompt_cache_size: int = 10  # prefix-cache entries (0: off)
     prompt_cache_bytes: int = 1 << 30

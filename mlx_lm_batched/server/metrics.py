@@ -25,7 +25,7 @@ class Metrics:
         self.cached_tokens = 0
         self.gauges = {"running_rows": 0, "waiting_rows": 0, "waiting_requests": 0,
                        "kv_cache_bytes": 0, "prefix_cache_bytes": 0, "memory_active_bytes": 0,
-                       "kv_reserved_bytes": 0}
+                       "kv_reserved_bytes": 0, "kv_budget_bytes": 0, "kv_waiting_requests": 0}
         self._queue_counts = [0] * (len(QUEUE_BUCKETS) + 1)
         self._queue_sum = 0.0
         self._requests = {}  # (endpoint, status) -> count
@@ -99,6 +99,12 @@ class Metrics:
             metric("kv_reserved_bytes", "gauge",
                    "KV bytes reserved by admitted requests (prompt + max_tokens), for admission.",
                    [("", g["kv_reserved_bytes"])])
+            metric("kv_budget_bytes", "gauge",
+                   "KV bytes admitted requests may reserve in all (--kv-memory; 0: no bound).",
+                   [("", g["kv_budget_bytes"])])
+            metric("kv_waiting_requests", "gauge",
+                   "Requests waiting for KV memory that running requests hold.",
+                   [("", g["kv_waiting_requests"])])
             metric("prefix_cache_bytes", "gauge", "Bytes held by the prefix (prompt) cache.",
                    [("", g["prefix_cache_bytes"])])
             metric("memory_active_bytes", "gauge", "MLX active memory.",
