@@ -145,7 +145,7 @@ def check_kv_fits(model, cache, rows, slots, kv_quant=None):
     )
 
 
-# What a server leaves free beside its KV budget by default: a tenth of the memory
+# What a server leaves free beside its KV budget by default: 10% of the memory
 # available after the weights are loaded, at least this many bytes (activations of a
 # prefill chunk, the tokenizer, the HTTP side, the allocator's slack).
 DEFAULT_MARGIN_BYTES = 1 << 30
