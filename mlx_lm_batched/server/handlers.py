@@ -50,7 +50,7 @@ async def _stream(job, ids, spec):
     # Chat chunks carry ``usage: null`` before the last (OpenAI's schema allows it there);
     # text-completion chunks leave it out (their schema has no null usage).
     extra = {"usage": None} if params.include_usage and chat else {}
-    parsers = [spec.output.parser() for _ in range(n)] if chat else None
+    parsers = [spec.output.parser(stream_calls=True) for _ in range(n)] if chat else None
     offsets = [0] * n  # text offsets (completions logprobs)
     completion = 0
     if chat:
