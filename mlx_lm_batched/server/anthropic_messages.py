@@ -4,21 +4,22 @@ A request is translated to a chat-completion request (system, text blocks, ``too
 as assistant tool calls, ``tool_result`` as tool messages, tools and ``tool_choice``),
 checked by the same schema, and answered in Anthropic's shapes: a ``message`` with text
 and ``tool_use`` blocks, or its stream events (``message_start``,
-``content_block_start`` / ``_delta`` / ``_stop``, ``message_delta``, ``message_stop``).
+``content_block_start`` / ``_delta`` / ``_stop``, ``message_delta``, ``message_stop``),
+text as ``text_delta``s and a tool call's input as ``input_json_delta`` fragments while
+they are generated.
 """
 
-import asyncio
 import json
 import uuid
 
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse
 
-from .collect import collect_text
-from .events import Delta, Failed, Finished
+from .events import Delta, Failed
 from .errors import APIError
 from .job_prep import JobSpec
+from .job_stream import start_job
 from .schema import ChatCompletionRequest, chat_messages, generation_params, parse
-from .tool_calls import split_tool_calls
+from .tool_calls import answer_parser, split_tool_calls
 from .tool_choice import tools_for_prompt
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -92,72 +93,88 @@ def _blocks(text, tools):
     return blocks, bool(calls)
 
 
-async def serve_messages(engine, config, data, model_name, grammar_ready):
-    """Answer one Messages request (a JSON response or an event stream)."""
+async def serve_messages(engine, config, data, model_name, grammar_ready, request=None):
+    """Answer one Messages request (a JSON response or an event stream); ``request``
+    (the Starlette request) is polled so that a client gone cancels its job."""
     req = parse(ChatCompletionRequest, chat_request(data))
     params = generation_params(req, config, config.default_temperature)
     spec = JobSpec(params, messages=chat_messages(req),
                    tools=tools_for_prompt(req.tools, req.tool_choice),
                    adapter=config.adapter_slot(model_name))
     await grammar_ready(params)
-    events = asyncio.Queue()
-    job = engine.submit(spec, asyncio.get_running_loop(), events)
-    first = await events.get()
-    if isinstance(first, Failed):
-        raise first.error
+    job = await start_job(engine, spec, request)
     msg_id = f"msg_{uuid.uuid4().hex[:24]}"
     head = {"id": msg_id, "type": "message", "role": "assistant", "model": model_name,
             "stop_sequence": None}
     if params.stream:
-        return StreamingResponse(_events(engine, job, events, head, first, spec),
-                                 media_type="text/event-stream")
-    text, reason, out = await collect_text(engine, job, events)
-    blocks, called = _blocks(text, spec.tools)
+        return job.sse_response(_events(job, head, spec))
+    result = await job.collect()
+    blocks, called = _blocks(result.texts[0], spec.tools)
+    reason = result.finish_reasons[0]
     return JSONResponse({**head, "content": blocks,
                          "stop_reason": "tool_use" if called else _STOP.get(reason, reason),
-                         "usage": {"input_tokens": first.prompt_tokens, "output_tokens": out}})
+                         "usage": {"input_tokens": job.started.prompt_tokens,
+                                   "output_tokens": result.completion_tokens}})
 
 
 def _sse(kind, data):
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
 
 
-async def _events(engine, job, events, head, started, spec):
-    """Text streams as ``text_delta``s; tool calls (with tools) come whole at the end."""
-    done = False
-    try:
-        yield _sse("message_start", {"message": {**head, "content": [], "stop_reason": None,
-                                                 "usage": {"input_tokens": started.prompt_tokens,
-                                                           "output_tokens": 0}}})
-        yield _sse("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
-        text, reason, out = "", None, 0
-        while reason is None:
-            ev = await events.get()
-            if isinstance(ev, Failed):
-                yield _sse("error", {"error": {"type": "api_error", "message": ev.error.message}})
-                return
-            if isinstance(ev, Delta):
-                text += ev.text
-                if ev.text and not spec.tools:
-                    yield _sse("content_block_delta", {"index": 0, "delta": {
-                        "type": "text_delta", "text": ev.text}})
-            elif isinstance(ev, Finished):
-                reason, out = ev.finish_reason, ev.completion_tokens
-        blocks, called = _blocks(text, spec.tools)
-        if spec.tools and blocks and blocks[0]["type"] == "text":
-            yield _sse("content_block_delta", {"index": 0, "delta": {
-                "type": "text_delta", "text": blocks[0]["text"]}})
-        yield _sse("content_block_stop", {"index": 0})
-        for i, b in enumerate(x for x in blocks if x["type"] == "tool_use"):
-            yield _sse("content_block_start", {"index": i + 1, "content_block": {**b, "input": {}}})
-            yield _sse("content_block_delta", {"index": i + 1, "delta": {
-                "type": "input_json_delta", "partial_json": json.dumps(b["input"])}})
-            yield _sse("content_block_stop", {"index": i + 1})
-        yield _sse("message_delta", {"delta": {"stop_reason": "tool_use" if called else
-                                               _STOP.get(reason, reason), "stop_sequence": None},
-                                     "usage": {"output_tokens": out}})
-        yield _sse("message_stop", {})
-        done = True
-    finally:
-        if not done:
-            engine.cancel(job)
+class _Blocks:
+    """The content blocks of a streamed message, opened as the parsed output needs them."""
+
+    def __init__(self):
+        self.index, self.kind = -1, None
+
+    def write(self, parsed):
+        """The events of one parser result (text, tool-call openings and fragments)."""
+        if parsed["content"]:
+            if self.kind != "text":
+                yield from self._open({"type": "text", "text": ""})
+            yield _sse("content_block_delta", {"index": self.index, "delta": {
+                "type": "text_delta", "text": parsed["content"]}})
+        for call in parsed["tool_calls"]:
+            if "id" in call:
+                yield from self._open({"type": "tool_use", "id": "toolu_" + call["id"][5:],
+                                       "name": call["function"]["name"], "input": {}})
+            if call["function"]["arguments"]:
+                yield _sse("content_block_delta", {"index": self.index, "delta": {
+                    "type": "input_json_delta", "partial_json": call["function"]["arguments"]}})
+
+    def close(self):
+        """The last block's end (an empty text block when nothing was generated)."""
+        if self.kind is None:
+            yield from self._open({"type": "text", "text": ""})
+        yield _sse("content_block_stop", {"index": self.index})
+
+    def _open(self, block):
+        if self.kind is not None:
+            yield _sse("content_block_stop", {"index": self.index})
+        self.index, self.kind = self.index + 1, block["type"]
+        yield _sse("content_block_start", {"index": self.index, "content_block": block})
+
+
+async def _events(job, head, spec):
+    """The message's events; text and tool calls stream as they are generated."""
+    yield _sse("message_start", {"message": {**head, "content": [], "stop_reason": None,
+                                             "usage": {"input_tokens": job.started.prompt_tokens,
+                                                       "output_tokens": 0}}})
+    parser, blocks = answer_parser(spec.tools), _Blocks()
+    reason, out = None, 0
+    async for ev in job.events():
+        if isinstance(ev, Failed):
+            yield _sse("error", {"error": {"type": "api_error", "message": ev.error.message}})
+            return
+        if isinstance(ev, Delta):
+            parsed = parser.feed(ev.text)
+        else:
+            reason, out, parsed = ev.finish_reason, ev.completion_tokens, parser.finish()
+        for event in blocks.write(parsed):
+            yield event
+    for event in blocks.close():
+        yield event
+    yield _sse("message_delta", {"delta": {"stop_reason": "tool_use" if parser.count else
+                                           _STOP.get(reason, reason), "stop_sequence": None},
+                                 "usage": {"output_tokens": out}})
+    yield _sse("message_stop", {})

@@ -137,13 +137,13 @@ def create_app(engine, config):
     async def anthropic_messages(request: Request):
         data = await read_json(request, config.max_body_bytes)
         name = check_model(data.get("model") if isinstance(data, dict) else None)
-        return await serve_messages(engine, config, data, name, _grammar_ready)
+        return await serve_messages(engine, config, data, name, _grammar_ready, request)
 
     @app.post("/v1/responses")
     async def openai_responses(request: Request):
         data = await read_json(request, config.max_body_bytes)
         name = check_model(data.get("model") if isinstance(data, dict) else None)
-        return await serve_responses(engine, config, data, name, _grammar_ready)
+        return await serve_responses(engine, config, data, name, _grammar_ready, request)
 
     add_tokenize_routes(app, engine, config, check_model)
     paths = [r.path for r in app.routes]

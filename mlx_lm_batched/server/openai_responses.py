@@ -6,19 +6,18 @@ output), ``max_output_tokens``, ``stream`` (the Responses event types). Response
 not stored, so ``previous_response_id`` is a 400 saying so.
 """
 
-import asyncio
 import json
 import time
 import uuid
 
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse
 
-from .collect import collect_text
-from .events import Delta, Failed, Finished
+from .events import Delta, Failed
 from .errors import APIError
 from .job_prep import JobSpec
+from .job_stream import start_job
 from .schema import ChatCompletionRequest, chat_messages, generation_params, parse
-from .tool_calls import split_tool_calls
+from .tool_calls import answer_parser, split_tool_calls
 from .tool_choice import tools_for_prompt
 
 
@@ -113,85 +112,127 @@ def _response(head, items, reason, prompt_tokens, out_tokens):
                 "output_tokens_details": {"reasoning_tokens": 0}}}
 
 
-async def serve_responses(engine, config, data, model_name, grammar_ready):
-    """Answer one Responses request (a JSON response or an event stream)."""
+async def serve_responses(engine, config, data, model_name, grammar_ready, request=None):
+    """Answer one Responses request (a JSON response or an event stream); ``request``
+    (the Starlette request) is polled so that a client gone cancels its job."""
     req = parse(ChatCompletionRequest, chat_request(data))
     params = generation_params(req, config, config.default_temperature)
     spec = JobSpec(params, messages=chat_messages(req),
                    tools=tools_for_prompt(req.tools, req.tool_choice),
                    adapter=config.adapter_slot(model_name))
     await grammar_ready(params)
-    events = asyncio.Queue()
-    job = engine.submit(spec, asyncio.get_running_loop(), events)
-    first = await events.get()
-    if isinstance(first, Failed):
-        raise first.error
+    job = await start_job(engine, spec, request)
     head = {"id": f"resp_{uuid.uuid4().hex[:24]}", "object": "response",
             "created_at": int(time.time()), "model": model_name, "error": None,
             "instructions": data.get("instructions"), "tools": data.get("tools") or [],
             "tool_choice": data.get("tool_choice") or "auto", "parallel_tool_calls": True,
             "temperature": data.get("temperature"), "top_p": data.get("top_p")}
     if params.stream:
-        return StreamingResponse(_events(engine, job, events, head, first, spec),
-                                 media_type="text/event-stream")
-    text, reason, out = await collect_text(engine, job, events)
-    return JSONResponse(_response(head, _output(text, spec.tools), reason, first.prompt_tokens, out))
+        return job.sse_response(_events(job, head, spec))
+    result = await job.collect()
+    return JSONResponse(_response(head, _output(result.texts[0], spec.tools),
+                                  result.finish_reasons[0], job.started.prompt_tokens,
+                                  result.completion_tokens))
 
 
-async def _events(engine, job, events, head, started, spec):
-    """The Responses stream: text as ``response.output_text.delta`` events (with tools,
-    the items come whole at the end), then ``response.completed``."""
+class _Items:
+    """The output items of a streamed response, opened as the parsed output needs them:
+    a message (``response.output_text.delta``) or a function call
+    (``response.function_call_arguments.delta``). ``sse(kind, data)`` writes an event."""
+
+    def __init__(self, sse):
+        self.sse, self.items, self.open = sse, [], None
+
+    def write(self, parsed):
+        """The events of one parser result (text, tool-call openings and fragments)."""
+        if parsed["content"]:
+            if self.open is None or self.open["type"] != "message":
+                yield from self._open_message()
+            self.open["content"][0]["text"] += parsed["content"]
+            yield self.sse("response.output_text.delta", {**self._where(), "content_index": 0,
+                                                          "delta": parsed["content"],
+                                                          "logprobs": []})
+        for call in parsed["tool_calls"]:
+            if "id" in call:
+                yield from self._close()
+                self._add({"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}",
+                           "call_id": call["id"], "name": call["function"]["name"],
+                           "arguments": "", "status": "in_progress"})
+                yield self.sse("response.output_item.added", {"output_index": len(self.items) - 1,
+                                                              "item": dict(self.open)})
+            if call["function"]["arguments"]:
+                self.open["arguments"] += call["function"]["arguments"]
+                yield self.sse("response.function_call_arguments.delta", {
+                    **self._where(), "delta": call["function"]["arguments"]})
+
+    def finish(self):
+        """The last item's end (an empty message when nothing was generated)."""
+        if not self.items:
+            yield from self._open_message()
+        yield from self._close()
+
+    def _where(self):
+        return {"item_id": self.open["id"], "output_index": len(self.items) - 1}
+
+    def _add(self, item):
+        self.items.append(item)
+        self.open = item
+
+    def _open_message(self):
+        yield from self._close()
+        self._add({"type": "message", "id": f"msg_{uuid.uuid4().hex[:24]}", "status": "in_progress",
+                   "role": "assistant", "content": []})
+        yield self.sse("response.output_item.added", {"output_index": len(self.items) - 1,
+                                                      "item": {**self.open, "content": []}})
+        part = {"type": "output_text", "text": "", "annotations": []}
+        self.open["content"].append(part)
+        yield self.sse("response.content_part.added", {**self._where(), "content_index": 0,
+                                                       "part": dict(part)})
+
+    def _close(self):
+        item, where = self.open, self._where() if self.open is not None else None
+        if item is None:
+            return
+        self.open = None
+        item["status"] = "completed"
+        if item["type"] == "message":
+            part = item["content"][0]
+            yield self.sse("response.output_text.done", {**where, "content_index": 0,
+                                                         "text": part["text"], "logprobs": []})
+            yield self.sse("response.content_part.done", {**where, "content_index": 0,
+                                                          "part": part})
+        else:
+            yield self.sse("response.function_call_arguments.done", {
+                **where, "arguments": item["arguments"]})
+        yield self.sse("response.output_item.done", {"output_index": where["output_index"],
+                                                     "item": item})
+
+
+async def _events(job, head, spec):
+    """The Responses stream: ``response.created``, the output items as they are generated
+    (text deltas, function-call argument deltas), then ``response.completed``."""
     seq = iter(range(1 << 62))
 
     def sse(kind, data):
         return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': next(seq), **data})}\n\n"
 
-    done = False
-    try:
-        pending = {**head, "status": "in_progress", "output": [], "usage": None,
-                   "incomplete_details": None}
-        yield sse("response.created", {"response": pending})
-        msg_id = f"msg_{uuid.uuid4().hex[:24]}"
-        live = not spec.tools
-        if live:
-            yield sse("response.output_item.added", {"output_index": 0, "item": {
-                "type": "message", "id": msg_id, "status": "in_progress", "role": "assistant",
-                "content": []}})
-            yield sse("response.content_part.added", {"item_id": msg_id, "output_index": 0,
-                                                      "content_index": 0, "part": {
-                "type": "output_text", "text": "", "annotations": []}})
-        text, reason, out = "", None, 0
-        while reason is None:
-            ev = await events.get()
-            if isinstance(ev, Failed):
-                yield sse("error", {"code": ev.error.code, "message": ev.error.message,
-                                    "param": ev.error.param})
-                return
-            if isinstance(ev, Delta):
-                text += ev.text
-                if live and ev.text:
-                    yield sse("response.output_text.delta", {"item_id": msg_id, "output_index": 0,
-                                                             "content_index": 0, "delta": ev.text,
-                                                             "logprobs": []})
-            elif isinstance(ev, Finished):
-                reason, out = ev.finish_reason, ev.completion_tokens
-        items = _output(text, spec.tools)
-        if live:
-            items[0]["id"] = msg_id
-            yield sse("response.output_text.done", {"item_id": msg_id, "output_index": 0,
-                                                    "content_index": 0, "text": text,
-                                                    "logprobs": []})
-            yield sse("response.content_part.done", {"item_id": msg_id, "output_index": 0,
-                                                     "content_index": 0,
-                                                     "part": items[0]["content"][0]})
-            yield sse("response.output_item.done", {"output_index": 0, "item": items[0]})
+    pending = {**head, "status": "in_progress", "output": [], "usage": None,
+               "incomplete_details": None}
+    yield sse("response.created", {"response": pending})
+    parser, items = answer_parser(spec.tools), _Items(sse)
+    reason, out = None, 0
+    async for ev in job.events():
+        if isinstance(ev, Failed):
+            yield sse("error", {"code": ev.error.code, "message": ev.error.message,
+                                "param": ev.error.param})
+            return
+        if isinstance(ev, Delta):
+            parsed = parser.feed(ev.text)
         else:
-            for i, item in enumerate(items):
-                yield sse("response.output_item.added", {"output_index": i, "item": item})
-                yield sse("response.output_item.done", {"output_index": i, "item": item})
-        yield sse("response.completed", {"response": _response(head, items, reason,
-                                                               started.prompt_tokens, out)})
-        done = True
-    finally:
-        if not done:
-            engine.cancel(job)
+            reason, out, parsed = ev.finish_reason, ev.completion_tokens, parser.finish()
+        for event in items.write(parsed):
+            yield event
+    for event in items.finish():
+        yield event
+    yield sse("response.completed", {"response": _response(head, items.items, reason,
+                                                           job.started.prompt_tokens, out)})

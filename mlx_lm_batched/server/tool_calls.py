@@ -34,9 +34,10 @@ class ChatOutput:
     in_reasoning: bool = False
     tools_for_template: Optional[list] = None
 
-    def parser(self):
-        """A fresh parser for one choice."""
-        return ChatOutputParser(self.family, self.think, self.in_reasoning)
+    def parser(self, stream_calls=False):
+        """A fresh parser for one choice; ``stream_calls``: tool calls in the forced
+        (``json_tools``) format come as they are generated, their arguments in fragments."""
+        return ChatOutputParser(self.family, self.think, self.in_reasoning, stream_calls)
 
 
 def forces_tool_call(tool_choice):
@@ -90,6 +91,13 @@ def split_tool_calls(text, family=FORCED_FAMILY):
     that do not parse stay in the content as written)."""
     parsed = ChatOutputParser(family, None, False).parse(text)
     return parsed["content"], parsed["tool_calls"]
+
+
+def answer_parser(tools):
+    """The streaming parser of a Responses or Messages answer: with ``tools``, calls in
+    the forced format (as :func:`split_tool_calls` reads them whole) come as they are
+    generated, their arguments in fragments; without, all text is content."""
+    return ChatOutputParser(FORCED_FAMILY if tools else None, None, False, stream_calls=True)
 
 
 def _vocab(tokenizer):

@@ -4,6 +4,7 @@ the answer."""
 
 from .calls import tool_call
 from .state_machine import TextStateMachine
+from .streamed_calls import JsonCallStream
 
 ANSWER, REASONING, TOOL = "normal", "reasoning", "tool"
 
@@ -13,9 +14,12 @@ class ChatOutputParser:
 
     ``family``: a :class:`ToolFamily` or None (tool markup stays in the answer);
     ``think``: ``(start, end)`` reasoning markers or None; ``in_reasoning``: the prompt
-    already opened the reasoning block (templates that end with ``<think>``)."""
+    already opened the reasoning block (templates that end with ``<think>``).
+    ``stream_calls``: :meth:`feed` sends a ``json_tools`` call as it is generated (a first
+    delta with its id and name, then its arguments in fragments) instead of whole at
+    its end marker; other families' calls still come whole."""
 
-    def __init__(self, family=None, think=None, in_reasoning=False):
+    def __init__(self, family=None, think=None, in_reasoning=False, stream_calls=False):
         edges = {ANSWER: [], REASONING: [], TOOL: []}
         if think is not None:
             edges[ANSWER].append((think[0], REASONING))
@@ -28,7 +32,9 @@ class ChatOutputParser:
         self._machine = TextStateMachine(edges)
         self._state = self._machine.make_state(REASONING if think and in_reasoning else ANSWER)
         self._body = ""
-        self.count = 0  # tool calls emitted so far
+        self._streamed = None  # the JsonCallStream of the call being generated
+        self._stream_calls = stream_calls and family is not None and family.name == "json_tools"
+        self.count = 0  # tool calls emitted (or opened, when streamed) so far
 
     def feed(self, text):
         """The pieces ``text`` completes (held-back text waits for the next feed)."""
@@ -52,6 +58,8 @@ class ChatOutputParser:
             done = closing or k < len(segments) - 1  # later segments mean this state ended
             if state == TOOL:
                 self._body += text
+                if self._stream_calls:
+                    self._stream_call(out, text)
                 if done:  # closed by its end marker, or cut off at the end of the text
                     self._close_call(out, "" if closing else self.family.end)
             elif state == REASONING:
@@ -60,8 +68,24 @@ class ChatOutputParser:
                 out["content"] += text
         return out
 
+    def _stream_call(self, out, text):
+        if self._streamed is None:
+            self._streamed = JsonCallStream(self.count)
+        opened = self._streamed.opened
+        for delta in self._streamed.feed(text):
+            last = out["tool_calls"][-1] if out["tool_calls"] else None
+            if last is not None and last["index"] == delta["index"]:
+                last["function"]["arguments"] += delta["function"]["arguments"]
+            else:
+                out["tool_calls"].append(delta)
+        if self._streamed.opened and not opened:
+            self.count += 1
+
     def _close_call(self, out, end):
         body, self._body = self._body, ""
+        streamed, self._streamed = self._streamed, None
+        if streamed is not None and streamed.opened:
+            return  # sent while generated (a body that does not parse is sent as it is)
         try:
             calls = self.family.parse(body)
         except (ValueError, TypeError):  # not a call after all: the markup is the answer
