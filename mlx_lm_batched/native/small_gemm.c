@@ -53,7 +53,12 @@ static inline __attribute__((always_inline)) void block(
     for (int j = 0; j < nr; j++) b[j] = load(B + (size_t)j * ldb + k);
     for (int i = 0; i < mr; i++) {
       vf a = load(A + (size_t)i * lda + k);
-      __asm__("" : "+v"(a)); /* one load, nr uses (GCC would reload it per use) */
+#if defined(__AVX512F__) || VW * 4 <= 32
+      /* One load, nr uses (GCC would reload it per use). Only where the vector is one
+       * register: without AVX-512 a 16-float vector is two, and the constraint cannot
+       * be met (the build failed on AVX2-only CPUs). A hint, not a change of bits. */
+      __asm__("" : "+v"(a));
+#endif
       for (int j = 0; j < nr; j++) acc[i * nr + j] += a * b[j];
     }
   }
