@@ -10,12 +10,17 @@ line can install its Ctrl-C handler before the heavy imports.
 
 import importlib
 import sys
-import types
 import warnings
 
 from . import _blas  # noqa: F401  (must run before the first `import mlx.core`)
 from . import _malloc  # noqa: F401  (glibc keeps freed arrays' pages: see _malloc)
 from . import _submodules
+from .compat import finder as _compat_finder
+from .compat.package_module import PackageModule as _PackageModule
+
+# mlx-lm's module paths without a file of their own (``utils``, ``models.cache``, the
+# model aliases ...) are served from compat/module_table.py by an import hook.
+_compat_finder.install()
 
 # `python -m mlx_lm_batched.generate` runs a module this package also imports
 # (as mlx-lm's does); runpy's warning about that is noise for users.
@@ -36,9 +41,6 @@ _LAZY = {
     "BatchResponse": ".api.responses",
     "convert": ".loading.convert",
 }
-# Submodules named like the function they hold (mlx-lm's ``generate`` and ``convert``).
-_SHADOWED = ("generate", "convert")
-
 __all__ = list(_LAZY)
 
 
@@ -56,15 +58,4 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 
 
-class _Package(types.ModuleType):
-    """Keeps ``mlx_lm_batched.generate`` / ``.convert`` the functions, as the eager
-    ``from .generate import generate`` of mlx-lm's ``__init__`` does: importing the
-    submodule would otherwise bind the module object over the function."""
-
-    def __setattr__(self, name, value):
-        if isinstance(value, types.ModuleType) and name in _SHADOWED:
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+sys.modules[__name__].__class__ = _PackageModule  # keeps .generate the function

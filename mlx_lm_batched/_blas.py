@@ -98,12 +98,22 @@ def find_mkl():
     files of the installed ``mkl`` distribution, ``LD_LIBRARY_PATH`` and a few
     system directories.
     """
-    found = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")), reverse=True)
-    found += _mkl_from_metadata()
+    def first_file(paths):
+        return next((p for p in paths if os.path.isfile(p)), None)
+
+    # Reading the distribution's RECORD costs importlib.metadata's import (tens of ms at
+    # every ``import mlx_lm_batched``): only when the environment's lib/ has no MKL.
+    found = first_file(sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")),
+                              reverse=True)) or first_file(_mkl_from_metadata())
+    if found:
+        return found
     for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) + _MKL_DIRS:
         if d:
-            found += sorted(glob.glob(os.path.join(d, "libmkl_rt.so*")), reverse=True)
-    return next((p for p in found if os.path.isfile(p)), None)
+            found = first_file(sorted(glob.glob(os.path.join(d, "libmkl_rt.so*")),
+                                      reverse=True))
+            if found:
+                return found
+    return None
 
 
 def cpu_vendor():
@@ -181,6 +191,9 @@ def preload(choice=None):
     choice = choice or requested()
     if not sys.platform.startswith("linux") or choice == "none":
         return None
+    # This is the one native step that must stay at import: the BLAS (and the small-row
+    # kernel ahead of it) must be in the global symbol scope before ``mlx.core`` loads,
+    # or MLX binds its matmuls to the bundled BLAS for the life of the process.
     if "mlx.core" in sys.modules:
         if choice != "auto":
             _warn(f"{ENV}={choice}: mlx.core was imported before mlx_lm_batched, "

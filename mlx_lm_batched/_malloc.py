@@ -8,14 +8,10 @@ request above its mmap threshold (128 KB at start, raised adaptively) with a fre
 threshold is free at its top. The arrays of a forward pass (a prefill's activations,
 attention scores, the exponentials of a softmax: a few MB each, allocated and freed on
 every layer) then come back as new pages every time, and every page faults in and is
-zeroed by the kernel. Measured on SmolLM2-135M float32 (2-core AMD EPYC, OpenBLAS;
-``scripts/bench_malloc.py``): 2.5 million page faults for 16 prompts and 32 tokens each in
-one batch, 16 s of system time in an 18 s run (12.7 s and 83 thousand faults with the
-thresholds below); the fused SiLU of a ``(4, 256, 1536)`` prefill activation took 30 ms
-instead of 5. Since the CPU primitives (``_cpu_prims``) keep a forward pass's large
-temporaries out of MLX's allocator, a whole batch's wall time no longer differs (seventeenth
-session: 0.98x, 83 against 110 thousand faults); the thresholds stay for the paths those
-primitives do not take.
+zeroed by the kernel (``scripts/bench_malloc.py`` measures the page faults and system
+time with and without the thresholds below; docs/PERF.md has the numbers). The CPU
+primitives (``_cpu_prims``) keep most of a forward pass's large temporaries out of MLX's
+allocator; the thresholds serve the paths those primitives do not take.
 
 :func:`configure` fixes both thresholds at import (``mallopt``), so memory freed by one
 array serves the next of its size:
@@ -91,4 +87,6 @@ def configure(choice=None):
     return configured
 
 
+# At import, not on first use: the thresholds must be set before MLX allocates the first
+# array (glibc's adaptive threshold has moved by then); mallopt itself costs nothing.
 configure()

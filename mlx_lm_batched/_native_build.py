@@ -68,6 +68,25 @@ def _exclusive(directory, name):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _failure(path):
+    """The error line a failed build of ``path`` left (``<path>.failed``), or None."""
+    try:
+        with open(path + ".failed") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _remember_failure(path, message):
+    # A compile error is kept under the same key as the binary would have been: the
+    # small-matmul kernel is built at import, and a build that cannot succeed (the same
+    # sources, compiler, flags and CPU) would otherwise cost its compile time on every
+    # import. A changed source or compiler is a new key, and builds again.
+    with contextlib.suppress(OSError):
+        with open(path + ".failed", "w") as f:
+            f.write(message + "\n")
+
+
 def cached_build(name, what, compiler, sources, flags, suffix=".so", headers=(),
                  key_parts=(), timeout=300):
     """Path of ``name-<key><suffix>`` built by ``compiler sources flags -o out`` (link
@@ -76,7 +95,7 @@ def cached_build(name, what, compiler, sources, flags, suffix=".so", headers=(),
     ``compiler``: a full path (callers say which compiler is missing, by language);
     ``what`` names the kernel in errors; ``headers``: files the sources include;
     ``key_parts``: other strings the binary depends on. Raises OSError (compile error,
-    no writable directory).
+    also the one a previous build under the same key met; no writable directory).
     """
     parts = [_identity(compiler), " ".join(flags), cpu_signature(), *key_parts]
     contents = []
@@ -88,6 +107,9 @@ def cached_build(name, what, compiler, sources, flags, suffix=".so", headers=(),
         path = os.path.join(directory, f"{name}-{key}{suffix}")
         if os.path.exists(path):
             return path
+        failed = _failure(path)
+        if failed:  # the same sources, compiler and flags failed before: say so again
+            raise OSError(failed)
         try:
             os.makedirs(directory, exist_ok=True)
             fd, partial = tempfile.mkstemp(suffix=suffix, dir=directory)
@@ -103,6 +125,7 @@ def cached_build(name, what, compiler, sources, flags, suffix=".so", headers=(),
                 if done.returncode != 0:
                     lines = [line for line in done.stderr.strip().splitlines()
                              if "error" in line] or done.stderr.strip().splitlines() or ["?"]
+                    _remember_failure(path, f"building the {what} failed: {lines[0]}")
                     raise OSError(f"building the {what} failed: {lines[0]}")
                 os.replace(partial, path)  # atomic: readers see a whole file or none
                 return path

@@ -1,17 +1,12 @@
-"""mlx-lm's ``mlx_lm.chat``: ``python -m mlx_lm_batched.chat`` runs the chat REPL
-(``cli/chat.py``)."""
+"""mlx-lm's ``mlx_lm.chat``: the chat REPL's names. ``python -m mlx_lm_batched.chat`` runs
+``cli/chat.py`` (the entry first, so that Ctrl-C while MLX loads ends in one line); the
+names importing it gives are listed in ``compat/module_table.py``."""
 
 if __name__ == "__main__":
     from .cli.entry import run_main
 
     run_main("chat")
 
-from .api.generate import stream_generate
-from .cache.factory import make_prompt_cache
-from .cli.chat import build_parser as setup_arg_parser, main
-from .loading.load import load
-from .parallel.load import sharded_load
-from .sampling.samplers import make_sampler
+from .compat.reexport import export_names as _export_names
 
-__all__ = ["load", "main", "make_prompt_cache", "make_sampler", "setup_arg_parser",
-           "sharded_load", "stream_generate"]
+__all__ = _export_names(globals())

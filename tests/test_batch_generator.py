@@ -6,7 +6,7 @@ import pytest
 
 from conftest import corpus_prompts
 from mlx_lm_batched.generate import BatchGenerator, StopSequences, generate_step
-from mlx_lm_batched.cache.rows import cache_length
+from mlx_lm_batched.cache.row_caches import cache_length
 from mlx_lm_batched.sample_utils import make_logits_processors
 
 TOL = 1e-4

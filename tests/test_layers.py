@@ -1,6 +1,7 @@
 """The package's layering: subpackages named after their layer, imports flowing one way
 (import-linter's contract in pyproject.toml, imports inside functions included), no
-import cycle, and mlx-lm's module names kept as thin re-exports."""
+import cycle, and mlx-lm's module paths generated from one table
+(``compat/module_table.py``), the command modules as thin files."""
 
 import ast
 import importlib
@@ -11,22 +12,17 @@ from pathlib import Path
 import grimp
 import pytest
 
+from mlx_lm_batched.compat import finder, module_table
 from mlx_lm_batched.models import MODEL_TYPES
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "mlx_lm_batched"
 CONTRACT = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
 # Registered model_types served by another family's file get a module of their own name
-# (mlx-lm's ``models.<type>`` names, hyphenated ones included, e.g. ``lfm2-vl``); each is a
-# thin re-export of the family's module.
-ALIAS_MODULES = sorted(t for t, m in MODEL_TYPES.items() if t != m)
-# mlx-lm's module names: explicit re-exports and nothing else (generate and convert also
-# start their command lines under ``python -m``).
-SHIMS = ["generate", "utils", "sample_utils", "tokenizer_utils", "convert", "gguf",
-         "generate_utils", "demo_models", "models/base", "models/cache", "models/ssm",
-         "models/gated_delta", "models/mla", "models/rope_utils", "models/switch_layers",
-         "models/activations", "chat", "cache_prompt", "benchmark", "run_batch", "fuse"] + [
-             f"models/{t}" for t in ALIAS_MODULES]
+# (mlx-lm's ``models.<type>`` names, hyphenated ones included, e.g. ``lfm2-vl``), served
+# from the table like mlx-lm's other module paths.
+ALIAS_MODULES = sorted(f"models.{t}" for t, m in MODEL_TYPES.items() if t != m)
+TABLE_MODULES = sorted(set(module_table.MODULES) - set(module_table.COMMAND_MODULES))
 
 
 def layer_modules():
@@ -87,8 +83,9 @@ def test_no_import_cycles():
     assert not cycles, cycles
 
 
-@pytest.mark.parametrize("name", SHIMS)
-def test_mlx_lm_module_names_are_thin_reexports(name):
+@pytest.mark.parametrize("name", module_table.COMMAND_MODULES)
+def test_mlx_lm_command_modules_are_thin_files(name):
+    # Only the entry (``python -m``), imports and ``__all__`` filled from the table.
     path = PACKAGE / f"{name}.py"
     tree = ast.parse(path.read_text())
     body = tree.body[1:] if isinstance(tree.body[0], ast.Expr) else tree.body  # docstring
@@ -97,6 +94,48 @@ def test_mlx_lm_module_names_are_thin_reexports(name):
                  and getattr(node.test.left, "id", None) == "__name__")
         exported = isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["__all__"]
         assert isinstance(node, ast.ImportFrom) or entry or exported, (name, ast.dump(node)[:200])
-    module = importlib.import_module("mlx_lm_batched." + name.replace("/", "."))
+    assert len(body) <= 3, name
+    module = importlib.import_module("mlx_lm_batched." + name)
     assert module.__all__ and all(hasattr(module, n) for n in module.__all__)
     assert "__getattr__" not in vars(module)
+
+
+@pytest.mark.parametrize("name", TABLE_MODULES + ALIAS_MODULES)
+def test_mlx_lm_module_paths_come_from_the_table(name):
+    # No file of its own: the import hook fills it from its row, and nothing else.
+    assert not (PACKAGE / f"{name.replace('.', '/')}.py").exists(), name
+    module = importlib.import_module("mlx_lm_batched." + name)
+    assert module.__spec__.origin == finder.ORIGIN
+    rows = module_table.sources(name)
+    listed = sorted(entry.partition("=")[0] for names in rows.values() for entry in names)
+    assert module.__all__ == listed and all(hasattr(module, n) for n in module.__all__)
+    public = {n for n in vars(module) if not n.startswith("_")}
+    assert public == set(listed), sorted(public ^ set(listed))
+
+
+@pytest.mark.parametrize("name", sorted(module_table.REFUSED))
+def test_refused_mlx_lm_modules_say_what_to_use_in_one_line(name):
+    sys.modules.pop(f"mlx_lm_batched.{name}", None)
+    with pytest.raises(ImportError) as caught:
+        importlib.import_module(f"mlx_lm_batched.{name}")
+    assert str(caught.value) == module_table.REFUSED[name]
+    assert "mlx_lm_batched" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_refused_modules_under_python_m_print_the_line_alone(tmp_path):
+    import subprocess
+
+    for argv in (["-m", "mlx_lm_batched.lora"], ["-m", "mlx_lm_batched.quant.awq"]):
+        proc = subprocess.run([sys.executable, *argv, "--help"], capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path)
+        name = argv[1].split(".")[1]
+        assert proc.returncode == 1 and proc.stdout == "", proc.stderr[-2000:]
+        assert proc.stderr == module_table.REFUSED[name] + "\n", proc.stderr[-2000:]
+
+
+def test_the_table_answers_only_for_its_paths():
+    for missing in ("mlx_lm_batched.no_such_module", "mlx_lm_batched.models.no_such_arch",
+                    "mlx_lm_batched.models.llama.x", "mlx_lm.utils", "mlx_lm_batched.models"):
+        assert finder.MlxLmPathFinder().find_spec(missing) is None, missing
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("mlx_lm_batched.no_such_module")

@@ -5,16 +5,16 @@ Every prompt is known up front, so the rows go in sorted by length: the generato
 up to ``completion_batch_size`` of them onto one engine whose prefill groups rows of
 similar length (little padding), and later rows join as earlier ones finish. Each row
 stops on its own EOS, stop sequence, stop string or ``max_tokens``; each row's text comes
-from its own streaming detokenizer (``sched.output.RowText``).
+from its own streaming detokenizer (``sched.row_text.RowText``).
 """
 
 import mlx.core as mx
 
-from ..cache.rows import cache_length
+from ..cache.row_caches import cache_length
 from ..models.context import model_vocab_size
 from ..sampling.text_stops import check_stops, cut_at_stop
 from ..sched.generator import BatchGenerator
-from ..sched.output import RowText
+from ..sched.row_text import RowText
 from ..sched.stats import BatchStats
 from ..tokenization.tokenizer import wrap_tokenizer
 from . import validation as V

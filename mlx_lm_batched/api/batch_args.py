@@ -2,7 +2,7 @@
 prompts encoded and checked against the vocabulary, ``max_tokens`` per row cut to the
 context, prompt caches, samplers, processors and seeds one per row."""
 
-from ..cache.rows import check_cache
+from ..cache.row_caches import check_cache
 from ..models.context import context_length
 from ..sampling.grammar import make_grammar_processor
 from ..tokenization.tokenizer import encode_prompt

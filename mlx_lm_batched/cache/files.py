@@ -9,7 +9,8 @@ import os
 
 import mlx.core as mx
 
-from .compat import CacheList, ChunkedKVCache
+from .cache_list import CacheList
+from .chunked import ChunkedKVCache
 from .kv import KVCache
 from .prompt_cache import PromptCache, batch_rows
 from .quantized import QuantizedKVCache

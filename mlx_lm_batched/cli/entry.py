@@ -1,5 +1,6 @@
 """Entry points of ``python -m mlx_lm_batched.<module>``: the Ctrl-C handler goes in
-before anything heavy is imported, so an interrupt while MLX loads prints one line."""
+before anything heavy is imported, so an interrupt while MLX loads prints one line, and
+a missing default model (no ``--model``, no demo wheel) ends in one ``error:`` line."""
 
 import os
 import signal
@@ -20,7 +21,7 @@ def run_generate():
         signal.signal(signal.SIGINT, _quiet_interrupt)
     from .generate import main
 
-    raise SystemExit(main())
+    raise SystemExit(_exit_code(main))
 
 
 def run_main(name):
@@ -32,4 +33,21 @@ def run_main(name):
     import importlib
 
     module = importlib.import_module(f"{__package__}.{name}")
-    raise SystemExit(module.main())
+    raise SystemExit(_exit_code(module.main))
+
+
+# What a command line returns for bad input (``cli.args.EXIT_BAD_INPUT``; not imported
+# here: this module runs before anything heavy is loaded).
+EXIT_BAD_INPUT = 2
+
+
+def _exit_code(main):
+    """``main()``'s exit code; the default model's missing wheel (which a command meets
+    only when it needs that model, deep inside its run) becomes one line and exit 2."""
+    from ..loading.demo_models import DemoModelMissing
+
+    try:
+        return main()
+    except DemoModelMissing as e:
+        sys.stderr.write(f"error: {e}\n")
+        return EXIT_BAD_INPUT

@@ -34,7 +34,7 @@ from .model import (
     set_stop_tokens,
     tokenize_prompts,
 )
-from .output import Outputs
+from .output_files import Outputs
 
 DEBUG_ENV = "MLX_LM_BATCHED_DEBUG"
 

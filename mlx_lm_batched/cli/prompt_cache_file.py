@@ -17,7 +17,7 @@ def load_cache_file(args):
     """``(cache, cached_tokens)`` of ``--prompt-cache-file``; fills ``args.model`` and
     ``args.eos_token`` from the file's metadata when the command line leaves them out."""
     from ..cache.files import load_prompt_cache
-    from ..cache.rows import cache_length
+    from ..cache.row_caches import cache_length
 
     try:
         cache, metadata = load_prompt_cache(args.prompt_cache_file, return_metadata=True)

@@ -126,7 +126,7 @@ def run(args):
     from ..models.context import context_length, model_vocab_size
     from ..sampling.samplers import make_sampler
     from ..sched.generator import BatchGenerator
-    from ..sched.output import RowText
+    from ..sched.row_text import RowText
     from ..tool_parsers import ChatOutputParser, detect_family, detect_think_markers
 
     model_path = args.model

@@ -18,7 +18,7 @@ from ..cache.prompt_cache import as_prompt_cache
 from ..cache.row_blocks import uncovered
 from ..cache.quantized import (QuantizedKVCache, check_kv_quantization, quantize_prompt_cache,
                                to_quantized)
-from ..cache.rows import cache_nbytes, extract_row
+from ..cache.row_caches import cache_nbytes, extract_row
 from ..layers.lora import adapter_rows
 from ..layers.step import StepAttention
 from ..models.context import context_length
@@ -206,7 +206,7 @@ class BatchEngine:
 
     def extract_row(self, row):
         """Row ``row``'s caches as a one-row prompt cache without padding (see
-        ``cache.rows.extract_row``)."""
+        ``cache.row_caches.extract_row``)."""
         return extract_row(self.cache, row, self.cache.padding[row] if self.cache.padding else 0)
 
     @property

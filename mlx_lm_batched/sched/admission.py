@@ -2,10 +2,10 @@
 entry per prompt for every option, defaults where the caller gave none, each problem as
 one ``ValueError`` line naming the prompt, before anything is queued."""
 
-from ..cache import rows as row_caches
+from ..cache import row_caches
 from ..engine.sampling import RowSampler, TokenContext
 from ..sampling.samplers import greedy_sampler
-from .rows import Row
+from .batch_rows import Row
 
 
 def seeded_sampler(sampler, seed, uid):

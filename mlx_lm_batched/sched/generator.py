@@ -27,7 +27,7 @@ from dataclasses import asdict
 
 import mlx.core as mx
 
-from ..cache import rows as row_caches
+from ..cache import row_caches
 from ..cache.factory import make_prompt_cache
 from ..engine.batch_engine import BatchEngine, KVQuantization
 from ..engine.prefill_plan import left_pad
@@ -37,7 +37,7 @@ from ..layers.lora import adapter_slot_count
 from ..sampling.samplers import greedy_sampler
 from ..sampling.stop_sequences import StopSequences
 from .admission import build_rows
-from .rows import Batch, PromptResponse, Response
+from .batch_rows import Batch, PromptResponse, Response
 from .stats import BatchCounters, BatchCountersSnapshot, BatchStats
 
 

@@ -183,9 +183,13 @@ def _serve(argv):
     if args.model:
         path = args.model
     else:
-        from ..loading.demo_models import smollm2_gguf_path
+        from ..loading.demo_models import DemoModelMissing, smollm2_gguf_path
 
-        path = smollm2_gguf_path()
+        try:
+            path = smollm2_gguf_path()
+        except DemoModelMissing as e:  # one line, as the other command lines say it
+            sys.stderr.write(f"error: {e}\n")
+            return 2
     name = args.served_model_name or args.model or "SmolLM2-135M-Instruct"
     if args.draft_model and args.prompt_lookup:
         parser.error("--draft-model and --prompt-lookup are two ways to draft: pass one")

@@ -27,7 +27,7 @@ from .errors import APIError
 from .events import Delta, EngineConfig, Failed, Finished, Job, Started
 from .job_prep import prepare_prompts
 from .metrics import Metrics
-from .rows import RowState, prompt_logprobs, token_logprobs
+from .row_state import RowState, prompt_logprobs, token_logprobs
 from .sampling import SamplerFactory, row_processors, row_stops
 
 log = logging.getLogger("mlx_lm_batched.server")

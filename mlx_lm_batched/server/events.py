@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from .errors import APIError
-from .rows import RowState
+from .row_state import RowState
 
 
 @dataclass

@@ -14,7 +14,7 @@ from .families import (
     get_family,
     tool_markup,
 )
-from .output import ChatOutputParser
+from .chat_output import ChatOutputParser
 from .state_machine import TextStateMachine, make_text_state_machine
 
 

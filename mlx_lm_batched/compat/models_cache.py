@@ -1,11 +1,13 @@
-"""Small names of mlx-lm's ``models.cache`` that code written for mlx-lm imports:
-``ConcatenateKVCache``, ``dynamic_roll`` and ``TokenBuffer``, and ``LRUPromptCache``'s
-name, which points to this package's prefix LRU (``sched/prefix_cache.py``, above the
-models: this layer cannot import it)."""
+"""The names of mlx-lm's ``models.cache`` that exist only for code written for mlx-lm:
+``ConcatenateKVCache``, ``dynamic_roll`` and ``TokenBuffer``; and the names that raise on
+construction and name the alternative: the batch caches, whose semantics do not match
+this package's (a batch here is one set of per-layer caches holding every row, with each
+row's padding in the ``PromptCache``), and ``LRUPromptCache``, which is this package's
+prefix LRU (``sched/prefix_cache.py``) under another module path."""
 
 import mlx.core as mx
 
-from .kv import KVCache
+from ..cache.kv import KVCache
 
 
 class ConcatenateKVCache(KVCache):
@@ -66,3 +68,26 @@ class LRUPromptCache:
             "mlx_lm_batched.models.cache.LRUPromptCache: use "
             "mlx_lm_batched.sched.prefix_cache.LRUPromptCache (mlx-lm's methods; an exact "
             "hit leaves one token to prefill)")
+
+
+class _Unsupported:
+    alternative = ""
+
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} is not supported by mlx_lm_batched: "
+                                  f"{self.alternative}")
+
+
+class BatchKVCache(_Unsupported):
+    """Not supported (mlx-lm's per-layer batch cache with left padding)."""
+
+    alternative = ("every KVCache holds a whole batch; use make_prompt_cache(model) (or "
+                   "PromptCache(caches, padding=left_padding)) and let batch_generate, "
+                   "generate_step or BatchGenerator record each row's padding")
+
+
+class BatchRotatingKVCache(_Unsupported):
+    """Not supported (mlx-lm's rotating batch cache)."""
+
+    alternative = ("every RotatingKVCache holds a whole batch; use "
+                   "make_prompt_cache(model, max_kv_size=N)")

@@ -11,7 +11,7 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
-from .mlp import swiglu
+from ..layers.mlp import swiglu
 
 
 def precise_swiglu(h, gate, x):

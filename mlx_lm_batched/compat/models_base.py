@@ -4,10 +4,10 @@ attention op (``attention.py``)."""
 
 import mlx.core as mx
 
-from .quantized_attention import quantization_of
+from ..layers.quantized_attention import quantization_of
 
-from . import masks as masks_lib
-from .attention import scaled_dot_product_attention as _attention
+from ..layers import masks as masks_lib
+from ..layers.attention import scaled_dot_product_attention as _attention
 
 
 def create_causal_mask(N, offset=0, window_size=None, right_padding=None, left_padding=None):

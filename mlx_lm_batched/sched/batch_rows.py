@@ -6,7 +6,7 @@ from typing import Any, List, Optional
 
 import mlx.core as mx
 
-from ..cache import rows as row_caches
+from ..cache import row_caches
 from ..engine.speculative import SpeculativeEngine
 
 

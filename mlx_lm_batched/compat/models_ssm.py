@@ -15,7 +15,7 @@ result with the same scan.
 import mlx.core as mx
 import mlx.nn as nn
 
-from .ssm import ssd_scan
+from ..layers.ssm import ssd_scan
 
 
 def compute_dt(dt, dt_bias, time_step_limit):

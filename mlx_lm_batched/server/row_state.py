@@ -1,9 +1,9 @@
-"""Per-row state in the server's engine: the row's text (``sched.output.RowText``), its
+"""Per-row state in the server's engine: the row's text (``sched.row_text.RowText``), its
 request and its progress."""
 
 import mlx.core as mx
 
-from ..sched.output import RowText
+from ..sched.row_text import RowText
 
 
 class RowState:

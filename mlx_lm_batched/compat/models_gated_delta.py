@@ -17,7 +17,7 @@ kernels' results, in their output dtypes, with the same recurrence.
 import mlx.core as mx
 import mlx.nn as nn
 
-from .gated_delta import gated_delta_rule, l2_normalize
+from ..layers.gated_delta import gated_delta_rule, l2_normalize
 
 
 def compute_g(A_log, a, dt_bias):
