@@ -13,8 +13,8 @@ zeroed by the kernel. Measured on SmolLM2-135M float32 (2-core AMD EPYC, OpenBLA
 one batch, 16 s of system time in an 18 s run (12.7 s and 83 thousand faults with the
 thresholds below); the fused SiLU of a ``(4, 256, 1536)`` prefill activation took 30 ms
 instead of 5. Since the CPU primitives (``_cpu_prims``) keep a forward pass's large
-temporaries out of MLX's allocator, a whole batch's wall time no longer differs (seventeenth
-session: 0.98x, 83 against 110 thousand faults); the thresholds stay for the paths those
+temporaries out of MLX's allocator, a whole batch's wall time no longer differs (measured
+2026-12-04: 0.98x, 83 against 110 thousand faults); the thresholds stay for the paths those
 primitives do not take.
 
 :func:`configure` fixes both thresholds at import (``mallopt``), so memory freed by one

@@ -1,4 +1,4 @@
-"""Architectures of issue 19, part A (dense and small families): each against
+"""Architectures, part A (dense and small families): each against
 transformers where it has the model, else mlx-lm 0.32 on the same tiny random
 checkpoint (``tests/mlx_lm_oracle.py``), in both config layouts, with the harness's
 four checks (padded logits, greedy rows, incremental decode, joining rows)."""

@@ -33,9 +33,9 @@ def test_bench_malloc_table_and_json(tmp_path):
     assert sorted(runs) == ["auto", "system"] and all(len(v) == 2 for v in runs.values())
     assert all(r["wall_s"] > 0 and r["prompt_tokens"] > 4 * 16 - 1 for r in result["runs"])
     assert all(r["faults"] > 0 and r["sys_s"] >= 0 and r["user_s"] > 0 for r in result["runs"])
-    # No fewer-faults assertion here: since the CPU primitives (fourteenth to sixteenth
-    # sessions) keep the forward pass's large temporaries out of MLX's allocator, the whole
-    # generation faults in about as many pages with either setting (seventeenth session,
+    # No fewer-faults assertion here: since the CPU primitives keep the forward pass's
+    # large temporaries out of MLX's allocator, the whole generation faults in about as
+    # many pages with either setting (measured 2026-12-04,
     # 16 prompts x 32 tokens: 82-85 thousand against 106-114 thousand; at this test's size
     # 26 thousand each, within run-to-run noise, which is how CI failed on it). The
     # mechanism itself, arrays of a few MB reusing freed pages, is asserted in

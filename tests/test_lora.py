@@ -316,7 +316,7 @@ def test_gemma3_rows_with_and_without_an_adapter(float_dirs, tmp_path):
     attach_adapters(model, [path])
     base, _ = load(str(d))
     # mlx-lm's Gemma differs from ours already without adapters (its embedding scale is
-    # rounded to bf16: DESIGN "Known traps"), so its greedy tokens are the oracle here, and
+    # rounded to bf16: docs/architecture.md, "Known traps"), so its greedy tokens are the oracle here, and
     # the logits are checked against the adapter folded into the weights (fuse).
     assert greedy(alone, tok, PROMPTS[1]) == greedy(ref, tok, PROMPTS[1])
     from mlx_lm_batched.loading.adapters import fuse_adapters

@@ -1,4 +1,4 @@
-"""Speculative decoding inside the batch (issue 20, item 2).
+"""Speculative decoding inside the batch.
 
 Greedy rows must produce exactly the tokens of plain decoding (real SmolLM2 with its
 4-bit copy drafting, prompt lookup, Gemma 3 drafting for itself), rows accept different
