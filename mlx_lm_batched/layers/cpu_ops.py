@@ -52,7 +52,7 @@ SCORE_CHUNK = 1 << 20
 # Queries per block under a CausalMask: each block attends only the keys up to its last
 # query's, so smaller blocks skip more (n blocks do (n + 1) / 2n of the full work) but
 # cost a dozen ops each. 64 made SmolLM2's prefill 1.2-1.4x faster at 256-1024 tokens
-# (2-core AMD EPYC, OpenBLAS; docs/PERF.md "Causal key trimming").
+# (2-core AMD EPYC, OpenBLAS; scripts/bench_prefill.py).
 CAUSAL_QUERY_BLOCK = 64
 # "0": run the formulas below as separate ops, not fused by mx.compile.
 COMPILE_ENV = "MLX_LM_BATCHED_COMPILE"
@@ -145,7 +145,7 @@ def log_softmax(x, axis=-1):
     """``x - logsumexp(x)`` along ``axis`` (log-probabilities from logits). On the CPU,
     for float32, with this module's exp: MLX's ``logsumexp`` takes one ``exp`` per
     element (8.4 ms for 8 rows of a 49k vocabulary, 3.0 ms here: a decode step's
-    log-probabilities at batch 8 cost a tenth of its model call)."""
+    log-probabilities at batch 8 cost 10% of its model call)."""
     if not use_fast(x) or x.dtype != mx.float32:
         return x - mx.logsumexp(x, axis=axis, keepdims=True)
     top = mx.max(x, axis=axis, keepdims=True)
