@@ -91,3 +91,15 @@ def test_anchor_slugs_follow_github():
         "max_tokens-and-offset-from-the-server-to-the-model"
     assert slug("Intel Xeon, MKL (2026-12-04)") == "intel-xeon-mkl-2026-12-04"
     assert slug("Drop-in for mlx-lm code: what differs") == "drop-in-for-mlx-lm-code-what-differs"
+
+
+def test_release_version_is_written_alike():
+    # The version lives in mlx_lm_batched/_version.py; the CHANGELOG's newest section and the
+    # README name the same one, and every CHANGELOG section is a dated version.
+    version = re.search(r'^__version__ = "([^"]+)"',
+                        (ROOT / "mlx_lm_batched" / "_version.py").read_text(encoding="utf-8"), re.M).group(1)
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    sections = [s for s in re.findall(r"^## (.+)$", changelog, re.M) if s != "[Unreleased]"]
+    assert sections and all(re.fullmatch(r"\[\d+\.\d+\.\d+\] - \d{4}-\d{2}-\d{2}", s) for s in sections), sections
+    assert sections[0].startswith(f"[{version}] - "), (sections[0], version)
+    assert f"Version {version} ([CHANGELOG](CHANGELOG.md))" in (ROOT / "README.md").read_text(encoding="utf-8")
