@@ -36,11 +36,12 @@ def readme_blocks(kind):
     return re.findall(rf"```{kind}\n(.*?)```", text, re.S)
 
 
-def run(cmd, env, timeout, **kw):
-    """Run ``cmd`` (a bash line or an argv list); return (returncode, stdout, stderr, seconds)."""
+def run(cmd, env, timeout, cwd=ROOT, **kw):
+    """Run ``cmd`` (a bash line or an argv list) in ``cwd`` (the checkout unless given: the
+    README's commands run there); return (returncode, stdout, stderr, seconds)."""
     tic = time.perf_counter()
     shell = isinstance(cmd, str)
-    proc = subprocess.run(["bash", "-c", cmd] if shell else cmd, cwd=ROOT, env=env,
+    proc = subprocess.run(["bash", "-c", cmd] if shell else cmd, cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kw)
     return proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - tic
 
@@ -100,7 +101,7 @@ def check_fast_blas(env, summary):
     if not (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")):
         return
     code = "import mlx_lm_batched._blas as b; print(getattr(b, 'describe', lambda: 'unknown')())"
-    rc, out, err, _ = run(["python", "-c", code], env, timeout=120)
+    rc, out, err, _ = run(["python", "-c", code], env, timeout=120, cwd=outside)
     expect(rc == 0, "cannot import mlx_lm_batched._blas in the fresh venv", out + err)
     name = out.strip()
     print(f"BLAS in the fresh venv: {name}")
@@ -136,9 +137,10 @@ def console_scripts():
     return re.findall(r'^"?([\w.-]+)"?\s*=', section, re.M)
 
 
-def check_wheel(env, venv, wheel):
-    """Install the built wheel in the venv (over README command 1's install), then check
-    that the package imported there is the wheel's, and run one console script."""
+def check_wheel(env, venv, wheel, outside):
+    """Install the built wheel in the venv (over README command 1's install), then check,
+    from ``outside`` the checkout (whose package ``python -c`` would import first), that the
+    package imported is the wheel's, and run one console script."""
     rc, out, err, _ = run(["python", "-m", "pip", "install", "--no-deps", "--force-reinstall", str(wheel)],
                           env, timeout=600)
     expect(rc == 0, f"pip install of {wheel.name} exited {rc}", out + err)
@@ -155,7 +157,7 @@ def check_wheel(env, venv, wheel):
     command = [str(venv / "bin" / "mlx_lm_batched.generate"), "--prompt", "What is the capital of France?",
                "--max-tokens", "16"]
     print("$ " + " ".join(command[:1]) + " --prompt 'What is the capital of France?' --max-tokens 16", flush=True)
-    rc, out, err, secs = run(command, env, timeout=600)
+    rc, out, err, secs = run(command, env, timeout=600, cwd=outside)
     both = out + err
     expect(rc == 0 and "Traceback" not in both, f"the console script exited {rc}", both)
     expect("==== --prompt #1 ====" in out and "Paris" in out, "the console script's answer is missing", both)
@@ -164,13 +166,13 @@ def check_wheel(env, venv, wheel):
           f"mlx_lm_batched.generate ran in {secs:.0f} s", flush=True)
 
 
-def check_python_examples(env):
+def check_python_examples(env, cwd):
     # The README's Python example: its first python block (the others need more setup
     # and run in tests/test_readme.py and tests/test_server_openai.py).
     blocks = readme_blocks("python")[:1]
     expect(blocks, "README has no Python example")
     for code in blocks:
-        rc, out, err, secs = run(["python", "-c", code], env, timeout=1200)
+        rc, out, err, secs = run(["python", "-c", code], env, timeout=1200, cwd=cwd)
         both = out + err
         expect(rc == 0, f"README Python example exited {rc}", both)
         expect("Traceback" not in both, "README Python example printed a traceback", both)
@@ -197,8 +199,8 @@ def main(argv=None):
         summary = check_command_1(env)
         check_no_torch(env)
         check_fast_blas(env, summary)
-        check_wheel(env, venv, wheel)
-        check_python_examples(env)
+        check_wheel(env, venv, wheel, outside=home)
+        check_python_examples(env, cwd=home)  # on the wheel's package
     except (Failed, subprocess.TimeoutExpired) as e:
         print(f"fresh-install check FAILED: {e}", file=sys.stderr)
         return 1
