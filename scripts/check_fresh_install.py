@@ -101,7 +101,7 @@ def check_fast_blas(env, summary):
     if not (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")):
         return
     code = "import mlx_lm_batched._blas as b; print(getattr(b, 'describe', lambda: 'unknown')())"
-    rc, out, err, _ = run(["python", "-c", code], env, timeout=120, cwd=outside)
+    rc, out, err, _ = run(["python", "-c", code], env, timeout=120)
     expect(rc == 0, "cannot import mlx_lm_batched._blas in the fresh venv", out + err)
     name = out.strip()
     print(f"BLAS in the fresh venv: {name}")
@@ -146,7 +146,7 @@ def check_wheel(env, venv, wheel, outside):
     expect(rc == 0, f"pip install of {wheel.name} exited {rc}", out + err)
     code = ("import importlib.metadata as m, mlx_lm_batched as p; "
             "print(p.__version__, m.version('mlx-lm-batched'), p.__file__)")
-    rc, out, err, _ = run(["python", "-c", code], env, timeout=120)
+    rc, out, err, _ = run(["python", "-c", code], env, timeout=120, cwd=outside)
     expect(rc == 0, "cannot import the installed wheel", out + err)
     version, dist_version, where = out.split()
     expect(version == dist_version == package_version(),
