@@ -28,7 +28,7 @@ warnings.filterwarnings(
     "ignore", category=RuntimeWarning, message=r".*'mlx_lm_batched\.\w+' found in sys\.modules"
 )
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: F401  (also read by pyproject.toml)
 
 _LAZY = {
     "load": ".loading.load",

@@ -6,7 +6,7 @@ a dozen dispatches per layer (per-head matmuls, the mask, several passes of soft
 second matmul), each a pass over the whole score tensor on one core; ``mx.fast.rope`` and
 ``mx.fast.rms_norm`` fall back to about 20 and 8 graph nodes per call. At batch 16
 attention took 40% of SmolLM2's decode step, RoPE and RMSNorm together about a quarter
-(docs/PERF.md). Here each is one primitive (``native/decode_attention.cpp``,
+(scripts/profile_decode.py). Here each is one primitive (``native/decode_attention.cpp``,
 ``native/norm_rope.cpp``):
 
 - ``decode_attention``: one (row, KV head) per task on every core, each key and value

@@ -25,7 +25,7 @@ Environment:
   ``off`` (or ``0``) to leave every matmul to the BLAS.
 - ``MLX_LM_BATCHED_SMALL_GEMM_ROWS``: the most rows it computes itself (default 32: a
   decode step of SmolLM2-135M ran 1.17-1.27x faster at 16 rows than with OpenBLAS's packed
-  kernels, 1.06-1.09x at 32, the same at 64; see docs/PERF.md).
+  kernels, 1.06-1.09x at 32, the same at 64; measured with scripts/bench_small_gemm.py).
 - ``MLX_LM_BATCHED_GEMM_THREADS``: its threads (default: the usable cores, at most 8,
   divided among the ranks of a distributed launch on the same machine).
 - ``CC``: the compiler (default ``cc``).

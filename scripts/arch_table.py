@@ -1,7 +1,8 @@
-"""Print the README's table of supported architectures, generated from the registry.
+"""Print the table of supported architectures (docs/models.md), generated from the registry.
 
-`python scripts/arch_table.py` prints it; `tests/test_readme.py` checks that the
-README holds exactly this table, so the two cannot drift.
+`python scripts/arch_table.py` prints it, `python scripts/update_arch_table.py` writes it
+into docs/models.md, and `tests/test_readme.py` checks that docs/models.md holds exactly this
+table, so the two cannot drift.
 """
 
 import importlib

@@ -3,9 +3,9 @@
 The earlier commit's package is extracted with ``git archive`` into a temporary directory
 under another name (``mlx_lm_batched_baseline``; the package imports itself relatively), so
 both load the same weights in one process and run interleaved: the machine's noise (a
-shared 2-core box) hits both sides alike. Written for issue 17's "one batch loop":
-``batch_generate`` moved from its own static loop onto ``BatchGenerator``; the default
-baseline is the last commit with the static loop.
+shared 2-core box) hits both sides alike. Written for the move of ``batch_generate``
+from its own static loop onto ``BatchGenerator`` (one batch loop); the default baseline
+is the last commit with the static loop.
 
     python scripts/bench_batch_loop.py --model DIR [--baseline e93fe85] [--prompts 32]
         [--max-tokens 16] [--batch-sizes 4,16,32] [--repeats 2] [--json out.json]

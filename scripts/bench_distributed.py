@@ -3,7 +3,7 @@
 
     python scripts/bench_distributed.py --model DIR [--batch-sizes 1,2,4,8,16,32]
         [--prompt-len 8] [--max-tokens 16] [--modes single,tensor,pipeline,pipeline-m1]
-        [--json docs/bench_distributed.json]
+        [--json docs/data/distributed-MACHINE-DATE.json]
 
 Each mode is a fresh process (``single``) or 2 ring ranks on 127.0.0.1 started with
 ``mlx.launch`` (``tensor``: heads and MLP columns split; ``pipeline``: layers split, the

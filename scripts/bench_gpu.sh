@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ours against mlx-lm on a Linux machine with an NVIDIA GPU, in one table (issue 23, item 4).
+# Ours against mlx-lm on a Linux machine with an NVIDIA GPU, in one table.
 #
 #   scripts/bench_gpu.sh --model DIR [--venv DIR] [--out DIR] [--dry-run]
 #

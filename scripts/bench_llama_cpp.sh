@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# llama.cpp's batched prefill and decode on the CPU, the reference of issue 23's target 2.
+# llama.cpp's batched prefill and decode on the CPU: the reference for our CPU decode and prefill.
 #
 #   scripts/bench_llama_cpp.sh [--gguf FILE] [--work DIR] [--threads N]
 #       [--npp 256] [--ntg 64] [--npl 1,4,8,16]

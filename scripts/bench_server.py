@@ -7,7 +7,7 @@
     python scripts/bench_server.py --model DIR --fixed-len 256 64 --concurrency 1 4 16
         [--requests-per-stream 4] [--json out.json]
 
-The second form is the fixed serving workload (issue 23): every prompt ``P`` tokens,
+The second form is the fixed serving workload: every prompt ``P`` tokens,
 every output ``O`` tokens, and for each concurrency ``C`` a closed loop of ``C`` streams,
 each sending its next request as soon as its previous one finishes
 (``C * --requests-per-stream`` requests per level, all at once, no arrival trace); each
@@ -143,7 +143,7 @@ def eos_ids(model_dir, tokenizer):
 # connection errors (twice by default). Their time to first token counts from the first
 # attempt, and each server's count of retries is reported. mlx_lm.server (Python's
 # ThreadingHTTPServer, a listen backlog of 5) reset some of 16 simultaneous new
-# connections in two fifteenth-session runs, ending them before any table.
+# connections in two runs on 2026-12-04, ending them before any table.
 CONNECTION_RETRIES = 3
 
 
@@ -204,7 +204,7 @@ async def closed_loop(name, url, model, trace, bias, streams):
 
     # A new connection per request, for both servers: mlx_lm.server closes a connection
     # after its response, and a request sent on it meanwhile died with a reset
-    # (httpx.ReadError) in two of three runs at 4 and 16 streams (twelfth session).
+    # (httpx.ReadError) in two of three runs at 4 and 16 streams (2026-12-03).
     limits = httpx.Limits(max_connections=streams + 4, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as http:
         warm = {"arrival": 0.0, "max_tokens": 2, "ids": trace[0]["ids"][:8],

@@ -11,7 +11,7 @@ back and forth so both sides see the same machine load:
   own float32 weights) for ``x`` of each row count, once with the kernel and once with
   the BLAS; weights streamed per second and GFLOP/s (median of ``--repeats``).
 - ``steps``: a real batched decode step (``BatchEngine``, synchronised) at each batch
-  size with the row limit at 8 (the eleventh session's default: the projections go to
+  size with the row limit at 8 (the default before 0.2.0: the projections go to
   the BLAS, attention's few-row products to the kernel) and at the batch size (all of
   them to the kernel).
 

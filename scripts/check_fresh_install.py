@@ -1,13 +1,19 @@
-"""Prove the README on a clean environment: a new venv, README command 1, the Python example.
+"""Prove the README and the release on a clean environment: the built wheel, a new venv,
+README command 1, a console script, the Python example.
 
-CI runs this before the test suite (``.ci/run``). It creates a virtual environment that
-sees none of this machine's packages, runs the README's first ``bash`` block exactly as
-written inside it (so it installs exactly what a new user installs: no extras, no torch),
-checks that ``import torch`` fails there, then runs every ``python`` block of the README
-in the same venv and checks what each prints. A README or dependency change that breaks
-either makes this exit non-zero.
+CI runs this before the test suite (``.ci/run``). It builds the sdist and the wheel
+(``python -m build``: the wheel is built from the sdist, so a file missing from the sdist
+fails here), creates a virtual environment that sees none of this machine's packages, runs
+the README's first ``bash`` block exactly as written inside it (so it installs exactly what
+a new user installs: no extras, no torch), checks that ``import torch`` fails there, then
+installs the built wheel over it, checks its version and console scripts, runs the
+``mlx_lm_batched.generate`` console script, and runs the README's Python example on the
+wheel's package. A README, packaging or dependency change that breaks any of it makes this
+exit non-zero.
 
     python scripts/check_fresh_install.py [--venv DIR] [--keep]
+
+Needs ``build`` (``pip install build``) in the Python that runs it.
 """
 
 import argparse
@@ -30,11 +36,12 @@ def readme_blocks(kind):
     return re.findall(rf"```{kind}\n(.*?)```", text, re.S)
 
 
-def run(cmd, env, timeout, **kw):
-    """Run ``cmd`` (a bash line or an argv list); return (returncode, stdout, stderr, seconds)."""
+def run(cmd, env, timeout, cwd=ROOT, **kw):
+    """Run ``cmd`` (a bash line or an argv list) in ``cwd`` (the checkout unless given: the
+    README's commands run there); return (returncode, stdout, stderr, seconds)."""
     tic = time.perf_counter()
     shell = isinstance(cmd, str)
-    proc = subprocess.run(["bash", "-c", cmd] if shell else cmd, cwd=ROOT, env=env,
+    proc = subprocess.run(["bash", "-c", cmd] if shell else cmd, cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kw)
     return proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - tic
 
@@ -102,13 +109,70 @@ def check_fast_blas(env, summary):
            f"no fast BLAS in a fresh venv on Linux x86-64 (got {name!r})", out + err)
 
 
-def check_python_examples(env):
+def build_dists(out):
+    """Build the sdist and the wheel into ``out``; return the wheel's path."""
+    print(f"$ python -m build --outdir {out}", flush=True)
+    rc, stdout, stderr, secs = run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
+                                   dict(os.environ), timeout=1800)
+    expect(rc == 0, f"python -m build exited {rc}", stdout + stderr)
+    wheels, sdists = sorted(out.glob("*.whl")), sorted(out.glob("*.tar.gz"))
+    expect(len(wheels) == 1 and len(sdists) == 1, f"expected one wheel and one sdist, got {wheels + sdists}")
+    version = package_version()
+    expect(f"-{version}-" in wheels[0].name and sdists[0].name.endswith(f"-{version}.tar.gz"),
+           f"the built files do not carry version {version}: {wheels[0].name}, {sdists[0].name}")
+    print(f"built {wheels[0].name} and {sdists[0].name} in {secs:.0f} s", flush=True)
+    return wheels[0]
+
+
+def package_version():
+    """The version written in mlx_lm_batched/_version.py (the one place it is written)."""
+    text = (ROOT / "mlx_lm_batched" / "_version.py").read_text(encoding="utf-8")
+    return re.search(r'^__version__ = "([^"]+)"', text, re.M).group(1)
+
+
+def console_scripts():
+    """The names of pyproject.toml's [project.scripts]."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    section = re.search(r"^\[project\.scripts\]\n(.*?)(?=^\[)", text, re.M | re.S).group(1)
+    return re.findall(r'^"?([\w.-]+)"?\s*=', section, re.M)
+
+
+def check_wheel(env, venv, wheel, outside):
+    """Install the built wheel in the venv (over README command 1's install), then check,
+    from ``outside`` the checkout (whose package ``python -c`` would import first), that the
+    package imported is the wheel's, and run one console script."""
+    rc, out, err, _ = run(["python", "-m", "pip", "install", "--no-deps", "--force-reinstall", str(wheel)],
+                          env, timeout=600)
+    expect(rc == 0, f"pip install of {wheel.name} exited {rc}", out + err)
+    code = ("import importlib.metadata as m, mlx_lm_batched as p; "
+            "print(p.__version__, m.version('mlx-lm-batched'), p.__file__)")
+    rc, out, err, _ = run(["python", "-c", code], env, timeout=120, cwd=outside)
+    expect(rc == 0, "cannot import the installed wheel", out + err)
+    version, dist_version, where = out.split()
+    expect(version == dist_version == package_version(),
+           f"__version__ {version}, metadata {dist_version}, _version.py {package_version()}", out)
+    expect(where.startswith(str(venv)), f"mlx_lm_batched imported from {where}, not the venv", out)
+    missing = [name for name in console_scripts() if not (venv / "bin" / name).exists()]
+    expect(not missing, f"console scripts missing from {venv / 'bin'}: {missing}")
+    command = [str(venv / "bin" / "mlx_lm_batched.generate"), "--prompt", "What is the capital of France?",
+               "--max-tokens", "16"]
+    print("$ " + " ".join(command[:1]) + " --prompt 'What is the capital of France?' --max-tokens 16", flush=True)
+    rc, out, err, secs = run(command, env, timeout=600, cwd=outside)
+    both = out + err
+    expect(rc == 0 and "Traceback" not in both, f"the console script exited {rc}", both)
+    expect("==== --prompt #1 ====" in out and "Paris" in out, "the console script's answer is missing", both)
+    print(out.rstrip())
+    print(f"wheel {wheel.name} installed: version {version}, {len(console_scripts())} console scripts, "
+          f"mlx_lm_batched.generate ran in {secs:.0f} s", flush=True)
+
+
+def check_python_examples(env, cwd):
     # The README's Python example: its first python block (the others need more setup
     # and run in tests/test_readme.py and tests/test_server_openai.py).
     blocks = readme_blocks("python")[:1]
     expect(blocks, "README has no Python example")
     for code in blocks:
-        rc, out, err, secs = run(["python", "-c", code], env, timeout=1200)
+        rc, out, err, secs = run(["python", "-c", code], env, timeout=1200, cwd=cwd)
         both = out + err
         expect(rc == 0, f"README Python example exited {rc}", both)
         expect("Traceback" not in both, "README Python example printed a traceback", both)
@@ -130,11 +194,13 @@ def main(argv=None):
     try:
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        wheel = build_dists(work / "dist")
         env = venv_env(venv, home)
         summary = check_command_1(env)
         check_no_torch(env)
         check_fast_blas(env, summary)
-        check_python_examples(env)
+        check_wheel(env, venv, wheel, outside=home)
+        check_python_examples(env, cwd=home)  # on the wheel's package
     except (Failed, subprocess.TimeoutExpired) as e:
         print(f"fresh-install check FAILED: {e}", file=sys.stderr)
         return 1
@@ -143,7 +209,8 @@ def main(argv=None):
             shutil.rmtree(work, ignore_errors=True)
             if args.venv:
                 shutil.rmtree(venv, ignore_errors=True)
-    print("fresh-install check passed: README command 1 and the Python example run in a new venv without torch")
+    print("fresh-install check passed: the wheel and sdist build; README command 1, the built wheel's "
+          "console script and the Python example run in a new venv without torch")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Batch invariance: the same prompt gives the same logits
+"""Batch invariance (docs/architecture.md): the same prompt gives the same logits
 alone, as one of 4 or 32 identical rows, and with prefill chunks of 8 or 2048 columns.
 
 No formula of this package depends on the array size or the batch; what remains is

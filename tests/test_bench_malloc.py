@@ -70,6 +70,6 @@ def test_bench_malloc_table_and_json(tmp_path):
     # No fewer-faults assertion here: with the CPU primitives keeping the forward pass's
     # large temporaries out of MLX's allocator, a generation this small faults in about as
     # many pages with either setting (about 26 thousand each, within run-to-run noise; the
-    # gap shows at 16 prompts x 32 tokens, docs/PERF.md). The mechanism itself, arrays of a
+    # gap shows at 16 prompts x 32 tokens, docs/performance.md). The mechanism itself, arrays of a
     # few MB reusing freed pages, is asserted in tests/test_malloc.py on a probe where
     # glibc's defaults fault in every call.

@@ -1,7 +1,7 @@
 """The default path without torch: the README's first command, a GGUF conversion and a
 load of its output, as subprocesses on a machine where torch looks uninstalled.
 
-torch is a test oracle only (README, "No torch"), but it is installed where the tests
+torch is a test oracle only (docs/architecture.md, invariants), but it is installed where the tests
 run, so each subprocess hides it: a ``sitecustomize`` swaps the import system's path
 finder for one that finds neither the ``torch`` module nor its distribution metadata,
 which is what transformers checks. HOME is a fresh directory, so no tokenizer cached by

@@ -10,11 +10,9 @@ as accurate as ``mx.exp`` (both are limited by the rounding of ``x log2 e``).
 
 Other devices use MLX's own kernels. On the CPU the formulas here serve every array,
 whatever its size: a formula chosen by size would give the same token different
-logits in a bigger batch or a longer prefill chunk (batch invariance, DESIGN.md
-invariant 8). Measured on SmolLM2-135M (2-core Xeon, MKL), the vectorised formulas
-for every size cost the same as the former switch at 32768 elements (decode steps at
-batch 1/4/16 and a 512-token prefill within 2%), and MLX's ``exp`` for every size
-was 3-10% slower.
+logits in a bigger batch or a longer prefill chunk (batch invariance,
+docs/architecture.md). On SmolLM2-135M (2-core Xeon, MKL) a decode step or a prefill
+with these formulas at every size is 3-10% faster than with MLX's ``exp`` at every size.
 
 Each formula is ~25 ops, and at small batches a decode step is bound by its op count
 (each op is dispatched alone, whatever its size): on the CPU they run fused by
@@ -54,7 +52,7 @@ SCORE_CHUNK = 1 << 20
 # Queries per block under a CausalMask: each block attends only the keys up to its last
 # query's, so smaller blocks skip more (n blocks do (n + 1) / 2n of the full work) but
 # cost a dozen ops each. 64 made SmolLM2's prefill 1.2-1.4x faster at 256-1024 tokens
-# (2-core AMD EPYC, OpenBLAS; docs/PERF.md "Causal key trimming").
+# (2-core AMD EPYC, OpenBLAS; scripts/bench_prefill.py).
 CAUSAL_QUERY_BLOCK = 64
 # "0": run the formulas below as separate ops, not fused by mx.compile.
 COMPILE_ENV = "MLX_LM_BATCHED_COMPILE"
@@ -147,7 +145,7 @@ def log_softmax(x, axis=-1):
     """``x - logsumexp(x)`` along ``axis`` (log-probabilities from logits). On the CPU,
     for float32, with this module's exp: MLX's ``logsumexp`` takes one ``exp`` per
     element (8.4 ms for 8 rows of a 49k vocabulary, 3.0 ms here: a decode step's
-    log-probabilities at batch 8 cost a tenth of its model call)."""
+    log-probabilities at batch 8 cost 10% of its model call)."""
     if not use_fast(x) or x.dtype != mx.float32:
         return x - mx.logsumexp(x, axis=axis, keepdims=True)
     top = mx.max(x, axis=axis, keepdims=True)

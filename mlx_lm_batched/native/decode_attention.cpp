@@ -11,7 +11,7 @@
  * Masked slots (padding, keys outside a sliding window) are skipped, not zeroed: a
  * row's output is the same chain of float32 operations over its attended keys in slot
  * order, whatever the padding before them, the other rows of the batch or the thread
- * that computes it (batch invariance, DESIGN.md invariant 8). Each score is a dot
+ * that computes it (batch invariance, docs/architecture.md). Each score is a dot
  * product in 16 lanes then lanes.h's fixed tree (as native/small_gemm.c's products);
  * the exponential is 2^(x log2 e) from the exponent bits times a degree-7 polynomial
  * (as layers/cpu_ops.py); the softmax's sum goes in 16 lanes by attended-key index,

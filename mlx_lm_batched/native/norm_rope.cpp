@@ -5,10 +5,10 @@
  * arange, exp, cos, sin, slices, products and a concatenation). A decode step of a
  * 30-layer model calls them 120 times, and each node costs graph building and a
  * dispatch on MLX's stream whatever its size: replaced by stand-ins that cost nothing,
- * the two took a quarter of SmolLM2-135M's batch-8 step (docs/PERF.md). Here each call
+ * the two took a quarter of SmolLM2-135M's batch-8 step (scripts/bench_cpu_prims.py). Here each call
  * is one node, a single pass over its rows.
  *
- * Each row is computed alone (batch invariance, DESIGN.md invariant 8): the sum of
+ * Each row is computed alone (batch invariance, docs/architecture.md): the sum of
  * squares in 16 lanes and lanes.h's fixed tree; a rotation's angles from the row's own
  * position. Values agree with MLX's fallbacks to float32 rounding (the rotation's
  * inverse frequencies are computed by the caller with MLX's own formula), and so do

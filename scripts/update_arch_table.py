@@ -1,4 +1,4 @@
-"""Rewrite the architecture table in README.md from the registry."""
+"""Rewrite the architecture table in docs/models.md from the registry."""
 
 import re
 import sys
@@ -9,10 +9,10 @@ sys.path.insert(0, str(ROOT))  # this checkout's registry, whatever copy pip ins
 
 from arch_table import table  # noqa: E402
 
-README = ROOT / "README.md"
+MODELS = ROOT / "docs" / "models.md"
 START, END = "<!-- arch-table:start -->", "<!-- arch-table:end -->"
 
 if __name__ == "__main__":
-    text = README.read_text(encoding="utf-8")
+    text = MODELS.read_text(encoding="utf-8")
     new = re.sub(f"{START}.*?{END}", f"{START}\n{table()}\n{END}", text, flags=re.S)
-    README.write_text(new, encoding="utf-8")
+    MODELS.write_text(new, encoding="utf-8")
