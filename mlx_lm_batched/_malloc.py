@@ -9,7 +9,7 @@ threshold is free at its top. The arrays of a forward pass (a prefill's activati
 attention scores, the exponentials of a softmax: a few MB each, allocated and freed on
 every layer) then come back as new pages every time, and every page faults in and is
 zeroed by the kernel (``scripts/bench_malloc.py`` measures the page faults and system
-time with and without the thresholds below; docs/performance.md has the numbers). The CPU
+time with and without the thresholds below). The CPU
 primitives (``_cpu_prims``) keep most of a forward pass's large temporaries out of MLX's
 allocator; the thresholds serve the paths those primitives do not take.
 
