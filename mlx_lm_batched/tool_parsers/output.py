@@ -13,7 +13,8 @@ class ChatOutputParser:
 
     ``family``: a :class:`ToolFamily` or None (tool markup stays in the answer);
     ``think``: ``(start, end)`` reasoning markers or None; ``in_reasoning``: the prompt
-    already opened the reasoning block (templates that end with ``<think>``)."""
+    already opened the reasoning block (templates that end with ``<think>``). Whitespace
+    between calls, or after the last one, is not content."""
 
     def __init__(self, family=None, think=None, in_reasoning=False):
         edges = {ANSWER: [], REASONING: [], TOOL: []}
@@ -28,6 +29,7 @@ class ChatOutputParser:
         self._machine = TextStateMachine(edges)
         self._state = self._machine.make_state(REASONING if think and in_reasoning else ANSWER)
         self._body = ""
+        self._gap = None  # whitespace after a call, held: dropped if a call or the end follows
         self.count = 0  # tool calls emitted so far
 
     def feed(self, text):
@@ -57,6 +59,11 @@ class ChatOutputParser:
             elif state == REASONING:
                 out["reasoning_content"] += text
             elif state == ANSWER:
+                if self._gap is not None:  # text after a call: only whitespace so far
+                    text, self._gap = self._gap + text, None
+                    if not text.strip():  # still only whitespace: keep holding it
+                        self._gap = text
+                        continue
                 out["content"] += text
         return out
 
@@ -65,8 +72,10 @@ class ChatOutputParser:
         try:
             calls = self.family.parse(body)
         except (ValueError, TypeError):  # not a call after all: the markup is the answer
-            out["content"] += self.family.start + body + end
+            out["content"] += (self._gap or "") + self.family.start + body + end
+            self._gap = None
             return
         for name, arguments in calls:
             out["tool_calls"].append(tool_call(name, arguments, self.count))
             self.count += 1
+        self._gap = ""
