@@ -1,4 +1,5 @@
-"""The ASGI app: OpenAI's routes, health and metrics, with OpenAI-shaped errors."""
+"""The ASGI app: OpenAI's routes (chat, completions, embeddings, Responses, Messages),
+vLLM's tokenizer routes, health and metrics, with OpenAI-shaped errors."""
 
 import asyncio
 import dataclasses
@@ -14,6 +15,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 
 from ..sampling.grammar import grammar_tokenizer
 from .anthropic_messages import serve_messages
+from .embeddings import add_embedding_routes, embedding_setup
 from .errors import APIError
 from .handlers import serve
 from .job_prep import JobSpec
@@ -161,6 +163,8 @@ def create_app(engine, config):
         return await serve_responses(engine, config, data, name, _grammar_ready)
 
     add_tokenize_routes(app, engine, config, check_model)
+    add_embedding_routes(app, engine, config, check_model,
+                         embedding_setup(engine.model, config.model_path))
     paths = [r.path for r in app.routes]
     wrapped = StatusCounter(AuthMiddleware(app, config.api_key), engine.metrics, paths)
     wrapped.fastapi_app = app
