@@ -223,3 +223,21 @@ def test_resolved_formats(oracle, float_dirs):
     assert "chat template's markup" in own.describe()
     named = resolve_tool_format(hermes, "qwen3_coder")
     assert not named.generic and named.family.name == "qwen3_coder" and named.source == "parser"
+
+
+def test_whitespace_and_cut_off_calls_are_not_content():
+    from mlx_lm_batched.tool_parsers import ChatOutputParser, get_family
+
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+    parser = ChatOutputParser(get_family("json_tools"))
+    parsed = parser.parse(call + "\n" + call + '\n<tool_call>\n{"name": "get_ti')
+    assert parsed["content"] == "" and len(parsed["tool_calls"]) == 2
+    # Streamed in pieces: whitespace between calls is dropped, text after them is kept.
+    parser, content, calls = ChatOutputParser(get_family("json_tools")), "", 0
+    for piece in [call[:20], call[20:], "\n", " \n", call, "\nDone."]:
+        out = parser.feed(piece)
+        content, calls = content + out["content"], calls + len(out["tool_calls"])
+    assert content + parser.finish()["content"] == "\nDone." and calls == 2
+    # Alone, a cut-off call is what the model wrote: it stays in the content.
+    lone = ChatOutputParser(get_family("json_tools")).parse('Hi <tool_call>\n{"name": "get_ti')
+    assert lone["content"] == 'Hi <tool_call>\n{"name": "get_ti' and not lone["tool_calls"]

@@ -2,7 +2,7 @@
 
 ``"required"`` forces calls of any of the request's tools (one or more when parallel
 calls are on, exactly one when off), ``{"type": "function", "function": {"name": N}}``
-calls of tool ``N``; their arguments follow the tool's ``parameters`` schema. The
+one call of tool ``N``; their arguments follow the tool's ``parameters`` schema. The
 format is the Hermes/Qwen block that ``tool_calls.py`` parses (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``); the grammar
 is Lark with an embedded JSON schema, compiled by the grammar engine.
 ``"auto"`` (the default) constrains a call once it starts for the generic tool format
@@ -50,8 +50,9 @@ def _call_schema(tools, names):
 def tool_choice_grammar(tools, tool_choice, parallel=True, lazy=False):
     """The Lark grammar of ``tool_choice``, or None when it constrains nothing.
 
-    Forced forms: one call, or (``parallel``: OpenAI's ``parallel_tool_calls``, true by
-    default) one or more calls, one per line. ``lazy`` (the generic tool format, see
+    Forced forms: a named function is called once; ``"required"`` makes one call, or
+    (``parallel``: OpenAI's ``parallel_tool_calls``, true by default) one or more, one
+    per line. ``lazy`` (the generic tool format, see
     ``tool_format.py``) also constrains ``"auto"``: text is free until the model writes
     the call's start marker, then the call follows the tools' schemas, then text is free
     again (``parallel``) or the output ends."""
@@ -71,8 +72,9 @@ def tool_choice_grammar(tools, tool_choice, parallel=True, lazy=False):
     call = (f"call: {json.dumps(OPEN + chr(10))} %json {json.dumps(_call_schema(tools, names))} "
             f"{json.dumps(chr(10) + CLOSE)}\n")
     # One call per line, as Hermes/Qwen templates write several (the parser drops the
-    # newlines between calls from the content).
-    start = f"start: call ({json.dumps(chr(10))} call)*\n" if parallel else "start: call\n"
+    # newlines between calls from the content); a named function is called once.
+    several = parallel and tool_choice == "required"
+    start = f"start: call ({json.dumps(chr(10))} call)*\n" if several else "start: call\n"
     return start + call
 
 

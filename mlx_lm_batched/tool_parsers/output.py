@@ -14,7 +14,8 @@ class ChatOutputParser:
     ``family``: a :class:`ToolFamily` or None (tool markup stays in the answer);
     ``think``: ``(start, end)`` reasoning markers or None; ``in_reasoning``: the prompt
     already opened the reasoning block (templates that end with ``<think>``). Whitespace
-    between calls, or after the last one, is not content."""
+    between calls, or after the last one, is not content, nor is a call after others that
+    the end of the output cut off."""
 
     def __init__(self, family=None, think=None, in_reasoning=False):
         edges = {ANSWER: [], REASONING: [], TOOL: []}
@@ -72,6 +73,8 @@ class ChatOutputParser:
         try:
             calls = self.family.parse(body)
         except (ValueError, TypeError):  # not a call after all: the markup is the answer
+            if self.count and not end and self.family.end:
+                return  # a further call cut off by the end of the output: not an answer
             out["content"] += (self._gap or "") + self.family.start + body + end
             self._gap = None
             return
