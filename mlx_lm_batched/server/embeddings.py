@@ -8,9 +8,11 @@ normalized. Pooling follows the checkpoint's sentence-transformers files
 (``modules.json``, ``1_Pooling/config.json``, a ``Normalize`` module) when present:
 last-token for Qwen3-Embedding-style decoders; otherwise the mean over the real tokens,
 normalized (OpenAI returns unit vectors). The vectors are computed on the engine thread
-(``Engine.run``): one left-padded batch per group of inputs (``engine/embeddings.py``).
+(``Engine.run``), between batch steps: left-padded batches of a request's inputs
+(``engine/embeddings.py``).
 """
 
+import asyncio
 import base64
 import json
 import os
@@ -157,6 +159,30 @@ def _encoded(vector, encoding_format):
     return vector.tolist()
 
 
+class EngineWork:
+    """``fn()`` for the engine thread (``Engine.run``); ``future`` (on the event loop that
+    made it) gets its result or exception."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.loop = asyncio.get_running_loop()
+        self.future = self.loop.create_future()
+
+    def __call__(self):
+        try:
+            result, error = self.fn(), None
+        except Exception as e:  # an APIError for the client, or a bug (a 500)
+            result, error = None, e
+        self.loop.call_soon_threadsafe(self._deliver, result, error)
+
+    def _deliver(self, result, error):
+        if not self.future.cancelled():
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(result)
+
+
 def add_embedding_routes(app, engine, config, check_model, setup):
     """Register ``POST /v1/embeddings`` on ``app`` for ``setup`` (an
     :class:`EmbeddingSetup`); ``check_model(name)`` raises 404 for other names."""
@@ -183,7 +209,9 @@ def add_embedding_routes(app, engine, config, check_model, setup):
                                "invalid_value")
             return vectors, sum(len(p) for p in prompts)
 
-        vectors, tokens = await engine.run(work)
+        job = EngineWork(work)
+        engine.run(job)
+        vectors, tokens = await job.future
         return {"object": "list", "model": name, "usage": {"prompt_tokens": tokens,
                                                            "total_tokens": tokens},
                 "data": [{"object": "embedding", "index": i,

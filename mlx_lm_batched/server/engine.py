@@ -8,7 +8,6 @@ the job's asyncio queue. A cancelled job's rows leave the batch at the next step
 Nothing else touches MLX, so no lock guards the model or the caches.
 """
 
-import asyncio
 import itertools
 import logging
 import queue
@@ -37,7 +36,7 @@ class Engine:
     """Owns generation; :meth:`submit` and :meth:`cancel` are safe from any thread."""
 
     scores_prompts = True  # echo with logprobs (prompt log-probabilities from the prefill)
-    embeds = True  # runs embedding work (see run)
+    embeds = True  # runs embedding work (see :meth:`run`)
 
     def __init__(self, model, tokenizer, config=None, metrics=None, draft_model=None):
         self.model, self.tokenizer = model, tokenizer
@@ -143,15 +142,12 @@ class Engine:
         self._commands.put(("submit", job))
         return job
 
-    def run(self, fn):
-        """Run ``fn()`` on the engine thread between batch steps (work that needs the model
-        but no row of the batch: embeddings); an awaitable of its result or exception."""
+    def run(self, work):
+        """Queue ``work()`` for the engine thread, between batch steps: work that needs the
+        model but no row of the batch (embeddings); it delivers its own result."""
         if self._stopping:
             raise APIError(503, "The server is stopping.", None, "server_stopping")
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._commands.put(("run", (fn, loop, future)))
-        return future
+        self._commands.put(("run", work))
 
     def cancel(self, job):
         """Drop a job's rows (a client went away); idempotent."""
@@ -208,19 +204,7 @@ class Engine:
             elif cmd == "cancel":
                 self._cancel_job(job)
             elif cmd == "run":
-                self._run_work(*job)
-
-    def _run_work(self, fn, loop, future):
-        try:
-            result, error = fn(), None
-        except Exception as e:  # the caller's error (an APIError) or a bug: theirs to raise
-            result, error = None, e
-
-        def deliver():
-            if not future.cancelled():
-                future.set_exception(error) if error is not None else future.set_result(result)
-
-        loop.call_soon_threadsafe(deliver)
+                job()
 
     def _unwait(self, job):
         if job.waiting:
