@@ -81,6 +81,8 @@ def chat_request(data):
             "parameters": t.get("input_schema") or {"type": "object"}}} for t in data["tools"]]
     if data.get("tool_choice") is not None:
         body["tool_choice"] = _tool_choice(data["tool_choice"])
+        if isinstance(data["tool_choice"], dict) and data["tool_choice"].get("disable_parallel_tool_use"):
+            body["parallel_tool_calls"] = False
     return body
 
 
@@ -100,7 +102,7 @@ async def serve_messages(engine, config, data, model_name, grammar_ready, reques
     params = generation_params(req, config, config.default_temperature)
     spec = JobSpec(params, messages=chat_messages(req),
                    tools=tools_for_prompt(req.tools, req.tool_choice),
-                   adapter=config.adapter_slot(model_name))
+                   adapter=config.adapter_slot(model_name), tool_format=config.tool_format)
     await grammar_ready(params)
     job = await start_job(engine, spec, request)
     msg_id = f"msg_{uuid.uuid4().hex[:24]}"

@@ -1,10 +1,13 @@
-"""The ASGI app: OpenAI's routes, health and metrics, with OpenAI-shaped errors."""
+"""The ASGI app: OpenAI's routes (chat, completions, embeddings, Responses, Messages),
+vLLM's tokenizer routes, health and metrics, with OpenAI-shaped errors."""
 
 import asyncio
+import dataclasses
+import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException
@@ -12,6 +15,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 
 from ..sampling.grammar import grammar_tokenizer
 from .anthropic_messages import serve_messages
+from .embeddings import add_embedding_routes, embedding_setup
 from .errors import APIError
 from .handlers import serve
 from .job_prep import JobSpec
@@ -26,6 +30,9 @@ from .schema import (
 )
 from .tokenize_routes import add_tokenize_routes
 from .tool_calls import chat_output
+from .tool_format import resolve_tool_format
+
+log = logging.getLogger("mlx_lm_batched.server")
 
 
 @dataclass
@@ -41,6 +48,7 @@ class ServerConfig:
     default_temperature: float = 0.0
     tool_parser: Optional[str] = None  # a tool_parsers family name; None: from the template
     adapters: tuple = ()  # model names of the adapters, slots 1..n (``--adapters``)
+    tool_format: Any = None  # tool_format.ToolFormat; None: decided by create_app
 
     def adapter_slot(self, name):
         """The adapter slot a request's ``model`` name picks: 0 for the base model (or no
@@ -56,7 +64,15 @@ def _accepted_names(config):
 
 
 def create_app(engine, config):
-    """The FastAPI app serving ``engine`` (an :class:`~.engine.Engine`, already started)."""
+    """The FastAPI app serving ``engine`` (an :class:`~.engine.Engine`, already started).
+    Exits with one line when ``--tool-call-parser`` cannot work with the chat template."""
+    if config.tool_format is None:
+        try:
+            tool_format = resolve_tool_format(engine.tokenizer, config.tool_parser)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}") from None
+        config = dataclasses.replace(config, tool_format=tool_format)
+    log.info("tool calls: %s", config.tool_format.describe())
     app = FastAPI(title="mlx_lm_batched", docs_url=None, redoc_url=None, openapi_url=None)
     names = _accepted_names(config) | set(config.adapters)
     created = int(time.time())
@@ -112,9 +128,10 @@ def create_app(engine, config):
         params = generation_params(req, config, config.default_temperature)
         messages, kwargs = chat_messages(req), dict(req.chat_template_kwargs or {})
         output = chat_output(engine.tokenizer, messages, req.tools, req.tool_choice, kwargs,
-                             config.tool_parser)
+                             config.tool_parser, config.tool_format)
         spec = JobSpec(params, messages=messages, tools=output.tools_for_template,
-                       template_kwargs=kwargs, output=output, adapter=config.adapter_slot(name))
+                       template_kwargs=kwargs, output=output, adapter=config.adapter_slot(name),
+                       tool_format=config.tool_format)
         await _grammar_ready(params)
         return await serve(engine, spec, "chat", name, request)
 
@@ -146,6 +163,8 @@ def create_app(engine, config):
         return await serve_responses(engine, config, data, name, _grammar_ready, request)
 
     add_tokenize_routes(app, engine, config, check_model)
+    add_embedding_routes(app, engine, config, check_model,
+                         embedding_setup(engine.model, config.model_path))
     paths = [r.path for r in app.routes]
     wrapped = StatusCounter(AuthMiddleware(app, config.api_key), engine.metrics, paths)
     wrapped.fastapi_app = app

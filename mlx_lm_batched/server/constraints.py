@@ -15,14 +15,21 @@ from .tool_choice import tool_choice_grammar
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_grammar")
 
 
-def request_constraint(req):
-    """The llguidance grammar of ``req``'s constraint fields, or None; APIError(400)."""
+def request_constraint(req, tool_format=None):
+    """The llguidance grammar of ``req``'s constraint fields, or None; APIError(400).
+
+    ``tool_format`` (``tool_format.ToolFormat``): with the generic format, ``tool_choice``
+    ``"auto"`` constrains calls once they start, unless another field constrains the
+    output (a call cannot start inside it)."""
     given = [f for f in ("response_format", *GUIDED_FIELDS) if getattr(req, f, None) is not None]
     rf = getattr(req, "response_format", None)
     if rf is not None and rf.get("type") == "text":
         given.remove("response_format")
-    tool_grammar = tool_choice_grammar(getattr(req, "tools", None), getattr(req, "tool_choice", None))
-    if tool_grammar is not None:
+    choice = getattr(req, "tool_choice", None)
+    lazy = bool(tool_format is not None and tool_format.generic and not given)
+    tool_grammar = tool_choice_grammar(getattr(req, "tools", None), choice,
+                                       getattr(req, "parallel_tool_calls", True) is not False, lazy)
+    if tool_grammar is not None and not (lazy and choice in (None, "auto")):
         given.append("tool_choice")
     if len(given) > 1:
         raise APIError(400, f"Only one output constraint per request; got {', '.join(given)}.",

@@ -31,6 +31,7 @@ class DistributedEngine(Engine):
     # Scoring a prompt evaluates logits on rank 0 alone, which the followers' replay of
     # the same prefill does not do (a tensor-parallel head would wait for them).
     scores_prompts = False
+    embeds = False  # the model spans the ranks: rank 0 cannot run it alone
 
     def __init__(self, model, tokenizer, group, config=None, metrics=None, timeout=STEP_TIMEOUT):
         self.group = group

@@ -37,6 +37,7 @@ class Engine:
     """Owns generation; :meth:`submit` and :meth:`cancel` are safe from any thread."""
 
     scores_prompts = True  # echo with logprobs (prompt log-probabilities from the prefill)
+    embeds = True  # runs embedding work (see :meth:`run`)
 
     def __init__(self, model, tokenizer, config=None, metrics=None, draft_model=None):
         self.model, self.tokenizer = model, tokenizer
@@ -145,6 +146,13 @@ class Engine:
         self._commands.put(("submit", job))
         return job
 
+    def run(self, work):
+        """Queue ``work()`` for the engine thread, between batch steps: work that needs the
+        model but no row of the batch (embeddings); it delivers its own result."""
+        if self._stopping:
+            raise APIError(503, "The server is stopping.", None, "server_stopping")
+        self._commands.put(("run", work))
+
     def cancel(self, job):
         """Drop a job's rows (a client went away); idempotent."""
         self._commands.put(("cancel", job))
@@ -200,6 +208,8 @@ class Engine:
                 self._start_job(job)
             elif cmd == "cancel":
                 self._cancel_job(job)
+            elif cmd == "run":
+                job()
 
     def _unwait(self, job):
         if job.waiting:

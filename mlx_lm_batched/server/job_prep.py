@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from .errors import APIError
+from .tool_format import generic_messages
 
 
 @dataclass
@@ -18,6 +19,7 @@ class JobSpec:
     template_kwargs: Dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs
     output: Any = None  # tool_calls.ChatOutput of a chat request
     adapter: int = 0  # the adapter slot the request's model name picks (0: the base model)
+    tool_format: Any = None  # tool_format.ToolFormat of the model (None: the template's own)
 
 
 def _encode(spec, tokenizer):
@@ -25,8 +27,11 @@ def _encode(spec, tokenizer):
         if not tokenizer.has_chat_template:
             raise APIError(400, "This model has no chat template; use /v1/completions.",
                            "messages", "no_chat_template")
+        messages, tools = spec.messages, spec.tools or None
+        if spec.tool_format is not None and spec.tool_format.generic:
+            messages, tools = generic_messages(messages, tools), None
         try:
-            ids = tokenizer.apply_chat_template(spec.messages, tools=spec.tools or None,
+            ids = tokenizer.apply_chat_template(messages, tools=tools,
                                                 add_generation_prompt=True, **spec.template_kwargs)
         except Exception as e:  # jinja raises on messages the template does not accept
             raise APIError(400, f"The chat template rejected 'messages': {e}", "messages",

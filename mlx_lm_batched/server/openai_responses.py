@@ -84,6 +84,8 @@ def chat_request(data):
         choice = {"type": "function", "function": {"name": choice.get("name")}}
     if choice is not None:
         body["tool_choice"] = choice
+    if data.get("parallel_tool_calls") is not None:
+        body["parallel_tool_calls"] = data["parallel_tool_calls"]
     return body
 
 
@@ -119,13 +121,13 @@ async def serve_responses(engine, config, data, model_name, grammar_ready, reque
     params = generation_params(req, config, config.default_temperature)
     spec = JobSpec(params, messages=chat_messages(req),
                    tools=tools_for_prompt(req.tools, req.tool_choice),
-                   adapter=config.adapter_slot(model_name))
+                   adapter=config.adapter_slot(model_name), tool_format=config.tool_format)
     await grammar_ready(params)
     job = await start_job(engine, spec, request)
     head = {"id": f"resp_{uuid.uuid4().hex[:24]}", "object": "response",
             "created_at": int(time.time()), "model": model_name, "error": None,
             "instructions": data.get("instructions"), "tools": data.get("tools") or [],
-            "tool_choice": data.get("tool_choice") or "auto", "parallel_tool_calls": True,
+            "tool_choice": data.get("tool_choice") or "auto", "parallel_tool_calls": req.parallel_tool_calls,
             "temperature": data.get("temperature"), "top_p": data.get("top_p")}
     if params.stream:
         return job.sse_response(_events(job, head, spec))

@@ -113,6 +113,7 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)
     tools: Optional[List[Dict[str, Any]]] = None
     tool_choice: Optional[Union[str, Dict[str, Any]]] = None
+    parallel_tool_calls: bool = True  # false: at most one call (exactly one when forced)
     chat_template_kwargs: Optional[Dict[str, Any]] = None  # e.g. {"enable_thinking": false}
 
 
@@ -173,7 +174,8 @@ class GenerationParams:
 
 def generation_params(req, limits, default_temperature=0.0):
     """:class:`GenerationParams` of a validated request; APIError(400) past ``limits``
-    (an object with ``max_tokens`` and ``max_n``)."""
+    (an object with ``max_tokens`` and ``max_n``, and optionally the model's
+    ``tool_format``, which decides how ``tool_choice`` constrains the output)."""
     max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
     name = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
     if max_tokens is not None and max_tokens > limits.max_tokens:
@@ -204,7 +206,7 @@ def generation_params(req, limits, default_temperature=0.0):
         logit_bias={int(k): float(v) for k, v in (req.logit_bias or {}).items()},
         n=req.n, logprobs=logprobs, top_logprobs=top, stream=req.stream,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
-        constraint=request_constraint(req), ignore_eos=req.ignore_eos,
+        constraint=request_constraint(req, getattr(limits, "tool_format", None)), ignore_eos=req.ignore_eos,
         min_tokens=req.min_tokens, stop_token_ids=list(req.stop_token_ids or []),
         echo=getattr(req, "echo", False), include_stop_str=req.include_stop_str_in_output,
         skip_special_tokens=bool(req.skip_special_tokens),

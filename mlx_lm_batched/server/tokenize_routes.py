@@ -1,5 +1,6 @@
-"""``POST /tokenize`` and ``POST /detokenize`` in vLLM's shapes, for clients that count
-or build prompts in the served model's tokens (evaluation harnesses, load generators)."""
+"""``POST /tokenize``, ``POST /detokenize`` and ``GET /tokenizer_info`` in vLLM's shapes,
+for clients that count or build prompts in the served model's tokens (evaluation
+harnesses such as lm-eval's remote tokenizer, load generators)."""
 
 from typing import List, Optional
 
@@ -29,9 +30,52 @@ class DetokenizeRequest(BaseModel):
     tokens: List[int]
 
 
+# HF tokenizers write "no limit" as int(1e30); the server's context is the real limit.
+_NO_LIMIT = 10**20
+
+
+def _jsonable(value):
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    content = getattr(value, "content", None)  # an AddedToken
+    return content if isinstance(content, str) else str(value)
+
+
+def tokenizer_info(tokenizer, context_length):
+    """vLLM's ``/tokenizer_info`` body: the tokenizer's configuration (its init kwargs),
+    ``tokenizer_class``, the chat template, and the special tokens with their ids;
+    ``model_max_length`` is the served context when the tokenizer sets no limit."""
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)  # the wrapped HF tokenizer
+    info = {k: _jsonable(v) for k, v in (getattr(hf, "init_kwargs", None) or {}).items()
+            if k != "added_tokens_decoder"}  # the vocabulary's added tokens: /tokenize has them
+    info["tokenizer_class"] = type(hf).__name__
+    for kind in ("bos", "eos", "pad", "unk"):
+        token = getattr(hf, f"{kind}_token", None)
+        info[f"{kind}_token"] = _jsonable(token)
+        info[f"{kind}_token_id"] = getattr(hf, f"{kind}_token_id", None) if token else None
+    info["eos_token_ids"] = sorted(int(t) for t in getattr(tokenizer, "eos_token_ids", ()) or ())
+    limit = getattr(hf, "model_max_length", None)
+    info["model_max_length"] = (context_length if not isinstance(limit, int) or limit >= _NO_LIMIT
+                                else limit)
+    info["max_model_len"] = context_length
+    template = getattr(tokenizer, "_chat_template", None)  # the wrapper's own, if a string
+    template = template if isinstance(template, str) else getattr(hf, "chat_template", None)
+    if isinstance(template, str):
+        info["chat_template"] = template
+    return info
+
+
 def add_tokenize_routes(app, engine, config, check_model):
-    """Register the two routes on ``app`` (``check_model(name)`` raises 404 for others)."""
+    """Register the routes on ``app`` (``check_model(name)`` raises 404 for others)."""
     tokenizer = engine.tokenizer
+
+    @app.get("/tokenizer_info")
+    async def get_tokenizer_info():
+        return tokenizer_info(tokenizer, engine.context_length)
 
     @app.post("/tokenize")
     async def tokenize(request: Request):

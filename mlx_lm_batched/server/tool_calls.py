@@ -9,7 +9,7 @@ reasoning block, and what ``tool_choice`` allows. The handlers only call
 (``tool_choice`` ``required`` or a named function) are constrained to the
 ``json_tools`` (Hermes/Qwen) format by ``tool_choice.py``'s grammar: a model whose
 template asks for another format is refused for them (a 400 naming it), one whose
-template has no tool markup gets that format.
+template has no tool markup uses the generic format (``tool_format.py``), which is it.
 """
 
 import json
@@ -61,11 +61,19 @@ def check_tool_choice(tool_choice, tools):
                    "invalid_value")
 
 
-def chat_output(tokenizer, messages, tools, tool_choice, template_kwargs, parser_name=None):
-    """The :class:`ChatOutput` of one chat request (see the module docstring)."""
+def chat_output(tokenizer, messages, tools, tool_choice, template_kwargs, parser_name=None,
+                tool_format=None):
+    """The :class:`ChatOutput` of one chat request (see the module docstring);
+    ``tool_format`` (``tool_format.ToolFormat``, decided at startup) names the family,
+    else ``parser_name`` or the template do."""
     tools = check_tool_choice(tool_choice, tools)
     template = getattr(tokenizer, "chat_template", None)
-    family = select_family(template, parser_name) if tools else None
+    if not tools:
+        family = None
+    elif tool_format is not None:
+        family = tool_format.family
+    else:
+        family = select_family(template, parser_name)
     if forces_tool_call(tool_choice):
         if family is None:
             family = FORCED_FAMILY

@@ -14,7 +14,9 @@ class ChatOutputParser:
 
     ``family``: a :class:`ToolFamily` or None (tool markup stays in the answer);
     ``think``: ``(start, end)`` reasoning markers or None; ``in_reasoning``: the prompt
-    already opened the reasoning block (templates that end with ``<think>``).
+    already opened the reasoning block (templates that end with ``<think>``). Whitespace
+    between calls, or after the last one, is not content, nor is a call after others that
+    the end of the output cut off.
     ``stream_calls``: :meth:`feed` sends a ``json_tools`` call as it is generated (a first
     delta with its id and name, then its arguments in fragments) instead of whole at
     its end marker; other families' calls still come whole."""
@@ -34,6 +36,7 @@ class ChatOutputParser:
         self._body = ""
         self._streamed = None  # the JsonCallStream of the call being generated
         self._stream_calls = stream_calls and family is not None and family.name == "json_tools"
+        self._gap = None  # whitespace after a call, held: dropped if a call or the end follows
         self.count = 0  # tool calls emitted (or opened, when streamed) so far
 
     def feed(self, text):
@@ -65,6 +68,11 @@ class ChatOutputParser:
             elif state == REASONING:
                 out["reasoning_content"] += text
             elif state == ANSWER:
+                if self._gap is not None:  # text after a call: only whitespace so far
+                    text, self._gap = self._gap + text, None
+                    if not text.strip():  # still only whitespace: keep holding it
+                        self._gap = text
+                        continue
                 out["content"] += text
         return out
 
@@ -85,12 +93,17 @@ class ChatOutputParser:
         body, self._body = self._body, ""
         streamed, self._streamed = self._streamed, None
         if streamed is not None and streamed.opened:
+            self._gap = ""  # whitespace after it is held, as after a whole call
             return  # sent while generated (a body that does not parse is sent as it is)
         try:
             calls = self.family.parse(body)
         except (ValueError, TypeError):  # not a call after all: the markup is the answer
-            out["content"] += self.family.start + body + end
+            if self.count and not end and self.family.end:
+                return  # a further call cut off by the end of the output: not an answer
+            out["content"] += (self._gap or "") + self.family.start + body + end
+            self._gap = None
             return
         for name, arguments in calls:
             out["tool_calls"].append(tool_call(name, arguments, self.count))
             self.count += 1
+        self._gap = ""
