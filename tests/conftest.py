@@ -125,11 +125,15 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
+@pytest.hookimpl(tryfirst=True)  # before --ff/--nf, which then reorder on top of this
 def pytest_collection_modifyitems(config, items):
-    """Files with slow tests first, then the others by test count (most first); each
-    file's tests stay together in their own order. With ``--dist loadfile`` the long
-    files (benchmark scripts, 2-rank launches) start early rather than end the run on
-    one worker while the other idles."""
+    """On pytest-xdist workers: files with slow tests first, then the others by test
+    count (most first); each file's tests stay together in their own order. With
+    ``--dist loadfile`` the long files (benchmark scripts, 2-rank launches) start early
+    rather than end the run on one worker while the other idles. A run without xdist
+    keeps pytest's order."""
+    if not hasattr(config, "workerinput"):
+        return
     files = {}
     for item in items:
         files.setdefault(item.nodeid.split("::")[0], []).append(item)
