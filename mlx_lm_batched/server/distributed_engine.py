@@ -31,6 +31,8 @@ class DistributedEngine(Engine):
     # Scoring a prompt evaluates logits on rank 0 alone, which the followers' replay of
     # the same prefill does not do (a tensor-parallel head would wait for them).
     scores_prompts = False
+    # The followers replay the whole-cache LRU's fetches and stores (``replay.py``).
+    prefix_blocks = False
 
     def __init__(self, model, tokenizer, group, config=None, metrics=None, timeout=STEP_TIMEOUT):
         self.group = group
