@@ -13,7 +13,8 @@ conversation's earlier turns with the answers it got, and a new user message.
 Reported: the CPU (``lscpu``) and load average, wall time of the conversations, the
 server's peak resident memory above its warm RSS (``/proc/PID/status`` sampled every
 20 ms), the prefix hit rate (``usage.prompt_tokens_details.cached_tokens`` over prompt
-tokens), and time to first token p50/p95 for each turn.
+tokens), and time to first token p50/p95 for each turn. ``$BENCH_SERVER_LOG``: a file
+for the server's output (default: discarded).
 """
 
 import argparse
@@ -52,10 +53,10 @@ class PeakRSS(threading.Thread):
 
     def __init__(self, pid, every=0.02):
         super().__init__(daemon=True)
-        self.pid, self.every, self.peak, self._stop = pid, every, 0, threading.Event()
+        self.pid, self.every, self.peak, self._done = pid, every, 0, threading.Event()
 
     def run(self):
-        while not self._stop.is_set():
+        while not self._done.is_set():
             try:
                 self.peak = max(self.peak, rss_bytes(self.pid))
             except OSError:
@@ -63,7 +64,7 @@ class PeakRSS(threading.Thread):
             time.sleep(self.every)
 
     def stop(self):
-        self._stop.set()
+        self._done.set()
         self.join()
 
 
@@ -81,7 +82,8 @@ def system_prompt(model_dir, n_tokens):
 def start_server(model_dir, port, extra):
     cmd = [sys.executable, "-m", "mlx_lm_batched.server", "--model", str(model_dir),
            "--served-model-name", "m", "--port", str(port), "--log-level", "warning", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    log = open(os.environ.get("BENCH_SERVER_LOG", os.devnull), "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:

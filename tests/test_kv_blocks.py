@@ -158,6 +158,23 @@ def test_another_adapter_slot_never_shares(smol):
     assert len(store) == 2 * n
     hit = store.lookup(prompt, adapter=1)
     assert hit.tokens == 5 * B and set(hit.keys).isdisjoint(store.chain(prompt, 0))
+    store.release(hit.keys)
+
+
+def test_a_row_pins_its_prefix_blocks_while_it_runs(smol):
+    model, ids = smol
+    prompt = text(ids, 4 * B + 9, 77)
+    _, _, cache, tokens = generate(model, prompt, n=1)
+    prefix = BlockPrefixCache(model, BlockStore(model_fingerprint(model), block_size=B))
+    prefix.insert_cache(model, tokens, cache)
+    fetched, rest = prefix.fetch_nearest_cache(model, prompt)
+    assert len(rest) == 9 and prefix.gauges()["blocks_in_use"] == 0  # not yet a row's
+    prefix.hold(7, fetched)
+    assert prefix.gauges()["blocks_in_use"] == 4 and prefix.gauges()["blocks_cached"] == 0
+    prefix.release(7)
+    prefix.release(7)  # a row leaves once; a second release is a no-op
+    assert prefix.gauges()["blocks_in_use"] == 0 and prefix.gauges()["blocks_cached"] == 4
+    assert prefix.gauges()["hit_tokens_memory"] == 4 * B
 
 
 @pytest.mark.parametrize("step", [32, 48])

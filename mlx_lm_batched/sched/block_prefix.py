@@ -93,6 +93,9 @@ class BlockPrefixCache:
         hit = self.store.lookup(tokens, adapter)
         if hit.cache is None:
             return None, tokens
+        # Unpinned until ``hold``: a fetched cache whose row is never inserted (the
+        # request failed its checks) must not keep its blocks pinned.
+        self.store.release(hit.keys)
         cache = BlockCache(hit.cache)
         cache.keys = hit.keys
         return cache, tokens[hit.tokens:]
@@ -102,10 +105,13 @@ class BlockPrefixCache:
         self.store.insert(list(tokens), prompt_cache, adapter)
 
     def hold(self, uid, cache):
-        """Row ``uid`` was inserted with ``cache`` (a fetched one keeps its blocks pinned)."""
-        keys = getattr(cache, "keys", ())
-        if keys:
-            self._held[uid] = keys
+        """Row ``uid`` was inserted with ``cache``: pin the blocks a fetched cache came
+        from (those still held: the row has its own copy) while the row runs."""
+        keys = list(getattr(cache, "keys", ()))
+        held = next((i for i, k in enumerate(keys) if k not in self.store), len(keys))
+        if held:
+            self.store.acquire(keys[:held])
+            self._held[uid] = keys[:held]
 
     def release(self, uid):
         """Row ``uid`` left: unpin the blocks its prefix came from."""
