@@ -24,6 +24,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -83,7 +84,8 @@ def start_server(model_dir, port, extra):
     cmd = [sys.executable, "-m", "mlx_lm_batched.server", "--model", str(model_dir),
            "--served-model-name", "m", "--port", str(port), "--log-level", "warning", *extra]
     log = open(os.environ.get("BENCH_SERVER_LOG", os.devnull), "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    # A neutral working directory: ``-m`` puts it first on sys.path, before PYTHONPATH.
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -183,7 +183,6 @@ class BlockStore:
                     block = Block(key, parent, tuple(tokens[a:b]),
                                   [mx.contiguous(k[:, :, a:b, :]) for k, _ in layers],
                                   [mx.contiguous(v[:, :, a:b, :]) for _, v in layers])
-                    mx.eval(block.keys, block.values)
                     if not self._add(block):
                         break  # memory is pinned full: later blocks would have no parent
                     new.append(block)
@@ -192,6 +191,7 @@ class BlockStore:
                 parent = key
         finally:
             self.release(pinned)  # back to the LRU, the first block most recently used
+        mx.eval([(b.keys, b.values) for b in new])  # the copies, in one evaluation
         if self.disk is not None:
             for block in new:
                 self.disk.write(block, adapter, self.fingerprint)
