@@ -171,6 +171,21 @@ class LRUPromptCache:
         while self._entries and (len(self._entries) > n_sequences or self._nbytes > n_bytes):
             self._evict_one()
 
+    def hold(self, uid, cache):
+        """Row ``uid`` was inserted with ``cache``: nothing to pin (a fetch is a copy)."""
+
+    def release(self, uid):
+        """Row ``uid`` left: nothing to unpin."""
+
+    def gauges(self):
+        """Extra metrics gauges (the block store's; none here)."""
+        return {}
+
+    def describe(self):
+        """One line for the startup log."""
+        return (f"whole-cache LRU of {self.max_size} entries, {len(self)} held, "
+                f"{self._nbytes} bytes of {self.max_bytes}")
+
     def stats_by_type(self):
         """``{cache_type: {"n_sequences": int, "n_bytes": int}}``."""
         out = {kind: {"n_sequences": 0, "n_bytes": 0} for kind in CACHE_TYPES}

@@ -87,7 +87,18 @@ def build_parser():
                    help="largest request body (413 above)")
     p.add_argument("--prompt-cache-size", type=int, default=10,
                    help="prefix-cache entries (0 turns prefix reuse off)")
-    p.add_argument("--prompt-cache-bytes", type=_positive(int), default=1 << 30)
+    p.add_argument("--prompt-cache-bytes", type=_positive(int), default=1 << 30,
+                   help="memory bound of the prefix cache (of its shared KV blocks on models "
+                   "with plain KV caches)")
+    p.add_argument("--kv-block-size", type=_positive(int), default=32,
+                   help="tokens per shared KV block of the prefix cache (default 32)")
+    p.add_argument("--kv-disk-dir", default=None,
+                   help="keep the prefix cache's KV blocks in this directory too (written "
+                   "as they are made): a restarted server, or another server process on "
+                   "the same model, reuses them")
+    p.add_argument("--kv-disk-bytes", type=_positive(int), default=8 << 30,
+                   help="bound of --kv-disk-dir (least recently used blocks are deleted; "
+                   "default 8 GiB)")
     p.add_argument("--temp", type=float, default=0.0,
                    help="temperature of requests that give none (default 0: greedy, as mlx-lm)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
@@ -239,6 +250,8 @@ def _serve(argv):
         context_length=args.max_context, max_kv_bytes=kv_budget,
         max_waiting=args.max_waiting, prompt_cache_size=args.prompt_cache_size,
         prompt_cache_bytes=args.prompt_cache_bytes, kv_bits=args.kv_bits,
+        kv_block_size=args.kv_block_size, kv_disk_dir=args.kv_disk_dir,
+        kv_disk_bytes=args.kv_disk_bytes,
         kv_group_size=args.kv_group_size, quantized_kv_start=args.quantized_kv_start,
         num_draft_tokens=args.num_draft_tokens, prompt_lookup=args.prompt_lookup)
     if group is None:
@@ -255,6 +268,7 @@ def _serve(argv):
             if lost_peer(e):
                 raise SystemExit(f"[rank 0] error: lost a peer of the distributed group ({e})")
             raise
+    log.info("prefix cache: %s", engine.prefix.describe())
     engine.start()
     app = create_app(engine, ServerConfig(
         model_id=name, model_path=path, api_key=args.api_key, max_body_bytes=args.max_body_bytes,

@@ -32,6 +32,8 @@ class DistributedEngine(Engine):
     # the same prefill does not do (a tensor-parallel head would wait for them).
     scores_prompts = False
     embeds = False  # the model spans the ranks: rank 0 cannot run it alone
+    # The followers replay the whole-cache LRU's fetches and stores (``replay.py``).
+    prefix_blocks = False
 
     def __init__(self, model, tokenizer, group, config=None, metrics=None, timeout=STEP_TIMEOUT):
         self.group = group

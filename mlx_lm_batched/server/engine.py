@@ -22,7 +22,7 @@ from ..engine.batch_engine import KVQuantization
 from ..engine.kv_budget import cache_layout, quantized_need
 from ..models.context import context_length
 from ..sched.generator import BatchGenerator
-from ..sched.prefix_cache import LRUPromptCache
+from ..sched.block_prefix import make_prefix_cache
 from .errors import APIError
 from .events import Delta, EngineConfig, Failed, Finished, Job, Started
 from .job_prep import prepare_prompts
@@ -38,6 +38,7 @@ class Engine:
 
     scores_prompts = True  # echo with logprobs (prompt log-probabilities from the prefill)
     embeds = True  # runs embedding work (see :meth:`run`)
+    prefix_blocks = True  # prefix reuse over shared KV blocks where the model allows it
 
     def __init__(self, model, tokenizer, config=None, metrics=None, draft_model=None):
         self.model, self.tokenizer = model, tokenizer
@@ -46,7 +47,11 @@ class Engine:
         self.metrics = metrics or Metrics()
         self.context_length = self.config.context_length or context_length(model)
         self.vocab_size = self._vocab_size()
-        self.prefix = LRUPromptCache(self.config.prompt_cache_size, self.config.prompt_cache_bytes)
+        c = self.config
+        self.prefix = make_prefix_cache(
+            model, entries=c.prompt_cache_size, max_bytes=c.prompt_cache_bytes, kv_bits=c.kv_bits,
+            block_size=c.kv_block_size, disk_dir=c.kv_disk_dir, disk_bytes=c.kv_disk_bytes,
+            blocks=self.prefix_blocks and bool(c.prompt_cache_size))
         self.samplers = SamplerFactory()
         self.kv_bytes_per_token = 0  # key/value bytes per token of a row (warm_up)
         self.quantized_kv_bytes_per_token = 0  # the same once quantized (--kv-bits)
@@ -299,8 +304,9 @@ class Engine:
                                caches=caches, all_tokens=prefixes, samplers=samplers,
                                logits_processors=procs, adapters=[job.spec.adapter] * len(rests),
                                **extra)
-        for uid, state in zip(uids, states):
+        for uid, state, cache in zip(uids, states, caches):
             state.uid = uid
+            self.prefix.hold(uid, cache)  # its prefix blocks stay pinned while it runs
             self._rows[uid] = state
         job.rows = states
         self.metrics.add_tokens(cached=cached)
@@ -342,6 +348,7 @@ class Engine:
             self.gen.remove(live)
             for uid in live:
                 del self._rows[uid]
+                self.prefix.release(uid)
         self._end_job(job)
 
     def _end_job(self, job):
@@ -411,6 +418,7 @@ class Engine:
 
     def _finish(self, row, reason):
         del self._rows[row.uid]
+        self.prefix.release(row.uid)
         row.job.send(Finished(row.index, reason, row.generated))
         if all(x.uid not in self._rows for x in row.job.rows):
             self._end_job(row.job)
@@ -423,6 +431,8 @@ class Engine:
 
     def _fail_all(self, message):
         jobs = {id(r.job): r.job for r in self._rows.values()}
+        for uid in self._rows:
+            self.prefix.release(uid)
         self._rows.clear()
         for job in jobs.values():
             self._end_job(job)
@@ -440,4 +450,4 @@ class Engine:
             waiting_requests=self.waiting_jobs, kv_cache_bytes=self.gen.prompt_cache_nbytes,
             kv_reserved_bytes=self._reserved, kv_budget_bytes=self.config.max_kv_bytes or 0,
             kv_waiting_requests=len(self._memory_waiting), prefix_cache_bytes=self.prefix.nbytes,
-            memory_active_bytes=mx.get_active_memory())
+            memory_active_bytes=mx.get_active_memory(), **self.prefix.gauges())

@@ -23,7 +23,10 @@ class EngineConfig:
     max_kv_bytes: Optional[int] = None  # KV admitted requests reserve in all; None: no bound
     max_waiting: int = 256  # requests admitted but not started; more -> 429
     prompt_cache_size: int = 10  # prefix-cache entries (0: off)
-    prompt_cache_bytes: int = 1 << 30
+    prompt_cache_bytes: int = 1 << 30  # the prefix cache's (or KV block store's) memory bound
+    kv_block_size: int = 32  # tokens per shared KV block (models with plain KV caches)
+    kv_disk_dir: Optional[str] = None  # the KV blocks' disk tier (None: memory only)
+    kv_disk_bytes: int = 8 << 30  # bound of the disk tier
     kv_bits: Optional[int] = None  # quantized KV caches (None: float)
     kv_group_size: int = 64
     quantized_kv_start: int = 0  # slots after which a batch's caches are quantized

@@ -109,6 +109,7 @@ class Metrics:
                    [("", g["prefix_cache_bytes"])])
             metric("memory_active_bytes", "gauge", "MLX active memory.",
                    [("", g["memory_active_bytes"])])
+            lines.extend(block_store_lines(g))
             buckets, acc = [], 0
             for bound, count in zip(QUEUE_BUCKETS + ("+Inf",), self._queue_counts):
                 acc += count
@@ -122,6 +123,36 @@ class Metrics:
             metric("requests_total", "counter", "Answered requests by endpoint and status.",
                    [(f'{{endpoint="{e}",status="{s}"}}', n) for (e, s), n in sorted(self._requests.items())])
             return "\n".join(lines) + "\n"
+
+
+# The KV block store's gauges and counters (``cache/kv_blocks.py``, ``cache/kv_disk.py``):
+# (gauge key, metric name, kind, help). Rendered when the engine reports them.
+BLOCK_METRICS = (
+    ("blocks_in_use", "kv_blocks_in_use", "gauge", "KV blocks pinned by running rows."),
+    ("blocks_cached", "kv_blocks_cached", "gauge", "KV blocks in memory that no row pins."),
+    ("block_bytes", "kv_blocks_bytes", "gauge", "Bytes of the KV blocks held in memory."),
+    ("block_bytes_bound", "kv_blocks_bytes_bound", "gauge", "Memory bound of the KV blocks."),
+    ("disk_blocks", "kv_blocks_on_disk", "gauge", "KV block files in the disk tier."),
+    ("disk_bytes", "kv_blocks_disk_bytes", "gauge", "Bytes of the disk tier's block files."),
+    ("disk_skipped", "kv_blocks_disk_skipped_total", "counter",
+     "Disk-tier files refused on read (corrupt, truncated or foreign)."),
+)
+
+
+def block_store_lines(gauges):
+    """Prometheus lines of the block store's values in ``gauges`` (none without a store)."""
+    lines = []
+    for key, name, kind, help_text in BLOCK_METRICS:
+        if key in gauges:
+            lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} {kind}",
+                      f"{PREFIX}{name} {gauges[key]}"]
+    if "hit_tokens_memory" in gauges:
+        name = f"{PREFIX}prefix_hit_tokens_total"
+        lines += [f"# HELP {name} Prompt tokens reused from KV blocks, by where they were.",
+                  f"# TYPE {name} counter",
+                  f'{name}{{source="memory"}} {gauges["hit_tokens_memory"]}',
+                  f'{name}{{source="disk"}} {gauges["hit_tokens_disk"]}']
+    return lines
 
 
 def parse_metrics(text):
