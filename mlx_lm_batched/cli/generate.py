@@ -14,6 +14,7 @@ import sys
 import time
 
 from ..models.context import context_length
+from ..sched import capabilities
 from .args import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
@@ -23,6 +24,7 @@ from .args import (
     build_parser,
     check_args,
     one_line,
+    run_features,
     say,
 )
 from .model import (
@@ -103,6 +105,9 @@ def run(args, state):
         raise CliError(f"invalid sampling value: {one_line(e)}") from None
     state.stage = "joining the distributed group"
     join_group(args)
+    refused = capabilities.refusal(run_features(args, args.group), "cli")
+    if refused:
+        raise CliError(refused)
     state.stage = "reading the prompts"
     sources, texts, numbers, errors = read_prompts(args)
     for e in errors:
@@ -131,8 +136,6 @@ def run(args, state):
     model, tokenizer, weights = load_model(model_path, args, args.adapter_path)
     draft = None
     if args.draft_model:
-        if args.group is not None:
-            raise CliError("--draft-model cannot be combined with --distributed yet")
         state.stage = f"loading the draft model '{args.draft_model}'"
         draft = load_model(args.draft_model, args)[0]
     state.stage = "setting the stop tokens"

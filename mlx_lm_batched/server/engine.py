@@ -20,6 +20,7 @@ import mlx.core as mx
 from ..engine.batch_engine import KVQuantization
 from ..engine.kv_budget import cache_layout, quantized_need
 from ..models.context import context_length
+from ..sched import capabilities
 from ..sched.generator import BatchGenerator
 from ..sched.prefix_cache import LRUPromptCache
 from .errors import APIError
@@ -35,12 +36,19 @@ log = logging.getLogger("mlx_lm_batched.server")
 class Engine:
     """Owns generation; :meth:`submit` and :meth:`cancel` are safe from any thread."""
 
-    scores_prompts = True  # echo with logprobs (prompt log-probabilities from the prefill)
+    # Capability-table features of how this engine serves (a tensor-parallel engine adds
+    # "distributed_serving"); each request's own features are checked against them.
+    serving_features = frozenset()
 
-    def __init__(self, model, tokenizer, config=None, metrics=None, draft_model=None):
+    def __init__(self, model, tokenizer, config=None, metrics=None, draft_model=None,
+                 on_fatal=None):
         self.model, self.tokenizer = model, tokenizer
         self.draft_model = draft_model  # speculative decoding's draft (same tokenizer)
         self.config = config or EngineConfig()
+        self.on_fatal = on_fatal  # called (engine thread) when the engine cannot go on
+        self.fatal = None  # then: the error line
+        self.features = self.serving_features | capabilities.speculative_features(
+            draft_model, self.config.prompt_lookup)
         self.metrics = metrics or Metrics()
         self.context_length = self.config.context_length or context_length(model)
         self.vocab_size = self._vocab_size()
@@ -78,7 +86,7 @@ class Engine:
 
     @property
     def speculative(self):
-        return self.draft_model is not None or self.config.prompt_lookup
+        return "speculative" in self.features
 
     def _new_generator(self):
         options = self.generator_options()
@@ -223,9 +231,7 @@ class Engine:
         # Echo with logprobs scores the whole prompt: no prefix cache (its tokens are
         # not prefilled, so they would have no logits).
         score = params.echo and params.logprobs
-        if score and not self.scores_prompts:
-            raise APIError(400, "'echo' with 'logprobs' is not supported by this server's "
-                           "distributed mode.", "echo", "unsupported_parameter")
+        self._check_features(params, score)
         self._reserve(job, prompts, max_tokens)
         rests, caches, prefixes, samplers, procs, states, cached = [], [], [], [], [], [], 0
         stops = row_stops(params, self.tokenizer)
@@ -240,10 +246,6 @@ class Engine:
                 prefixes.append(prompt[: len(prompt) - len(rest)])
                 samplers.append(self.samplers.row_sampler(params, j))
                 procs.append(row_processors(params, self.tokenizer))
-                if procs[-1] and self.speculative:
-                    raise APIError(400, "logit_bias and the penalties cannot be combined with "
-                                   "this server's speculative decoding yet.", "logit_bias",
-                                   "invalid_request")
                 echo = None
                 if params.echo:  # the prompt as given, or its token ids decoded
                     given = job.spec.prompts[i]
@@ -265,6 +267,18 @@ class Engine:
         job.rows = states
         self.metrics.add_tokens(cached=cached)
         job.send(Started(sum(len(p) for p in prompts), cached))
+
+    def _check_features(self, params, score):
+        """400 when the request asks for a feature this engine cannot combine with how it
+        serves (the capability table's refusal)."""
+        features = set(self.features)
+        if score:
+            features.add("prompt_scoring")
+        if row_processors(params, self.tokenizer):
+            features.add("logits_processors")
+        found = capabilities.conflict(features)
+        if found is not None:
+            raise APIError(400, found.message("http") + ".", found.param, found.code)
 
     def _reserve(self, job, prompts, max_tokens):
         """Reserve the job's cache bytes (key/value slots for prompt + max_tokens, and
