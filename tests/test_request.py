@@ -78,11 +78,11 @@ def test_insert_requests_is_what_insert_does(float_models):
 
 
 def test_generator_options(float_models):
-    import mlx_lm.generate
+    from mlx_lm.generate import generate_step
 
     model, _ = float_models["smollm2"]
     # The one default of quantized_kv_start is mlx-lm's.
-    theirs = inspect.signature(mlx_lm.generate.generate_step).parameters["quantized_kv_start"]
+    theirs = inspect.signature(generate_step).parameters["quantized_kv_start"]
     assert DEFAULT_QUANTIZED_KV_START == theirs.default == GeneratorOptions().quantized_kv_start
     options = GeneratorOptions(max_tokens=7, prefill_batch_size=2, completion_batch_size=4)
     gen = BatchGenerator(model, options)
