@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import types
 
 from ..sched import capabilities
 from ..sched.options import DEFAULT_QUANTIZED_KV_START
@@ -198,8 +199,23 @@ def run_features(args, group=None):
     return features
 
 
+class RunConfig(types.SimpleNamespace):
+    """A run's settings once resolved from the parsed flags: read-only, so every step
+    of the run sees what it was given; ``with_(name=value, ...)`` makes a changed copy."""
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"the run's settings are read-only: make a copy with "
+                             f"with_({name}=...)")
+
+    def with_(self, **changes):
+        """A copy with ``changes`` applied."""
+        return type(self)(**{**vars(self), **changes})
+
+
 def check_args(args):
-    """Reject missing features and out-of-range values before anything loads."""
+    """Reject missing features and out-of-range values before anything loads; returns
+    the run's :class:`RunConfig` (the flags, with the JSON schema, template settings
+    and chat template read)."""
     for dest, (flag, feature) in UNSUPPORTED.items():
         if getattr(args, dest):
             raise CliError(f"{flag} is not supported by mlx_lm_batched yet ({feature})")
@@ -222,9 +238,9 @@ def check_args(args):
         raise CliError(f"--seed must be in 0..{SEED_MAX}, got {args.seed}")
     if args.prompt.count("-") > 1:
         raise CliError("--prompt - (read stdin) can be given once")
-    args.response_format = read_json_schema(args.json_schema)
-    args.chat_template_kwargs = parse_template_config(args.chat_template_config)
-    args.chat_template = resolve_chat_template(args.chat_template)
+    return RunConfig(**{**vars(args), "response_format": read_json_schema(args.json_schema),
+                        "chat_template_kwargs": parse_template_config(args.chat_template_config),
+                        "chat_template": resolve_chat_template(args.chat_template)})
 
 
 def read_json_schema(path):

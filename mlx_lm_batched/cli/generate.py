@@ -92,7 +92,7 @@ class Run:
 
 def run(args, state):
     """Everything after argument parsing; returns the exit code."""
-    check_args(args)
+    args = check_args(args)  # from here on a read-only RunConfig
     state.stage = "checking the sampling values"
     from ..sampling.samplers import make_sampler
 
@@ -104,7 +104,7 @@ def run(args, state):
     except (ValueError, TypeError) as e:
         raise CliError(f"invalid sampling value: {one_line(e)}") from None
     state.stage = "joining the distributed group"
-    join_group(args)
+    args = join_group(args)
     refused = capabilities.refusal(run_features(args, args.group), "cli")
     if refused:
         raise CliError(refused)
@@ -119,7 +119,7 @@ def run(args, state):
         state.stage = "reading the prompt cache file"
         from .prompt_cache_file import load_cache_file
 
-        prefix, args.cached_prefix = load_cache_file(args)
+        prefix, args = load_cache_file(args)
     state.stage = "opening the outputs"
     outputs = state.outputs = Outputs(args.output_dir, args.jsonl, args.verbose)
 
@@ -155,7 +155,7 @@ def run(args, state):
             prefix="note:")
     if args.max_kv_size is not None:
         # A window covering the whole context is no limit; capping keeps the size an int32.
-        args.max_kv_size = min(args.max_kv_size, context)
+        args = args.with_(max_kv_size=min(args.max_kv_size, context))
     outputs.assign([sources[k] for k in keep], [numbers[k] for k in keep])
     state.total = len(prompts)
     rows = min(args.batch_size, len(prompts))
