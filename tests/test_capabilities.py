@@ -107,3 +107,34 @@ def test_server_flag_refusals():
         errors = [line for line in proc.stderr.splitlines() if "error:" in line]
         assert len(errors) == 1 and errors[0].endswith(refusal_of(*features).message("cli")), \
             proc.stderr
+
+
+def test_server_engine_refuses_per_request(float_models):
+    """A request's features against how the engine serves: the HTTP refusal (400 naming
+    the request's field) comes from the same table."""
+    from types import SimpleNamespace
+
+    from mlx_lm_batched.server.engine import Engine
+    from mlx_lm_batched.server.errors import APIError
+    from mlx_lm_batched.server.events import EngineConfig
+
+    class TensorParallel(Engine):  # what DistributedEngine declares, without a group
+        serving_features = frozenset({"distributed_serving"})
+
+    model, tok = float_models["smollm2"]
+    plain = SimpleNamespace(logit_bias=None, repetition_penalty=None, presence_penalty=None,
+                            frequency_penalty=None, min_tokens=0, constraint=None)
+    biased = SimpleNamespace(**{**vars(plain), "logit_bias": {5: 2.0}})
+    cases = ((TensorParallel(model, tok), plain, True, ("prompt_scoring", "distributed_serving")),
+             (Engine(model, tok, EngineConfig(prompt_lookup=True)), biased, False,
+              ("speculative", "logits_processors")))
+    for engine, params, score, features in cases:
+        found = refusal_of(*features)
+        with pytest.raises(APIError) as e:
+            engine._check_features(params, score)
+        assert (e.value.status, e.value.message, e.value.param, e.value.code) == \
+            (400, found.message("http") + ".", found.param, found.code)
+    assert found.message("http").startswith("logit_bias and the penalties cannot be combined "
+                                            "with this server's speculative decoding")
+    Engine(model, tok)._check_features(biased, True)  # a plain engine combines both
+    TensorParallel(model, tok)._check_features(biased, False)

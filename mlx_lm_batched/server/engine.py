@@ -36,8 +36,7 @@ log = logging.getLogger("mlx_lm_batched.server")
 class Engine:
     """Owns generation; :meth:`submit` and :meth:`cancel` are safe from any thread."""
 
-    # Capability-table features of how this engine serves (a tensor-parallel engine adds
-    # "distributed_serving"); each request's own features are checked against them.
+    # How this engine serves, in capability-table features (requests are checked against).
     serving_features = frozenset()
 
     def __init__(self, model, tokenizer, config=None, metrics=None, draft_model=None,
@@ -269,14 +268,12 @@ class Engine:
         job.send(Started(sum(len(p) for p in prompts), cached))
 
     def _check_features(self, params, score):
-        """400 when the request asks for a feature this engine cannot combine with how it
-        serves (the capability table's refusal)."""
-        features = set(self.features)
-        if score:
-            features.add("prompt_scoring")
+        """400 (the capability table's refusal) for what does not combine with how this
+        engine serves."""
+        asked = {"prompt_scoring"} if score else set()
         if row_processors(params, self.tokenizer):
-            features.add("logits_processors")
-        found = capabilities.conflict(features)
+            asked.add("logits_processors")
+        found = capabilities.conflict(self.features | asked)
         if found is not None:
             raise APIError(400, found.message("http") + ".", found.param, found.code)
 
