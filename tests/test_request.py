@@ -31,7 +31,7 @@ def test_request_checks_and_normalizes(float_models):
         Request.of([], label="prompt 4")
     with pytest.raises(ValueError, match="^max_tokens of the request must be > 0, got 0$"):
         Request.of([1], max_tokens=0)
-    for bad in (-1, True, 1.5):
+    for bad in (-1, 1.5, "2"):
         with pytest.raises(ValueError, match="prompt_logprobs of the request must be None or"):
             Request.of([1], prompt_logprobs=bad)
     with pytest.raises(TypeError, match=r"^caches\[2\] must be a prompt cache"):

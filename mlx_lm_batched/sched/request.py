@@ -50,13 +50,13 @@ class Request:
         if self.max_tokens is not None:
             check_max_tokens(self.max_tokens, self.label)
         top = self.prompt_logprobs
-        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
+        if top is not None and (not isinstance(top, int) or top < 0):
             raise ValueError(f"prompt_logprobs of {self.label} must be None or an int "
                              f">= 0, got {top!r}")
         if self.logits_processors is not None:
             object.__setattr__(self, "logits_processors", tuple(self.logits_processors))
         stops = self.stop_sequences
-        if stops is not None and not isinstance(stops, StopSequences):
+        if stops is not None and not hasattr(stops, "matcher"):  # sequences, not a matcher
             object.__setattr__(self, "stop_sequences", StopSequences(stops))
 
     @classmethod
