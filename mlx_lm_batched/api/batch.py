@@ -8,25 +8,14 @@ stops on its own EOS, stop sequence, stop string or ``max_tokens``; each row's t
 from its own streaming detokenizer (``sched.row_text.RowText``).
 """
 
-import mlx.core as mx
-
-from ..cache.row_caches import cache_length
-from ..models.context import model_vocab_size
-from ..sampling.text_stops import check_stops, cut_at_stop
+from ..sampling.text_stops import cut_at_stop
 from ..sched.generator import BatchGenerator
+from ..sched.options import DEFAULT_QUANTIZED_KV_START, GeneratorOptions
 from ..sched.row_text import RowText
 from ..sched.stats import BatchStats
 from ..tokenization.tokenizer import wrap_tokenizer
 from . import validation as V
-from .batch_args import (
-    check_prompt_caches,
-    check_seeds,
-    encode_prompts,
-    per_row_lists,
-    row_constraints,
-    row_limits,
-    row_samplers,
-)
+from .batch_plan import plan_batch
 from .device import wired_limit
 from .responses import BatchResponse, BatchStreamResponse
 
@@ -58,7 +47,7 @@ def stream_batch_generate(
     response_format=None,
     kv_bits=None,
     kv_group_size=64,
-    quantized_kv_start=5000,
+    quantized_kv_start=DEFAULT_QUANTIZED_KV_START,
     draft_model=None,
     num_draft_tokens=2,
     prompt_lookup=False,
@@ -107,78 +96,39 @@ def stream_batch_generate(
     them. Greedy rows get exactly the tokens of plain decoding, sampled rows follow
     the model's distribution (rejection sampling).
     """
-    speculative = {"draft_model": draft_model, "num_draft_tokens": num_draft_tokens,
-                   "prompt_lookup": prompt_lookup}
-    for response, _ in _stream(model, tokenizer, prompts, max_tokens, sampler, logits_processors,
-                               completion_batch_size, prefill_step_size, max_kv_size, stats,
-                               logprobs, prefill_batch_size, stream, prompt_caches, stop, seeds,
-                               response_format=response_format,
-                               kv=(kv_bits, kv_group_size, quantized_kv_start),
-                               speculative=speculative):
+    settings = dict(max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors,
+                    completion_batch_size=completion_batch_size,
+                    prefill_step_size=prefill_step_size, max_kv_size=max_kv_size,
+                    logprobs=logprobs, prefill_batch_size=prefill_batch_size, stream=stream,
+                    prompt_caches=prompt_caches, stop=stop, seeds=seeds,
+                    response_format=response_format, kv_bits=kv_bits,
+                    kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
+                    draft_model=draft_model, num_draft_tokens=num_draft_tokens,
+                    prompt_lookup=prompt_lookup)
+    check_stats(stats)
+    plan = plan_batch(model, tokenizer, prompts, settings)
+    for response, _ in _stream(model, plan, stats):
         yield response
 
 
-def _stream(model, tokenizer, prompts, max_tokens, sampler, logits_processors,
-            completion_batch_size, prefill_step_size, max_kv_size, stats, logprobs,
-            prefill_batch_size, stream, prompt_caches, stop, seeds, want_caches=False,
-            response_format=None, kv=(None, 64, 5000),
-            speculative=None):
-    """:func:`stream_batch_generate` yielding ``(response, cache or None)`` pairs."""
-    completion_batch_size = V.check_int("completion_batch_size", completion_batch_size, 1)
-    prefill_step_size = V.check_int("prefill_step_size", prefill_step_size, 1)
-    prefill_batch_size = V.check_optional_int("prefill_batch_size", prefill_batch_size, 1)
-    max_kv_size = V.check_optional_int("max_kv_size", max_kv_size, 1, V.INT32_MAX)
-    kv_bits = V.check_optional_int("kv_bits", kv[0], 1, 8)
-    kv_group_size = V.check_int("kv_group_size", kv[1], 1)
-    quantized_kv_start = V.check_int("quantized_kv_start", kv[2], 0)
-    if stream is not None and not isinstance(stream, (mx.Stream, mx.Device, mx.DeviceType)):
-        raise TypeError(f"stream must be an mx.Stream or a device, got {type(stream).__name__}")
-    if not isinstance(sampler, (list, tuple)):
-        V.check_callable("sampler", sampler)
-    per_row = per_row_lists(logits_processors)
-    if per_row:
-        logits_processors = [V.check_processors(p) for p in logits_processors]
-    else:
-        logits_processors = V.check_processors(logits_processors)
+def check_stats(stats):
+    """``stats`` must be a :class:`BatchStats` or None (``TypeError``)."""
     if stats is not None and not isinstance(stats, BatchStats):
         raise TypeError(f"stats must be a BatchStats or None, got {type(stats).__name__}")
-    tokenizer = wrap_tokenizer(tokenizer)
-    encoded = encode_prompts(tokenizer, prompts, model_vocab_size(model))
-    n = len(encoded)
-    prompt_caches = check_prompt_caches(prompt_caches, n)
-    stops = check_stops(stop, n)
-    seeds = check_seeds(seeds, n)
-    samplers = row_samplers(sampler, n)
-    if per_row and len(logits_processors) != n:
-        raise ValueError(f"logits_processors must have one list per prompt: expected {n}, "
-                         f"got {len(logits_processors)}")
-    constraints = row_constraints(tokenizer, response_format, n)
-    if constraints is not None:  # each constrained row gets its processor after its own
-        rows = logits_processors if per_row else [logits_processors] * n
-        logits_processors = [list(p or []) + c for p, c in zip(rows, constraints)]
-        per_row = True
-    cached = [cache_length(c) for c in prompt_caches] if prompt_caches else None
-    limits = row_limits(model, encoded, max_tokens, cached)
 
-    gen = BatchGenerator(
-        model, stop_tokens=[[t] for t in tokenizer.eos_token_ids],
-        logits_processors=None if per_row else logits_processors,
-        completion_batch_size=completion_batch_size,
-        prefill_batch_size=prefill_batch_size or completion_batch_size,
-        prefill_step_size=prefill_step_size, max_kv_size=max_kv_size, stream=stream,
-        return_logprobs=logprobs, return_caches=want_caches, kv_bits=kv_bits,
-        kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
-        **(speculative or {}))
+
+def _stream(model, plan, stats=None):
+    """Run a :class:`BatchPlan`; yields ``(BatchStreamResponse, cache or None)`` pairs
+    (the cache of a finished row when the plan's options return caches)."""
+    tokenizer, requests, want_caches = plan.tokenizer, plan.requests, plan.options.return_caches
+    gen = BatchGenerator(model, GeneratorOptions.of(
+        plan.options, stop_tokens=[[t] for t in tokenizer.eos_token_ids]), stream=plan.stream)
     # Shortest first: the generator admits rows in this order, so rows of similar length
     # share a prefill (as static length-sorted batches would) and short ones finish first.
-    order = sorted(range(n), key=lambda i: len(encoded[i]))
-    pick = lambda values: None if values is None else [values[i] for i in order]  # noqa: E731
-    uids = gen.insert([encoded[i] for i in order], [limits[i] for i in order],
-                      caches=pick(prompt_caches), samplers=pick(samplers),
-                      logits_processors=pick(logits_processors) if per_row else None,
-                      seeds=pick(seeds))
+    order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt))
+    uids = gen.insert_requests([requests[i] for i in order])
     index = dict(zip(uids, order))
-    texts = {i: RowText(tokenizer, stops[i]) for i in range(n)}
+    texts = {i: RowText(tokenizer, plan.stops[i]) for i in range(len(requests))}
     ended = set()  # a speculative step may report tokens of a row after its stop string
     with gen.stats() as window:
         while responses := gen.next_generated():
@@ -239,23 +189,13 @@ def batch_generate(
     reasons = [None] * n
     stats = BatchStats()
     caches = [None] * n
-    options = {k: kwargs.get(k) for k in BATCH_KWARGS}
-    options["completion_batch_size"] = kwargs.get("completion_batch_size", 32)
-    options["prefill_step_size"] = kwargs.get("prefill_step_size", 2048)
+    plan = plan_batch(model, tokenizer, prompts,
+                      dict(kwargs, prompt_caches=prompt_caches, max_tokens=max_tokens,
+                           logprobs=return_logprobs, return_caches=return_prompt_caches))
     eos = set(tokenizer.eos_token_ids)
     finished = 0
     with wired_limit(model):  # a no-op where the device has no recommended size
-        for r, cache in _stream(model, tokenizer, prompts, max_tokens, options["sampler"],
-                                options["logits_processors"], options["completion_batch_size"],
-                                options["prefill_step_size"], options["max_kv_size"], stats,
-                                return_logprobs, options["prefill_batch_size"], options["stream"],
-                                prompt_caches, options["stop"], options["seeds"],
-                                want_caches=return_prompt_caches,
-                                response_format=options["response_format"],
-                                kv=(options["kv_bits"], kwargs.get("kv_group_size", 64),
-                                    kwargs.get("quantized_kv_start", 5000)),
-                                speculative={k: kwargs[k] for k in SPECULATIVE_KWARGS
-                                             if k in kwargs}):
+        for r, cache in _stream(model, plan, stats):
             if r.finish_reason != "stop" or r.token not in eos:  # EOS is not output
                 ids[r.index].append(r.token)
                 logprobs[r.index].append(r.logprob)
@@ -266,9 +206,8 @@ def batch_generate(
                 if verbose:
                     print(f"[batch_generate] Finished processing {finished}/{n} ...", end="\r")
     texts = [tokenizer.decode(t) for t in ids]
-    stops = check_stops(options["stop"], n)
     texts = [cut_at_stop(t, s) if reason == "stop" and s else t
-             for t, s, reason in zip(texts, stops, reasons)]
+             for t, s, reason in zip(texts, plan.stops, reasons)]
     if verbose:
         print(f"[batch_generate] Finished processing {finished}/{n}")
         print(f"[batch_generate] Prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.3f} tokens-per-sec")

@@ -9,6 +9,7 @@ import mlx.core as mx
 from ..engine.batch_engine import BatchEngine, KVQuantization
 from ..engine.sampling import SharedSampling
 from ..models.context import model_vocab_size
+from ..sched.options import DEFAULT_QUANTIZED_KV_START
 from ..sched.stats import peak_memory_gb
 from ..tokenization.tokenizer import encode_prompt, wrap_tokenizer
 from . import validation as V
@@ -32,7 +33,7 @@ def generate_step(
     input_embeddings=None,
     kv_bits=None,
     kv_group_size=64,
-    quantized_kv_start=5000,
+    quantized_kv_start=DEFAULT_QUANTIZED_KV_START,
     stream=None,
 ):
     """Generate tokens for a prompt ``(L,)`` or a left-padded batch ``(B, L)``.

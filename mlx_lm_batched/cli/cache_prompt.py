@@ -11,6 +11,7 @@ import json
 import sys
 import time
 
+from ..sched.options import DEFAULT_QUANTIZED_KV_START
 from .args import EXIT_OK, CliError, Parser, one_line, run_command
 
 
@@ -32,7 +33,7 @@ def build_parser():
                    help="save the cache quantized to this many bits (mlx-lm's flag)")
     p.add_argument("--kv-group-size", type=int, default=64,
                    help="group size of the KV cache quantization")
-    p.add_argument("--quantized-kv-start", type=int, default=5000,
+    p.add_argument("--quantized-kv-start", type=int, default=DEFAULT_QUANTIZED_KV_START,
                    help="quantize once the cache holds this many tokens")
     p.add_argument("--prefill-step-size", type=int, default=2048)
     return p

@@ -14,6 +14,7 @@ import sys
 import time
 
 from ..models.context import context_length
+from ..sched import capabilities
 from .args import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
@@ -23,6 +24,7 @@ from .args import (
     build_parser,
     check_args,
     one_line,
+    run_features,
     say,
 )
 from .model import (
@@ -90,7 +92,7 @@ class Run:
 
 def run(args, state):
     """Everything after argument parsing; returns the exit code."""
-    check_args(args)
+    args = check_args(args)  # from here on a read-only RunConfig
     state.stage = "checking the sampling values"
     from ..sampling.samplers import make_sampler
 
@@ -102,7 +104,10 @@ def run(args, state):
     except (ValueError, TypeError) as e:
         raise CliError(f"invalid sampling value: {one_line(e)}") from None
     state.stage = "joining the distributed group"
-    join_group(args)
+    args = join_group(args)
+    refused = capabilities.refusal(run_features(args, args.group), "cli")
+    if refused:
+        raise CliError(refused)
     state.stage = "reading the prompts"
     sources, texts, numbers, errors = read_prompts(args)
     for e in errors:
@@ -114,7 +119,7 @@ def run(args, state):
         state.stage = "reading the prompt cache file"
         from .prompt_cache_file import load_cache_file
 
-        prefix, args.cached_prefix = load_cache_file(args)
+        prefix, args = load_cache_file(args)
     state.stage = "opening the outputs"
     outputs = state.outputs = Outputs(args.output_dir, args.jsonl, args.verbose)
 
@@ -131,8 +136,6 @@ def run(args, state):
     model, tokenizer, weights = load_model(model_path, args, args.adapter_path)
     draft = None
     if args.draft_model:
-        if args.group is not None:
-            raise CliError("--draft-model cannot be combined with --distributed yet")
         state.stage = f"loading the draft model '{args.draft_model}'"
         draft = load_model(args.draft_model, args)[0]
     state.stage = "setting the stop tokens"
@@ -152,7 +155,7 @@ def run(args, state):
             prefix="note:")
     if args.max_kv_size is not None:
         # A window covering the whole context is no limit; capping keeps the size an int32.
-        args.max_kv_size = min(args.max_kv_size, context)
+        args = args.with_(max_kv_size=min(args.max_kv_size, context))
     outputs.assign([sources[k] for k in keep], [numbers[k] for k in keep])
     state.total = len(prompts)
     rows = min(args.batch_size, len(prompts))

@@ -36,29 +36,29 @@ def load_model(model_path, args, adapter_path=None):
         raise CliError(one_line(e)) from None
 
 
-def join_group(args):
-    """``--distributed``: set ``args.group`` (None: a single process). On ranks other than 0
-    stdout and stderr go to /dev/null and no output files are written: rank 0 does the I/O.
-    Every rank gets rank 0's seed, so sampling agrees."""
+def join_group(config):
+    """``--distributed``: ``config`` with its ``group`` (None: a single process). On ranks
+    other than 0 stdout and stderr go to /dev/null and no output files are written: rank
+    0 does the I/O. Every rank gets rank 0's seed, so sampling agrees."""
     import os
     import sys
 
     from ..parallel.group import group_for, shared_seed
 
     try:
-        args.group = group_for(getattr(args, "distributed", "auto"))
+        group = group_for(getattr(config, "distributed", "auto"))
     except (ValueError, NotImplementedError) as e:
-        raise CliError(f"--distributed {args.distributed}: {one_line(e)}") from None
-    if args.group is None:
-        return
-    args.seed = shared_seed(args.group, args.seed)
-    if args.group.rank() != 0:
+        raise CliError(f"--distributed {config.distributed}: {one_line(e)}") from None
+    if group is None:
+        return config.with_(group=None)
+    changes = {"group": group, "seed": shared_seed(group, config.seed)}
+    if group.rank() != 0:
         null = os.open(os.devnull, os.O_WRONLY)
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
             os.dup2(null, stream.fileno())
-        args.output_dir = args.jsonl = None
-        args.no_progress = True
+        changes.update(output_dir=None, jsonl=None, no_progress=True)
+    return config.with_(**changes)
 
 
 def set_stop_tokens(tokenizer, args):

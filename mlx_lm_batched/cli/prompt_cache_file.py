@@ -14,8 +14,9 @@ QUERY = "<query>"  # placeholder whose position in the rendered template marks t
 
 
 def load_cache_file(args):
-    """``(cache, cached_tokens)`` of ``--prompt-cache-file``; fills ``args.model`` and
-    ``args.eos_token`` from the file's metadata when the command line leaves them out."""
+    """``(cache, config)`` of ``--prompt-cache-file``: ``config`` is ``args`` (a
+    ``RunConfig``) with ``cached_prefix`` (the tokens the cache holds), and ``model`` and
+    ``eos_token`` from the file's metadata where the command line leaves them out."""
     from ..cache.files import load_prompt_cache
     from ..cache.row_caches import cache_length
 
@@ -24,11 +25,12 @@ def load_cache_file(args):
     except (OSError, ValueError) as e:
         raise CliError(f"--prompt-cache-file: {one_line(e)}") from None
     saved_model = metadata.get("model")
+    changes = {}
     if args.model is None:
         if saved_model is None:
             raise CliError(f"--prompt-cache-file '{args.prompt_cache_file}' names no model: "
                            "pass --model")
-        args.model = saved_model
+        changes["model"] = saved_model
     elif saved_model is not None and args.model != saved_model:
         raise CliError(f"--model '{args.model}' differs from the model the prompt cache was made "
                        f"with ('{saved_model}')")
@@ -44,13 +46,13 @@ def load_cache_file(args):
     except ValueError:
         raise CliError("--prompt-cache-file: its tokenizer_config metadata is not JSON") from None
     if args.eos_token is None and isinstance(tokenizer_config, dict):
-        args.eos_token = tokenizer_config.get("eos_token")
+        changes["eos_token"] = tokenizer_config.get("eos_token")
     if len(cache) and getattr(cache, "padding", None) is not None and any(cache.padding):
         raise CliError("--prompt-cache-file holds a padded batch of rows; it must hold one prompt")
     n = cache_length(cache)
     if n == 0:
         raise CliError(f"--prompt-cache-file '{args.prompt_cache_file}' is empty")
-    return cache, n
+    return cache, args.with_(cached_prefix=n, **changes)
 
 
 def suffix_tokens(tokenizer, text, args, kwargs):

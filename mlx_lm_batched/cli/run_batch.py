@@ -126,6 +126,8 @@ def run(args):
     from ..models.context import context_length, model_vocab_size
     from ..sampling.samplers import make_sampler
     from ..sched.generator import BatchGenerator
+    from ..sched.options import GeneratorOptions
+    from ..sched.request import Request
     from ..sched.row_text import RowText
     from ..tool_parsers import ChatOutputParser, detect_family, detect_think_markers
 
@@ -146,10 +148,9 @@ def run(args):
     def output(req):
         return ChatOutputParser(family if req.tools else None, think)
 
-    gen = BatchGenerator(model, stop_tokens=sorted(tokenizer.eos_token_ids),
-                         completion_batch_size=args.batch_size,
-                         prefill_step_size=args.prefill_step_size, return_logprobs=False,
-                         return_caches=False)
+    gen = BatchGenerator(model, GeneratorOptions(
+        stop_tokens=sorted(tokenizer.eos_token_ids), completion_batch_size=args.batch_size,
+        prefill_step_size=args.prefill_step_size, return_logprobs=False, return_caches=False))
     bar = None
     if not args.no_progress:
         from tqdm import tqdm
@@ -170,8 +171,9 @@ def run(args):
                 req = None
                 try:
                     _, req = parse_line(text, tokenizer, context, args.max_tokens, vocab)
-                    (uid,) = gen.insert([req.tokens], max_tokens=[req.max_tokens],
-                                        samplers=[make_sampler(**req.sampling)], seeds=[req.seed])
+                    (uid,) = gen.insert_requests([Request.of(
+                        req.tokens, max_tokens=req.max_tokens,
+                        sampler=make_sampler(**req.sampling), seed=req.seed)])
                 except (LineError, ValueError, TypeError) as e:  # this line's problem only
                     code = e.code if isinstance(e, LineError) else "invalid_value"
                     custom_id = req.custom_id if req is not None else getattr(e, "custom_id", None)

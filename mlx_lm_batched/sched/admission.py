@@ -1,11 +1,19 @@
-"""Turning ``BatchGenerator.insert_segments``' arguments into checked :class:`Row`s: one
-entry per prompt for every option, defaults where the caller gave none, each problem as
-one ``ValueError`` line naming the prompt, before anything is queued."""
+"""From requests to the scheduler's rows: mlx-lm's parallel lists (one entry per prompt
+for every option of ``insert_segments``) turned into :class:`~.request.Request`\\ s, and
+requests turned into checked :class:`Row`\\ s with the generator's defaults filled in.
+Each problem is one ``ValueError`` line naming the prompt, before anything is queued."""
 
-from ..cache import row_caches
 from ..engine.sampling import RowSampler, TokenContext
 from ..sampling.samplers import greedy_sampler
+from . import capabilities
+from .request import Request, check_max_tokens
 from .batch_rows import Row
+
+# insert_segments' per-prompt lists -> the Request field each entry fills.
+LIST_FIELDS = {"max_tokens": "max_tokens", "caches": "cache", "all_tokens": "cached_tokens",
+               "samplers": "sampler", "logits_processors": "logits_processors",
+               "stop_sequences": "stop_sequences", "seeds": "seed",
+               "prompt_logprobs": "prompt_logprobs", "adapters": "adapter"}
 
 
 def seeded_sampler(sampler, seed, uid):
@@ -18,52 +26,69 @@ def seeded_sampler(sampler, seed, uid):
     return sampler.seeded(seed)
 
 
-def build_rows(segments, first_uid, options, defaults, adapter_slots):
-    """Rows ``first_uid, first_uid + 1, ...`` for ``segments`` (a list of token-id
-    segments per prompt). ``options``: name -> one value per prompt, or None for the
-    ``defaults`` (name -> the generator's value for every prompt). Raises ValueError."""
+def requests_from_lists(segments, first_uid, lists):
+    """One :class:`Request` per prompt of ``segments`` (token-id segments per prompt),
+    to become rows ``first_uid, first_uid + 1, ...``. ``lists``: name (``LIST_FIELDS``)
+    -> one value per prompt, or None (empty) for the generator's default."""
     n = len(segments)
     per_row = {}
-    for name, default in defaults.items():
-        values = options.get(name)
+    for name, values in lists.items():
         if values is not None and not hasattr(values, "__len__"):
             raise ValueError(f"{name} must be a list with one entry per prompt, got "
                              f"{type(values).__name__} {values!r}")
-        values = values if values else [default] * n
+        if not values:
+            continue
         if len(values) != n:
             raise ValueError(f"{name} must have one entry per prompt: expected {n}, "
                              f"got {len(values)}")
         per_row[name] = values
-    for a in per_row["adapters"]:
+    requests = []
+    for i, segs in enumerate(segments):
+        fields = {LIST_FIELDS[k]: v[i] for k, v in per_row.items()}
+        if "logits_processors" in per_row:  # a row's None in a given list: no processors
+            fields["logits_processors"] = tuple(fields["logits_processors"] or ())
+        if fields.get("cached_tokens") is None:
+            fields.pop("cached_tokens", None)
+        requests.append(Request(segs, label=f"prompt {first_uid + i}",
+                                cache_label=f"caches[{i}]", **fields))
+    return requests
+
+
+def build_rows(requests, first_uid, options, default_stops, adapter_slots):
+    """Rows ``first_uid, first_uid + 1, ...`` for ``requests``; ``options`` (the
+    generator's :class:`~.options.GeneratorOptions`) and ``default_stops`` fill what a
+    request leaves None. Raises ValueError (an adapter slot the model lacks, a custom
+    sampler with a seed, ...)."""
+    for r in requests:
+        if not isinstance(r, Request):
+            raise TypeError(f"insert_requests takes Request objects, got {type(r).__name__}")
+        a = r.adapter
         if a is not None and (not isinstance(a, int) or not 0 <= a < adapter_slots):
             raise ValueError(f"adapters: slot {a!r} is not one of this model's "
                              f"{adapter_slots} (0: the base, 1..: its adapters)")
-    return [_row(i, first_uid + i, segs, {k: v[i] for k, v in per_row.items()}, defaults)
-            for i, segs in enumerate(segments)]
+    if options.speculative and any(options.logits_processors if r.logits_processors is None
+                                   else r.logits_processors for r in requests):
+        capabilities.check(options.features | {"logits_processors"})
+    return [_row(first_uid + i, r, options, default_stops) for i, r in enumerate(requests)]
 
 
-def _row(i, uid, segs, o, defaults):
-    segs = [[int(t) for t in s] for s in segs if len(s)]
-    if not segs:
-        raise ValueError(f"prompt {uid} is empty: nothing to generate from")
-    if o["caches"] is not None:
-        row_caches.check_cache(o["caches"], f"caches[{i}]")
-    if o["max_tokens"] <= 0:
-        raise ValueError(f"max_tokens of prompt {uid} must be > 0, got {o['max_tokens']}")
-    top = o["prompt_logprobs"]
-    if top is not None and (not isinstance(top, int) or top < 0):
-        raise ValueError(f"prompt_logprobs of prompt {uid} must be None or an int "
-                         f">= 0, got {top!r}")
+def _row(uid, request, options, default_stops):
+    segs = [list(s) for s in request.segments]
+    max_tokens = options.max_tokens if request.max_tokens is None else request.max_tokens
+    check_max_tokens(max_tokens, f"prompt {uid}")
     several = len(segs) > 1
     if len(segs[-1]) != 1:  # the last token starts generation: its own segment
         segs = segs[:-1] + [segs[-1][:-1], segs[-1][-1:]]
     prompt = [t for s in segs for t in s]
     ends = [sum(len(s) for s in segs[: j + 1]) for j in range(len(segs))]
-    held = list(o["all_tokens"] or [])
-    processors = tuple(o["logits_processors"] or ())
-    sampler = seeded_sampler(o["samplers"] or defaults["samplers"], o["seeds"], uid)
+    held = list(request.cached_tokens)
+    processors = (options.logits_processors if request.logits_processors is None
+                  else request.logits_processors)
+    sampler = seeded_sampler(request.sampler or options.sampler or greedy_sampler,
+                             request.seed, uid)
     sampling = RowSampler(sampler, processors, TokenContext(held + prompt) if processors else None)
-    stops = o["stop_sequences"] if o["stop_sequences"] is not None else defaults["stop_sequences"]
-    adapter = -1 if o["adapters"] is None else o["adapters"]
-    return Row(uid, prompt, ends, o["max_tokens"], o["caches"], held, sampling, stops.matcher(),
-               cut_at_segments=several, prompt_logprobs=top, adapter=adapter)
+    stops = request.stop_sequences if request.stop_sequences is not None else default_stops
+    adapter = -1 if request.adapter is None else request.adapter
+    return Row(uid, prompt, ends, max_tokens, request.cache, held, sampling, stops.matcher(),
+               cut_at_segments=several, prompt_logprobs=request.prompt_logprobs,
+               adapter=adapter)

@@ -29,14 +29,15 @@ import mlx.core as mx
 
 from ..cache import row_caches
 from ..cache.factory import make_prompt_cache
-from ..engine.batch_engine import BatchEngine, KVQuantization
+from ..engine.batch_engine import BatchEngine
 from ..engine.prefill_plan import left_pad
 from ..engine.sampling import RowSampling
-from ..engine.speculative import SpeculativeEngine, check_num_draft_tokens, make_drafter
+from ..engine.speculative import SpeculativeEngine, make_drafter
 from ..layers.lora import adapter_slot_count
 from ..sampling.samplers import greedy_sampler
 from ..sampling.stop_sequences import StopSequences
-from .admission import build_rows
+from .admission import build_rows, requests_from_lists
+from .options import GeneratorOptions
 from .batch_rows import Batch, PromptResponse, Response
 from .stats import BatchCounters, BatchCountersSnapshot, BatchStats
 
@@ -44,7 +45,11 @@ from .stats import BatchCounters, BatchCountersSnapshot, BatchStats
 class BatchGenerator:
     """Continuous batching over one model (drop-in for ``mlx_lm.generate.BatchGenerator``).
 
-    ``insert``/``insert_segments`` queue rows and return their uids; each ``next()``
+    ``options``: a :class:`~.options.GeneratorOptions`; mlx-lm's keywords (and ours, the
+    fields of ``GeneratorOptions``) make one or replace its fields.
+
+    ``insert_requests`` (:class:`~.request.Request`\\ s), or mlx-lm's parallel-list
+    ``insert``/``insert_segments``, queue rows and return their uids; each ``next()``
     returns ``(prompt responses, generation responses)`` of one step; ``remove`` drops
     rows (optionally returning their caches). ``stop_tokens`` are the default stop
     sequences (lists of token ids, or bare ids) of rows inserted without their own.
@@ -68,45 +73,29 @@ class BatchGenerator:
     Response = Response
     PromptResponse = PromptResponse
 
-    def __init__(self, model, *, max_tokens=128, stop_tokens=None, sampler=None,
-                 logits_processors=None, completion_batch_size=32, prefill_batch_size=8,
-                 prefill_step_size=2048, max_kv_size=None, stream=None, return_logprobs=True,
-                 return_caches=True, token_hook=None, kv_bits=None, kv_group_size=64,
-                 quantized_kv_start=5000, draft_model=None, num_draft_tokens=2,
-                 prompt_lookup=False, prefill_tokens_per_step=None):
-        for name, value in (("completion_batch_size", completion_batch_size),
-                            ("prefill_batch_size", prefill_batch_size),
-                            ("prefill_step_size", prefill_step_size),
-                            ("prefill_tokens_per_step", prefill_tokens_per_step)):
-            if value is None and name == "prefill_tokens_per_step":
-                continue
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    # mlx-lm's attributes, read from the options (which are fixed once made).
+    max_tokens = property(lambda self: self.options.max_tokens)
+    sampler = property(lambda self: self.options.sampler or greedy_sampler)
+    logits_processors = property(lambda self: list(self.options.logits_processors))
+    prefill_batch_size = property(lambda self: self.options.prefill_batch_size)
+    prefill_step_size = property(lambda self: self.options.prefill_step_size)
+    max_kv_size = property(lambda self: self.options.max_kv_size)
+
+    def __init__(self, model, options=None, *, stream=None, token_hook=None, **keywords):
+        # mlx-lm 0.32's keywords (and ours) fill or override the options object.
+        options = GeneratorOptions.of(options, **keywords) if keywords or options is None \
+            else options
+        if not isinstance(options, GeneratorOptions):
+            raise TypeError(f"options must be a GeneratorOptions, got {type(options).__name__}")
+        self.options = options
         self.model = model
-        self.max_tokens = max_tokens
-        self.sampler = sampler or greedy_sampler
-        self.logits_processors = list(logits_processors or [])
-        self.prefill_step_size = prefill_step_size
-        self.prefill_tokens_per_step = prefill_tokens_per_step
-        self.prefill_batch_size = prefill_batch_size
-        self.completion_batch_size = max(completion_batch_size, prefill_batch_size)
-        self.max_kv_size = max_kv_size
-        self.kv_quant = KVQuantization.of(kv_bits, kv_group_size, quantized_kv_start)
-        self.return_logprobs = return_logprobs
-        self.return_caches = return_caches
+        self.completion_batch_size = max(options.completion_batch_size,
+                                         options.prefill_batch_size)
+        self.kv_quant = options.kv_quant
         self.token_hook = token_hook
         self._adapter_slots = adapter_slot_count(model)
-        self.speculative = None
-        if draft_model is not None or prompt_lookup:
-            if self.kv_quant is not None:
-                raise NotImplementedError("speculative decoding with a quantized KV cache "
-                                          "(kv_bits) is not supported: quantized caches cannot "
-                                          "rewind rows yet; pass one of them")
-            make_drafter(draft_model, prompt_lookup)  # checks the combination
-            self.speculative = (draft_model, check_num_draft_tokens(num_draft_tokens),
-                                bool(prompt_lookup))
         self._stream = stream
-        self._default_stops = StopSequences(stop_tokens)
+        self._default_stops = StopSequences(options.stop_tokens)
         self._uid_count = 0
         self._rows = {}  # uid -> Row, for every row not finished or removed
         self._queue = deque()  # rows waiting for prefill
@@ -165,15 +154,18 @@ class BatchGenerator:
                         prompt_logprobs=None, adapters=None):
         """Like :meth:`insert` with each prompt given as a list of segments: prefill
         reports ``end_of_segment`` (and the cache can be extracted) at each segment end."""
-        options = {"max_tokens": max_tokens, "caches": caches, "all_tokens": all_tokens,
-                   "samplers": samplers, "logits_processors": logits_processors,
-                   "stop_sequences": stop_sequences, "seeds": seeds,
-                   "prompt_logprobs": prompt_logprobs, "adapters": adapters}
-        defaults = {"max_tokens": self.max_tokens, "caches": None, "all_tokens": None,
-                    "samplers": self.sampler, "logits_processors": self.logits_processors,
-                    "stop_sequences": self._default_stops, "seeds": None,
-                    "prompt_logprobs": None, "adapters": None}
-        rows = build_rows(segments, self._uid_count, options, defaults, self._adapter_slots)
+        lists = {"max_tokens": max_tokens, "caches": caches, "all_tokens": all_tokens,
+                 "samplers": samplers, "logits_processors": logits_processors,
+                 "stop_sequences": stop_sequences, "seeds": seeds,
+                 "prompt_logprobs": prompt_logprobs, "adapters": adapters}
+        return self.insert_requests(requests_from_lists(segments, self._uid_count, lists))
+
+    def insert_requests(self, requests):
+        """Queue :class:`~.request.Request`\\ s; returns their uids (in order). Every
+        request is checked against this generator (its adapter slot, its seed and
+        sampler) before any is queued."""
+        rows = build_rows(list(requests), self._uid_count, self.options, self._default_stops,
+                          self._adapter_slots)
         self._queue.extend(rows)
         self._rows.update((r.uid, r) for r in rows)
         self._uid_count += len(rows)
@@ -196,7 +188,7 @@ class BatchGenerator:
         held = row.tokens[: len(row.tokens) - row.done]
         if row.cache is not None:
             return row.cache, held
-        return make_prompt_cache(self.model, self.max_kv_size), held
+        return make_prompt_cache(self.model, self.options.max_kv_size), held
 
     def extract_cache(self, uids):
         """``{uid: (prompt cache, tokens in it)}`` for the rows still present."""
@@ -242,7 +234,7 @@ class BatchGenerator:
         """Move queued rows into prefills: fresh prompts on one engine, rows with a cache
         or with segment ends alone."""
         in_prefill = self._in_prefill()
-        n = min(self.prefill_batch_size - in_prefill,
+        n = min(self.options.prefill_batch_size - in_prefill,
                 self.completion_batch_size - self._decoding() - in_prefill, len(self._queue))
         if n <= 0:
             return
@@ -255,16 +247,16 @@ class BatchGenerator:
     def _start_prefill(self, rows):
         cache = rows[0].cache if len(rows) == 1 else None
         cache = row_caches.copy_cache(cache) if row_caches.cache_length(cache) else None
-        sampling = RowSampling([r.sampling for r in rows], self.return_logprobs, self.token_hook)
-        engine = BatchEngine(self.model, cache, max_kv_size=self.max_kv_size,
-                             prefill_step_size=self.prefill_step_size, sampling=sampling,
+        sampling = RowSampling([r.sampling for r in rows], self.options.return_logprobs, self.token_hook)
+        engine = BatchEngine(self.model, cache, max_kv_size=self.options.max_kv_size,
+                             prefill_step_size=self.options.prefill_step_size, sampling=sampling,
                              row_ids=[r.uid for r in rows], kv_quant=self.kv_quant,
                              adapters=[r.adapter for r in rows])
-        if self.speculative is not None:
-            draft_model, k, lookup = self.speculative
+        o = self.options
+        if o.speculative:
             engine = SpeculativeEngine(engine, make_drafter(
-                draft_model, lookup, max_kv_size=self.max_kv_size,
-                prefill_step_size=self.prefill_step_size), k)
+                o.draft_model, o.prompt_lookup, max_kv_size=o.max_kv_size,
+                prefill_step_size=o.prefill_step_size), o.num_draft_tokens)
         tokens, padding = left_pad([r.prompt for r in rows])
         engine.reserve(max(r.max_tokens for r in rows))
         cuts = rows[0].boundaries if len(rows) == 1 and rows[0].cut_at_segments else ()
@@ -278,7 +270,7 @@ class BatchGenerator:
         batch = self._prefills[0]
         job = batch.job
         tic = time.perf_counter()
-        done = job.advance(self.prefill_tokens_per_step if self._decoding() else None)
+        done = job.advance(self.options.prefill_tokens_per_step if self._decoding() else None)
         if done:
             mx.eval(*[x for x in job.result if x is not None])
         self._counters.prompt_time += time.perf_counter() - tic
@@ -323,7 +315,7 @@ class BatchGenerator:
         batch = self._decode
         y, logprobs, *drafted = batch.pending
         kept = drafted[0] if drafted else [()] * len(batch.uids)
-        if self.return_caches or any(
+        if self.options.return_caches or any(
                 self._rows[u].generated + len(kept[i]) + 1 < self._rows[u].max_tokens
                 for i, u in enumerate(batch.uids) if u not in batch.dead):
             batch.pending = batch.engine.step(y)
@@ -352,7 +344,7 @@ class BatchGenerator:
         if finish is None:
             return Response(uid, t, lp, None, None, None)
         cache = None
-        if self.return_caches:
+        if self.options.return_caches:
             cache = batch.extract(i, r)
         batch.dead.add(uid)
         del self._rows[uid]

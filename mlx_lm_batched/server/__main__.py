@@ -17,6 +17,7 @@ import sys
 
 from .app import ServerConfig, create_app
 from .engine import Engine, EngineConfig
+from ..sched import capabilities
 from ..tool_parsers import FAMILIES
 
 log = logging.getLogger("mlx_lm_batched.server")
@@ -186,6 +187,18 @@ def _leave(status):
     os._exit(status)
 
 
+def _features(args, group, adapter_names):
+    """The capability-table features the server's flags ask for."""
+    features = capabilities.speculative_features(args.draft_model, args.prompt_lookup)
+    if args.kv_bits is not None:
+        features.add("kv_bits")
+    if group is not None:
+        features.add("distributed_serving")
+    if adapter_names or args.adapter_path:
+        features.add("adapters")
+    return features
+
+
 def _serve(argv):
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -202,16 +215,10 @@ def _serve(argv):
             sys.stderr.write(f"error: {e}\n")
             return 2
     name = args.served_model_name or args.model or "SmolLM2-135M-Instruct"
-    if args.draft_model and args.prompt_lookup:
-        parser.error("--draft-model and --prompt-lookup are two ways to draft: pass one")
-    if (args.draft_model or args.prompt_lookup) and args.kv_bits is not None:
-        parser.error("--draft-model/--prompt-lookup cannot be combined with --kv-bits yet "
-                     "(quantized caches cannot rewind rows)")
-    if (args.draft_model or args.prompt_lookup) and group is not None:
-        parser.error("--draft-model/--prompt-lookup cannot be combined with --distributed yet")
     adapter_names, adapter_paths = _adapter_specs(args, parser)
-    if (adapter_names or args.adapter_path) and group is not None:
-        parser.error("--adapters/--adapter-path cannot be combined with --distributed yet")
+    refused = capabilities.refusal(_features(args, group, adapter_names), "cli")
+    if refused:
+        parser.error(refused)
     if name in adapter_names:
         parser.error(f"--adapters: the name {name!r} is the base model's")
     model, tokenizer, weights = _load(path, group, args.dequantize, parser)
@@ -254,6 +261,9 @@ def _serve(argv):
         kv_disk_bytes=args.kv_disk_bytes,
         kv_group_size=args.kv_group_size, quantized_kv_start=args.quantized_kv_start,
         num_draft_tokens=args.num_draft_tokens, prompt_lookup=args.prompt_lookup)
+    # A tensor-parallel engine that loses its group stops the HTTP server (made below,
+    # before the engine thread starts).
+    stop_serving = lambda: setattr(server, "should_exit", True)  # noqa: E731
     if group is None:
         engine = Engine(model, tokenizer, config, draft_model=draft_model)
         engine.warm_up()
@@ -261,7 +271,7 @@ def _serve(argv):
         from .distributed_engine import DistributedEngine
         from .replay import lost_peer
 
-        engine = DistributedEngine(model, tokenizer, group, config)
+        engine = DistributedEngine(model, tokenizer, group, config, on_fatal=stop_serving)
         try:
             engine.warm_up()
         except RuntimeError as e:
@@ -269,7 +279,6 @@ def _serve(argv):
                 raise SystemExit(f"[rank 0] error: lost a peer of the distributed group ({e})")
             raise
     log.info("prefix cache: %s", engine.prefix.describe())
-    engine.start()
     app = create_app(engine, ServerConfig(
         model_id=name, model_path=path, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
         max_tokens=args.max_tokens_limit, max_n=args.max_n, default_temperature=args.temp,
@@ -284,8 +293,7 @@ def _serve(argv):
     # in place that is a no-op, so a drained shutdown ends with status 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    if group is not None:
-        engine.on_fatal = lambda: setattr(server, "should_exit", True)
+    engine.start()
     log.info("serving %s on http://%s:%d (context %s tokens; weights: %s; KV memory: %s%s)",
              name, args.host, args.port, engine.context_length, weights,
              "no bound" if kv_budget is None else f"{kv_budget / 1e9:.2f} GB",
@@ -297,7 +305,7 @@ def _serve(argv):
         engine.stop()  # a distributed engine sends the other ranks 'shutdown'
     if engine.alive:
         log.warning("the engine thread is still in a step at exit; leaving without it")
-    if getattr(engine, "fatal", None):
+    if engine.fatal:
         return 1
     return 0
 

@@ -23,24 +23,22 @@ log = logging.getLogger("mlx_lm_batched.server")
 class DistributedEngine(Engine):
     """:class:`Engine` on rank 0 of ``group``; the other ranks run ``replay.run_follower``.
 
-    ``on_fatal`` (settable later) is called from the engine thread when the group is
-    lost; ``fatal`` then holds the error line. ``timeout``: seconds without a message
-    sent before the watchdog ends the process (a follower stalled).
+    ``on_fatal`` is called from the engine thread when the group is lost; ``fatal``
+    then holds the error line. ``timeout``: seconds without a message sent before the
+    watchdog ends the process (a follower stalled).
     """
 
-    # Scoring a prompt evaluates logits on rank 0 alone, which the followers' replay of
-    # the same prefill does not do (a tensor-parallel head would wait for them).
-    scores_prompts = False
+    # What the followers' replay cannot do is refused by the capability table.
+    serving_features = frozenset({"distributed_serving"})
     embeds = False  # the model spans the ranks: rank 0 cannot run it alone
     # The followers replay the whole-cache LRU's fetches and stores (``replay.py``).
     prefix_blocks = False
 
-    def __init__(self, model, tokenizer, group, config=None, metrics=None, timeout=STEP_TIMEOUT):
+    def __init__(self, model, tokenizer, group, config=None, metrics=None, timeout=STEP_TIMEOUT,
+                 on_fatal=None):
         self.group = group
         self.recorder = Recorder(group, timeout)
-        self.fatal = None
-        self.on_fatal = None
-        super().__init__(model, tokenizer, config, metrics)
+        super().__init__(model, tokenizer, config, metrics, on_fatal=on_fatal)
 
     def _new_generator(self):
         return ReplayGenerator(self.model, self.group, self.recorder, **self.generator_options())

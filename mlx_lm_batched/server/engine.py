@@ -21,6 +21,7 @@ import mlx.core as mx
 from ..engine.batch_engine import KVQuantization
 from ..engine.kv_budget import cache_layout, quantized_need
 from ..models.context import context_length
+from ..sched import capabilities
 from ..sched.generator import BatchGenerator
 from ..sched.block_prefix import make_prefix_cache
 from .errors import APIError
@@ -36,14 +37,20 @@ log = logging.getLogger("mlx_lm_batched.server")
 class Engine:
     """Owns generation; :meth:`submit` and :meth:`cancel` are safe from any thread."""
 
-    scores_prompts = True  # echo with logprobs (prompt log-probabilities from the prefill)
+    # How this engine serves, in capability-table features (requests are checked against).
+    serving_features = frozenset()
     embeds = True  # runs embedding work (see :meth:`run`)
     prefix_blocks = True  # prefix reuse over shared KV blocks where the model allows it
 
-    def __init__(self, model, tokenizer, config=None, metrics=None, draft_model=None):
+    def __init__(self, model, tokenizer, config=None, metrics=None, draft_model=None,
+                 on_fatal=None):
         self.model, self.tokenizer = model, tokenizer
         self.draft_model = draft_model  # speculative decoding's draft (same tokenizer)
         self.config = config or EngineConfig()
+        self.on_fatal = on_fatal  # called (engine thread) when the engine cannot go on
+        self.fatal = None  # then: the error line
+        self.features = self.serving_features | capabilities.speculative_features(
+            draft_model, self.config.prompt_lookup)
         self.metrics = metrics or Metrics()
         self.context_length = self.config.context_length or context_length(model)
         self.vocab_size = self._vocab_size()
@@ -88,7 +95,7 @@ class Engine:
 
     @property
     def speculative(self):
-        return self.draft_model is not None or self.config.prompt_lookup
+        return "speculative" in self.features
 
     def _new_generator(self):
         options = self.generator_options()
@@ -241,9 +248,7 @@ class Engine:
         params = job.spec.params
         prompts, max_tokens = prepare_prompts(job.spec, self.tokenizer, self.vocab_size,
                                               self.context_length, self.config.default_max_tokens)
-        if params.echo and params.logprobs and not self.scores_prompts:
-            raise APIError(400, "'echo' with 'logprobs' is not supported by this server's "
-                           "distributed mode.", "echo", "unsupported_parameter")
+        self._check_features(params, params.echo and params.logprobs)
         if self._memory_waiting or not self._reserve(job, prompts, max_tokens):
             self._memory_waiting.append((job, prompts, max_tokens))
             return
@@ -285,10 +290,6 @@ class Engine:
                 prefixes.append(prompt[: len(prompt) - len(rest)])
                 samplers.append(self.samplers.row_sampler(params, j))
                 procs.append(row_processors(params, self.tokenizer))
-                if procs[-1] and self.speculative:
-                    raise APIError(400, "logit_bias and the penalties cannot be combined with "
-                                   "this server's speculative decoding yet.", "logit_bias",
-                                   "invalid_request")
                 echo = None
                 if params.echo:  # the prompt as given, or its token ids decoded
                     given = job.spec.prompts[i]
@@ -311,6 +312,16 @@ class Engine:
         job.rows = states
         self.metrics.add_tokens(cached=cached)
         job.send(Started(sum(len(p) for p in prompts), cached))
+
+    def _check_features(self, params, score):
+        """400 (the capability table's refusal) for what does not combine with how this
+        engine serves."""
+        asked = {"prompt_scoring"} if score else set()
+        if row_processors(params, self.tokenizer):
+            asked.add("logits_processors")
+        found = capabilities.conflict(self.features | asked)
+        if found is not None:
+            raise APIError(400, found.message("http") + ".", found.param, found.code)
 
     def _reserve(self, job, prompts, max_tokens):
         """Reserve the job's cache bytes (key/value slots for prompt + max_tokens, and
