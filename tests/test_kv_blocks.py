@@ -10,7 +10,7 @@ from conftest import CORPUS, model_dir
 from mlx_lm_batched import load
 from mlx_lm_batched.cache.kv import KVCache
 from mlx_lm_batched.cache.prompt_cache import trim_prompt_cache
-from mlx_lm_batched.cache.rows import copy_cache
+from mlx_lm_batched.cache.row_caches import copy_cache
 from mlx_lm_batched.cache.kv_blocks import BlockStore, block_cacheable, block_key
 from mlx_lm_batched.cache.rotating import RotatingKVCache
 from mlx_lm_batched.sched.block_prefix import (BlockPrefixCache, make_prefix_cache,

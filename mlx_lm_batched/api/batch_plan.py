@@ -8,7 +8,7 @@ from typing import Any, List
 
 import mlx.core as mx
 
-from ..cache.rows import cache_length
+from ..cache.row_caches import cache_length
 from ..models.context import model_vocab_size
 from ..sampling.text_stops import check_stops
 from ..sched.options import DEFAULT_QUANTIZED_KV_START, GeneratorOptions

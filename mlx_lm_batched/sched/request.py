@@ -5,7 +5,7 @@ it is made. ``BatchGenerator.insert_requests`` queues them; mlx-lm's parallel-li
 from dataclasses import dataclass, field
 from typing import Any, Optional, Tuple
 
-from ..cache import rows as row_caches
+from ..cache import row_caches
 from ..sampling.stop_sequences import StopSequences
 
 
