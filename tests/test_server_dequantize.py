@@ -23,6 +23,6 @@ def test_dequantized_server_gives_the_dequantized_models_tokens():
         out = client.completions.create(model=client.models.list().data[0].id, prompt=STORY,
                                         max_tokens=16, temperature=0)
         assert out.choices[0].text == expected
-        assert "(context 8192 tokens; weights: dequantized)" in srv.output(), srv.output()
+        assert "(context 8192 tokens; weights: dequantized; KV memory: " in srv.output(), srv.output()
     finally:
         assert srv.stop() == 0, srv.output()

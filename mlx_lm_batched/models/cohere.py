@@ -22,7 +22,7 @@ class ModelArgs(DecoderArgs):
     model_type: str = "cohere"
     hidden_size: int = 8192
     num_hidden_layers: int = 40
-    intermediate_size: Optional[int] = 22528
+    intermediate_size: Optional[int] = None  # 4 x hidden_size (DecoderArgs)
     num_attention_heads: int = 64
     vocab_size: int = 256000
     layer_norm_eps: float = 1e-5

@@ -15,7 +15,7 @@ class ModelArgs(cohere.ModelArgs):
     model_type: str = "cohere2"
     hidden_size: int = 4096
     num_hidden_layers: int = 32
-    intermediate_size: Optional[int] = 14336
+    intermediate_size: Optional[int] = None  # 4 x hidden_size (DecoderArgs)
     num_attention_heads: int = 32
     num_key_value_heads: Optional[int] = 8
     sliding_window: int = 4096

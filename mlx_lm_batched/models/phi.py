@@ -21,7 +21,7 @@ class ModelArgs(DecoderArgs):
     num_hidden_layers: int = 32
     num_attention_heads: int = 32
     vocab_size: int = 51200
-    intermediate_size: Optional[int] = 10240
+    intermediate_size: Optional[int] = None  # 4 x hidden_size (DecoderArgs)
     hidden_act: str = "gelu_new"
     layer_norm_eps: float = 1e-5
     max_position_embeddings: int = 2048
