@@ -169,20 +169,20 @@ def test_server_warm_up_counts_state_per_row_not_per_token(float_dirs, tmp_path)
     full = c["layer_types"].count("full_attention")
     linear = c["layer_types"].count("linear_attention")
     # float32: keys and values of the attention layers, per token.
-    assert engine.kv_bytes_per_token == full * c["num_key_value_heads"] * c["head_dim"] * 2 * 4
+    assert engine.admission.kv_bytes_per_token == full * c["num_key_value_heads"] * c["head_dim"] * 2 * 4
     # Per row: the conv inputs (kernel - 1 of q, k, v) and the delta-rule state.
     hk, hv = c["linear_num_key_heads"], c["linear_num_value_heads"]
     dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
     kernel = getattr(model.args, "linear_conv_kernel_dim")
     conv = (kernel - 1) * (2 * hk * dk + hv * dv)
-    assert engine.state_bytes_per_row == linear * (conv + hv * dk * dv) * 4
+    assert engine.admission.state_bytes_per_row == linear * (conv + hv * dk * dv) * 4
     # A request reserves both: n rows of (prompt + max_tokens) slots and one state each.
-    need = 2 * ((10 + 5) * engine.kv_bytes_per_token + engine.state_bytes_per_row)
+    need = 2 * ((10 + 5) * engine.admission.kv_bytes_per_token + engine.admission.state_bytes_per_row)
     job = SimpleNamespace(spec=SimpleNamespace(params=SimpleNamespace(n=2)), reserved=0)
     engine.config.max_kv_bytes = need - 1
     with pytest.raises(APIError):
-        engine._reserve(job, [[1] * 10], [5])
+        engine.admission.reserve(job, [[1] * 10], [5])
     engine.config.max_kv_bytes = need
-    engine._reserve(job, [[1] * 10], [5])
+    assert engine.admission.reserve(job, [[1] * 10], [5])
     assert job.reserved == need
     engine.gen.close()

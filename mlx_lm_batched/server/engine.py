@@ -8,7 +8,6 @@ the job's asyncio queue. A cancelled job's rows leave the batch at the next step
 Nothing else touches MLX, so no lock guards the model or the caches.
 """
 
-import collections
 import itertools
 import logging
 import queue
@@ -19,7 +18,7 @@ import traceback
 import mlx.core as mx
 
 from ..engine.batch_engine import KVQuantization
-from ..engine.kv_budget import cache_layout, quantized_need
+from ..engine.kv_budget import cache_layout
 from ..models.context import context_length
 from ..sched import capabilities
 from ..sched.generator import BatchGenerator
@@ -27,6 +26,7 @@ from ..sched.block_prefix import make_prefix_cache
 from .errors import APIError
 from .events import Delta, EngineConfig, Failed, Finished, Job, Started
 from .job_prep import prepare_prompts
+from .kv_admission import KVAdmission
 from .metrics import Metrics
 from .row_state import RowState, prompt_logprobs, token_logprobs
 from .sampling import SamplerFactory, row_processors, row_stops
@@ -60,18 +60,12 @@ class Engine:
             block_size=c.kv_block_size, disk_dir=c.kv_disk_dir, disk_bytes=c.kv_disk_bytes,
             blocks=self.prefix_blocks and bool(c.prompt_cache_size))
         self.samplers = SamplerFactory()
-        self.kv_bytes_per_token = 0  # key/value bytes per token of a row (warm_up)
-        self.quantized_kv_bytes_per_token = 0  # the same once quantized (--kv-bits)
-        self.state_bytes_per_row = 0  # recurrent-state bytes per row (warm_up)
+        self.admission = KVAdmission(self.config)  # the KV memory bound (sized in warm_up)
         self._commands = queue.Queue()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # guards _waiting_jobs (read by the event loop)
         self._waiting_jobs = 0
         self._rows = {}  # uid -> RowState
-        self._reserved = 0
-        # Jobs whose KV reservation does not fit beside the running ones yet: they start,
-        # first come first served, as running jobs end and release theirs.
-        self._memory_waiting = collections.deque()
         self._thread = None
         self._stopping = False
         self._last_gauges = 0.0
@@ -118,12 +112,12 @@ class Engine:
         # not slots (it does not grow with the sequence). Unknown kinds count nothing.
         models = [self.model] + ([self.draft_model] if self.draft_model is not None else [])
         layout = [entry for m in models for entry in cache_layout(m) if entry is not None]
-        self.kv_bytes_per_token = sum(per_slot for per_slot, _ in layout)
-        self.state_bytes_per_row = sum(fixed for _, fixed in layout)
+        self.admission.kv_bytes_per_token = sum(per_slot for per_slot, _ in layout)
+        self.admission.state_bytes_per_row = sum(fixed for _, fixed in layout)
         c = self.config
         quant = KVQuantization.of(c.kv_bits, c.kv_group_size, c.quantized_kv_start)
         quantized = [entry for entry in cache_layout(self.model, quant) if entry is not None]
-        self.quantized_kv_bytes_per_token = sum(per_slot for per_slot, _ in quantized)
+        self.admission.quantized_kv_bytes_per_token = sum(per_slot for per_slot, _ in quantized)
         self.gen.close()
         self.gen = self._new_generator()
 
@@ -232,44 +226,35 @@ class Engine:
     def _start_job(self, job):
         if job.cancelled:
             return self._unwait(job)
+        self._for_this_job_only(job, self._insert, job)
+
+    def _for_this_job_only(self, job, step, *args):
+        """Run ``step(*args)``; an error (a bad template, a tokenizer error) fails ``job``
+        alone."""
         try:
-            self._insert(job)
+            step(*args)
         except APIError as e:
             self._end_job(job)
             job.send(Failed(e))
-        except Exception as e:  # a bad template, a tokenizer error: this request only
+        except Exception as e:
             log.warning("request failed: %s", traceback.format_exc())
             self._end_job(job)
             job.send(Failed(APIError(400, f"Cannot prepare the request: {e}", None, "invalid_request")))
 
     def _insert(self, job):
         """Tokenize, check and reserve, then insert one row per choice; a job whose KV
-        memory is not free yet waits for it (``_start_memory_waiting``)."""
+        memory is not free yet waits for it (``server/kv_admission.py``)."""
         params = job.spec.params
         prompts, max_tokens = prepare_prompts(job.spec, self.tokenizer, self.vocab_size,
                                               self.context_length, self.config.default_max_tokens)
         self._check_features(params, params.echo and params.logprobs)
-        if self._memory_waiting or not self._reserve(job, prompts, max_tokens):
-            self._memory_waiting.append((job, prompts, max_tokens))
-            return
-        self._insert_rows(job, prompts, max_tokens)
+        if self.admission.admit(job, prompts, max_tokens):
+            self._insert_rows(job, prompts, max_tokens)
 
     def _start_memory_waiting(self):
         """Start the jobs waiting for KV memory, in arrival order, while theirs is free."""
-        while self._memory_waiting:
-            job, prompts, max_tokens = self._memory_waiting[0]
-            if not job.cancelled and not self._reserve(job, prompts, max_tokens):
-                return
-            self._memory_waiting.popleft()
-            if job.cancelled:
-                continue
-            try:
-                self._insert_rows(job, prompts, max_tokens)
-            except Exception as e:  # this request only, as in _start_job
-                log.warning("request failed: %s", traceback.format_exc())
-                self._end_job(job)
-                job.send(Failed(e if isinstance(e, APIError) else APIError(
-                    400, f"Cannot prepare the request: {e}", None, "invalid_request")))
+        for job, prompts, max_tokens in self.admission.ready():
+            self._for_this_job_only(job, self._insert_rows, job, prompts, max_tokens)
 
     def _insert_rows(self, job, prompts, max_tokens):
         """Insert the rows of a job whose KV memory is reserved."""
@@ -323,29 +308,6 @@ class Engine:
         if found is not None:
             raise APIError(400, found.message("http") + ".", found.param, found.code)
 
-    def _reserve(self, job, prompts, max_tokens):
-        """Reserve the job's cache bytes (key/value slots for prompt + max_tokens, and
-        recurrent state, per row); False when they do not fit beside the reservations
-        of running jobs yet, 400 when they can never fit."""
-        n = job.spec.params.n
-        start = self.config.quantized_kv_start if self.config.kv_bits is not None else None
-        kv = (lambda slots: slots * self.kv_bytes_per_token) if start is None else (
-            lambda slots: quantized_need(slots, self.kv_bytes_per_token,
-                                         self.quantized_kv_bytes_per_token, start))
-        need = n * sum(kv(len(p) + m) + self.state_bytes_per_row
-                       for p, m in zip(prompts, max_tokens))
-        limit = self.config.max_kv_bytes
-        if limit is not None and need > limit:
-            raise APIError(400, f"This request needs about {need} bytes of KV cache and state "
-                           f"(prompt + max_tokens, times n), over the server's KV memory "
-                           f"of {limit} bytes (--kv-memory / --max-kv-bytes).",
-                           "max_tokens", "request_too_large")
-        if limit is not None and self._reserved + need > limit:
-            return False
-        job.reserved = need
-        self._reserved += need
-        return True
-
     def _fetch_prefix(self, prompt, adapter=0):
         """(cache copy or None, tokens still to prefill) of a row on adapter slot ``adapter``."""
         if not self.config.prompt_cache_size:
@@ -364,8 +326,7 @@ class Engine:
 
     def _end_job(self, job):
         self._unwait(job)
-        self._reserved -= job.reserved
-        job.reserved = 0
+        self.admission.release(job)
 
     def _step(self):
         prompt_responses, responses = self.gen.next()
@@ -459,6 +420,7 @@ class Engine:
         self.metrics.set_gauges(
             running_rows=running, waiting_rows=len(self._rows) - running,
             waiting_requests=self.waiting_jobs, kv_cache_bytes=self.gen.prompt_cache_nbytes,
-            kv_reserved_bytes=self._reserved, kv_budget_bytes=self.config.max_kv_bytes or 0,
-            kv_waiting_requests=len(self._memory_waiting), prefix_cache_bytes=self.prefix.nbytes,
+            kv_reserved_bytes=self.admission.reserved,
+            kv_budget_bytes=self.config.max_kv_bytes or 0,
+            kv_waiting_requests=len(self.admission.waiting), prefix_cache_bytes=self.prefix.nbytes,
             memory_active_bytes=mx.get_active_memory(), **self.prefix.gauges())
