@@ -108,9 +108,12 @@ def test_minimax_chunked_prefill_equals_one_pass(minimax):
     prompts = make_prompts((30, 9), seed=6)
     one, _, lp_one = _prefill(minimax, prompts, prefill_step_size=512)
     chunked, _, lp_chunked = _prefill(minimax, prompts, prefill_step_size=3)
+    # Chunks of 3 and one pass sum the recurrence in other orders: float bounds, not bits
+    # (measured: 1.6e-5 on one state value of 0.46 on an AVX2-only AMD EPYC, 2026-12-04,
+    # where the small-matmul kernel serves the chunks and the BLAS the one pass).
     for a_layer, b_layer in zip(_states(one), _states(chunked)):
         for a, b in zip(a_layer, b_layer):
-            np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+            np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
     np.testing.assert_allclose(np.array(lp_one), np.array(lp_chunked), atol=1e-4)
 
 

@@ -36,9 +36,12 @@ def test_4bit_rows_equal_solo(name, q4_models):
     assert model.layers[0].mlp.down_proj.bits == 4
     prompts = corpus_prompts(tokenizer, LENGTHS[name])
     logits = first_step_logits(model, prompts)
+    # 1e-4 holds on AVX-512 CPUs; an AVX2-only AMD EPYC measured 1.6e-4 on Gemma's row 3
+    # (logits up to ~12; 2026-12-04, also before the merges of that day): the bound the
+    # docs state for 4-bit rows on such CPUs. Greedy rows are checked exactly below.
     for i, prompt in enumerate(prompts):
         np.testing.assert_allclose(logits[i], first_step_logits(model, [prompt])[0],
-                                   atol=1e-4, rtol=0, err_msg=f"{name} row {i}")
+                                   atol=2e-4, rtol=0, err_msg=f"{name} row {i}")
     assert_rows_equal_solo(model, tokenizer, prompts, 8)
 
 
