@@ -18,7 +18,7 @@ def test_budget_settings():
     assert kv_memory_budget("2", 20 * gb) == 2 * gb
     assert kv_memory_budget("0.5", None) == gb // 2
     assert kv_memory_budget("25%", 20 * gb) == 5 * gb
-    # Default: what is free less what the prefix cache may hold and a tenth (>= 1 GiB).
+    # Default: what is free less what the prefix cache may hold and 10% (>= 1 GiB).
     assert kv_memory_budget(None, 20 * gb, held_elsewhere=gb) == 20 * gb - gb - 2 * gb
     assert kv_memory_budget(None, 3 * gb) == 3 * gb - DEFAULT_MARGIN_BYTES
     assert kv_memory_budget(None, gb // 2) == 0
