@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 
@@ -21,7 +20,7 @@ import pytest
 from mlx_lm_batched import generate, load
 from mlx_lm_batched.server.sampling import SeededSampler
 from server_harness import ServerProcess
-from distributed_harness import launcher
+from distributed_harness import free_ports, launcher
 
 STORY = "Once upon a time, in a small village by the sea,"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -48,17 +47,6 @@ def server(float_dirs):
     if srv.proc.poll() is None:  # a failed test: end the launcher and its ranks
         srv.proc.kill()
         srv.proc.wait()
-
-
-def free_ports(n):
-    """``n`` distinct free local ports (held open together while they are picked)."""
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def rank0_pid(srv):
