@@ -239,6 +239,15 @@ def run_family(name, entry, layout, ignore=()):
     return check_architecture(model_type, config, layout=layout, **options)
 
 
+def layout_cases(families, one_layout=()):
+    """``(name, layout)`` parameters: every family in both config layouts, the names in
+    ``one_layout`` in the transformers 4 layout only (variants whose extra math does not
+    depend on the layout: CI time)."""
+    return [(name, layout) for name in sorted(families)
+            for layout in ("transformers4", "transformers5")
+            if name not in one_layout or layout == "transformers4"]
+
+
 def family_model_type(name, entry):
     """The registered model_type an entry covers (its alias when it loads as one)."""
     options = entry[1]

@@ -8,7 +8,7 @@ each prompt alone, in both config layouts."""
 import mlx.core as mx
 import pytest
 
-from arch_harness import VOCAB, run_family
+from arch_harness import VOCAB, layout_cases, run_family
 
 MLX_LM = {"oracle": "mlx_lm"}
 
@@ -56,10 +56,7 @@ FAMILIES = {
 }
 
 # The variants check the extra math and transformers' names only: one layout (CI time).
-ONE_LAYOUT = {"gear_capped", "minimax_m3_vl_hf"}
-CASES = [(name, layout) for name in sorted(FAMILIES)
-         for layout in ("transformers4", "transformers5")
-         if name not in ONE_LAYOUT or layout == "transformers4"]
+CASES = layout_cases(FAMILIES, one_layout={"gear_capped", "minimax_m3_vl_hf"})
 
 
 @pytest.mark.parametrize("name,layout", CASES)

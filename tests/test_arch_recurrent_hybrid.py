@@ -8,7 +8,7 @@ run against mlx-lm on each prompt alone, in both config layouts."""
 import mlx.core as mx
 import pytest
 
-from arch_harness import VOCAB, run_family
+from arch_harness import VOCAB, layout_cases, run_family
 from test_arch_mlxlm_oracle import positive_expert_bias
 
 BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
@@ -135,10 +135,8 @@ FAMILIES = {
 # Configs without top-level RoPE keys (RWKV-7, PLaMo 2's fixed theta, the pack's nested
 # text config) are the same file in both layouts, and the remapped V3 entry checks the
 # architecture lookup only: one layout each (CI time).
-ONE_LAYOUT = {"rwkv7", "plamo2", "prism_hadamard_qwen35", "bailing_hybrid_v3"}
-CASES = [(name, layout) for name in sorted(FAMILIES)
-         for layout in ("transformers4", "transformers5")
-         if name not in ONE_LAYOUT or layout == "transformers4"]
+CASES = layout_cases(FAMILIES, one_layout={"rwkv7", "plamo2", "prism_hadamard_qwen35",
+                                           "bailing_hybrid_v3"})
 
 
 @pytest.mark.parametrize("name,layout", CASES)
