@@ -112,6 +112,27 @@ def client(server):
     return OpenAI(base_url=server.url + "/v1", api_key="none")
 
 
+@pytest.fixture
+def row_invariant_matmuls():
+    """Every float matmul of the test through our small-row kernel, whatever its rows.
+
+    The kernel gives each output row the same float32 chain whatever the number of rows;
+    the BLAS does not everywhere (MKL on an AMD EPYC with AVX2 rounds a row differently
+    at 17 rows than at 51, up to 6e-5: docs/architecture.md). Tests that check a batch's
+    row bit for bit against the prompt alone, or where a 4-bit rounding step amplifies
+    such a difference into another token, use it so that their subject (our caches,
+    masks and schedules) is what they measure."""
+    from mlx_lm_batched import _small_gemm
+
+    assert _small_gemm.max_rows, f"the small-row kernel is needed: {_small_gemm.describe()}"
+    mx.eval()  # MLX is lazy: earlier work keeps the setting it was queued under
+    previous = _small_gemm.set_max_rows(1 << 30)
+    try:
+        yield
+    finally:
+        _small_gemm.set_max_rows(previous)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     mx.random.seed(0)
