@@ -123,6 +123,10 @@ def _check(module):
     want = mx.softmax(scores, axis=-1, precise=True) @ v
     if not mx.allclose(got, want, rtol=1e-5, atol=1e-6).item():
         raise OSError("the decode-attention primitive disagrees with MLX's ops")
+    cut = [keys[:, :, :2], keys[:, :, 2:]], [values[:, :, :2], values[:, :, 2:]]
+    if not mx.array_equal(module.decode_attention_segments(queries, *cut, 0.35, mask),
+                          got).item():
+        raise OSError("decode attention over segments disagrees with the joined keys")
     x, w = mx.random.normal((3, 2, 4, 40), key=mx.random.key(3)), mx.arange(40) / 7.0
     if not mx.allclose(module.rms_norm(x, w, 1e-5), mx.fast.rms_norm(x, w, 1e-5),
                        rtol=1e-5, atol=1e-6).item():
@@ -196,9 +200,11 @@ def _on_cpu_float32(x):
 def serves(q, k, v, mask):
     """True when :func:`attend` computes this attention: on the CPU, one query per row,
     float32, keys and values as arrays, a boolean mask shared by the heads (or none)."""
-    if q.ndim != 4 or q.shape[2] != 1 or not isinstance(k, mx.array):
+    segments = k if isinstance(k, list) else [k]
+    if q.ndim != 4 or q.shape[2] != 1 or not all(isinstance(x, mx.array) for x in segments):
         return False
-    if not (_on_cpu_float32(q) and k.dtype == v.dtype == mx.float32):
+    values = v if isinstance(v, list) else [v]
+    if not (_on_cpu_float32(q) and all(x.dtype == mx.float32 for x in segments + values)):
         return False
     if mask is not None:
         if not isinstance(mask, mx.array) or mask.dtype != mx.bool_ or mask.ndim > 4:
@@ -210,7 +216,11 @@ def serves(q, k, v, mask):
 
 def attend(q, k, v, scale, mask):
     """``softmax(q k^T * scale) v`` for queries ``(B, H, 1, D)`` over keys and values
-    ``(B, n_kv, S, D)`` (GQA when ``n_kv < H``), masked slots skipped."""
+    ``(B, n_kv, S, D)`` (GQA when ``n_kv < H``), masked slots skipped. ``k``/``v`` may be
+    lists of segments of consecutive slots (``(B, n_kv, S_i, D)`` each, a cache that
+    shares a prefix's blocks): read in place, with the same bits as joined."""
+    if isinstance(k, list):
+        return _module.decode_attention_segments(q, k, v, float(scale), mask)
     return _module.decode_attention(q, k, v, float(scale), mask)
 
 

@@ -211,3 +211,56 @@ def test_prefix_from_blocks_gives_the_same_tokens_and_logprobs(smol, step):
     assert rest2 == rest
     for c, d in zip(again, got_cache):
         assert mx.array_equal(c.state[0], d.state[0])
+
+
+def test_rows_on_one_prefix_read_its_blocks_in_place(smol):
+    """Three conversations continued from one stored 8-block prefix decode together: each
+    row's layer caches hold the store's own block arrays (the same objects, no copy) and
+    only their own tokens in buffers of their own, and every row gives the same tokens
+    and logprob bits as with the prefix in a dense cache of its own."""
+    model, ids = smol
+    first = text(ids, 8 * B + 5, 300)
+    _, _, cache, tokens = generate(model, first, n=1)
+    prefix = make_prefix_cache(model, block_size=B)
+    prefix.insert_cache(model, tokens, cache)
+    follows = [tokens[:8 * B] + text(ids, n, 900 + 50 * i) for i, n in enumerate((7, 19, 12))]
+    fetched = [prefix.fetch_nearest_cache(model, f) for f in follows]
+    assert all(len(f) - len(rest) == 8 * B for f, (_, rest) in zip(follows, fetched))
+
+    def run(caches):
+        gen = BatchGenerator(model)
+        uids = gen.insert([rest for _, rest in fetched], max_tokens=[6] * 3, caches=caches,
+                          all_tokens=[f[:8 * B] for f in follows])
+        out = {u: ([], []) for u in uids}
+        layer0 = None
+        while any(len(t) < 6 for t, _ in out.values()):
+            _, responses = gen.next()
+            for r in responses:
+                out[r.uid][0].append(r.token)
+                out[r.uid][1].append(np.array(r.logprobs))
+            if gen._decode is not None and gen._decode.engine.rows == 3 and layer0 is None:
+                blocks = gen._decode.engine.cache[0].blocks or []  # while all three run
+                layer0 = ([b.head for b in blocks], sum(b.keys.shape[2] for b in blocks))
+        gen.close()
+        return [out[u] for u in uids], layer0
+
+    shared, layer0 = run([c for c, _ in fetched])
+    first_block = prefix.store._blocks[prefix.store.chain(follows[0], 0, 1)[0]]
+    heads, own_slots = layer0
+    assert len(heads) == 3 and all(h is not None for h in heads)
+    for head_keys, _ in heads:
+        assert len(head_keys) == 8 and head_keys[0] is first_block.keys[0]
+    assert own_slots < 3 * 8 * B  # the rows' own buffers hold no copy of the prefix
+    dense = []
+    for c, _ in fetched:  # the same prefix, each row a dense copy of its own
+        d = []
+        for layer in c:
+            k, v = layer.state
+            own = KVCache()
+            own.state = [mx.array(k), mx.array(v)]
+            d.append(own)
+        dense.append(d)
+    alone, _ = run(dense)
+    for (t1, lp1), (t2, lp2) in zip(shared, alone):
+        assert t1 == t2
+        np.testing.assert_array_equal(np.stack(lp1), np.stack(lp2))

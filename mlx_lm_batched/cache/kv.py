@@ -126,13 +126,40 @@ class KVCache(FullSlotFrame):
             new_v[..., : self.size, :] = self.values[..., : self.size, :]
         self.keys, self.values = new_k, new_v
 
+    @classmethod
+    def sharing(cls, head_keys, head_values):
+        """A one-row cache whose first slots are the shared segments ``head_keys`` /
+        ``head_values`` (lists of ``(1, H, n_i, D)``, the KV block store's arrays, held
+        and read in place: see ``row_blocks.py``); later slots go to its own buffer."""
+        cache = cls()
+        k0, v0 = head_keys[0], head_values[0]
+        cache.blocks = [row_blocks.with_head(
+            head_keys, head_values, mx.zeros((1, k0.shape[1], 0, k0.shape[3]), k0.dtype),
+            mx.zeros((1, v0.shape[1], 0, v0.shape[3]), v0.dtype))]
+        cache.size = sum(k.shape[2] for k in head_keys)
+        return cache
+
+    def buffers(self):
+        """The arrays this cache writes into (to evaluate after a write), without
+        joining row blocks or a shared head into one array."""
+        if self.blocks is not None:
+            return [x for b in self.blocks for x in (b.keys, b.values)]
+        return [] if self.keys is None else [self.keys, self.values]
+
     def update_and_fetch(self, keys, values):
         """Append ``(B, H, L, D)`` keys/values; return all cached keys/values."""
         end = self.size + keys.shape[2]
-        if self.blocks is not None:  # every row at once: one rectangle from now on
+        if self.blocks is not None:
             row_blocks.write(self.blocks, keys, values, self.size, self._capacity)
             self.size = end
-            self.unblock()
+            if len(self.blocks) == 1 and row_blocks.has_heads(self.blocks) and \
+                    keys.shape[2] > 1:
+                # A prompt's chunk on a shared head (a row continued from cached blocks):
+                # the keys joined for this call only; the head stays shared. (Decode
+                # steps read the segments in place, ``update_and_fetch_groups``; a
+                # device without row groups stores the row densely from its first step.)
+                return row_blocks.materialize(self.blocks, end)
+            self.unblock()  # every row at once: one rectangle from now on
             return self.keys, self.values
         self.allocate(end, keys, values)
         self.keys[..., self.size : end, :] = keys
@@ -223,7 +250,7 @@ class KVCache(FullSlotFrame):
     def trim(self, n):
         """Drop the last ``n`` slots; returns how many were dropped."""
         n = min(self.size, n)
-        if self.blocks is not None and any(b.first > self.size - n for b in self.blocks):
+        if self.blocks is not None and any(b.own_first > self.size - n for b in self.blocks):
             self.unblock()  # later writes to those rows would land before their block
         self.size -= n
         return n

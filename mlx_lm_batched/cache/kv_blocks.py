@@ -15,8 +15,9 @@ partial last block of a sequence is never stored (it is private to its row).
   block is a materialized copy (the row's own cache can be freed); a block already held
   is shared, not stored twice.
 - ``lookup(tokens)`` walks the prompt's chain and returns the longest run of held
-  blocks (always leaving at least one prompt token to compute), concatenated into the
-  per-layer caches ``BatchGenerator.insert(caches=...)`` takes. The blocks of a hit are
+  blocks (always leaving at least one prompt token to compute) as the per-layer caches
+  ``BatchGenerator.insert(caches=...)`` takes, which hold the blocks' arrays as a shared
+  head (``row_blocks.py``): the rows reusing a prefix read one copy of it. The blocks of a hit are
   pinned (a reference each) until ``release``: a pinned block is never evicted.
 - Blocks nobody references sit in an LRU and are evicted when the byte bound needs
   room. With a disk tier (``kv_disk.DiskTier``), every new block is also written there
@@ -215,13 +216,11 @@ class BlockStore:
         if not found:
             return Hit(None, [])
         blocks = [self._blocks[k] for k in found]
-        cache = []
-        for layer in range(len(blocks[0].keys)):
-            c = KVCache()
-            c.state = [mx.concatenate([b.keys[layer] for b in blocks], axis=2),
-                       mx.concatenate([b.values[layer] for b in blocks], axis=2)]
-            cache.append(c)
-        mx.eval([c.state for c in cache])
+        # Each layer's cache reads the blocks' own arrays in place (a shared head,
+        # ``row_blocks.py``): rows that reuse a prefix share its memory, never copy it.
+        cache = [KVCache.sharing([b.keys[layer] for b in blocks],
+                                 [b.values[layer] for b in blocks])
+                 for layer in range(len(blocks[0].keys))]
         hit = Hit(cache, found, (len(found) - from_disk) * self.block_size,
                   from_disk * self.block_size)
         self.hit_tokens["memory"] += hit.memory_tokens

@@ -13,6 +13,14 @@ already runs by row groups on the CPU (``attention.grouped_attention``), reads e
 group's keys from its block. Values in every stored slot equal the rectangle's, so
 results are bit-identical.
 
+A block of one row may also start with a **shared head**: the keys and values of a
+prefix that other rows and the KV block store hold too (``kv_blocks.py``: a prompt's
+cached blocks), kept as the store's own arrays, one segment per block, never copied.
+Its own buffer then holds the slots after the head. Decode attention reads the head's
+segments and the buffer in place (``_cpu_prims.attend`` over segments: the same bits
+as one array); everything that needs one array (``materialize``, ``row_slots``, a
+merge) joins them, which leaves the stored head untouched.
+
 The functions here work on a list of blocks covering rows ``0..B-1`` in order; the
 ``KVCache`` in ``kv.py`` decides when to use them.
 """
@@ -21,20 +29,55 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+class KVSegments(list):
+    """Keys (or values) of one row group's consecutive slots held in several arrays, in
+    slot order: a shared head's blocks, then the group's own slots. Attention reads them
+    in place where it can (``_cpu_prims.attend``) and joins them elsewhere."""
+
+
 @dataclass
 class RowBlock:
     """Rows ``[start, stop)`` of a batch; ``keys``/``values`` ``(rows, H, capacity, D)``
-    hold slots ``first .. first + capacity`` (those below the cache's size are real)."""
+    hold slots ``own_first .. own_first + capacity`` (those below the cache's size are
+    real). ``head``: ``(key segments, value segments)``, each ``(1, H, n_i, D)``, the
+    shared slots ``first .. own_first`` of a one-row block (None: no head)."""
 
     start: int
     stop: int
     first: int
     keys: mx.array
     values: mx.array
+    head: tuple = None
 
     @property
     def rows(self):
         return self.stop - self.start
+
+    @property
+    def head_slots(self):
+        return sum(k.shape[2] for k in self.head[0]) if self.head else 0
+
+    @property
+    def own_first(self):
+        """The first slot of the block's own buffer (after its shared head)."""
+        return self.first + self.head_slots
+
+    def moved(self, start, first):
+        """This block at row ``start`` and first slot ``first`` (the same arrays)."""
+        return RowBlock(start, start + self.rows, first, self.keys, self.values, self.head)
+
+    def joined_head(self, own_keys, own_values):
+        """The head's segments then ``own_keys``/``own_values``, as one array each."""
+        if not self.head:
+            return own_keys, own_values
+        return (mx.concatenate([*self.head[0], own_keys], axis=2),
+                mx.concatenate([*self.head[1], own_values], axis=2))
+
+
+def with_head(head_keys, head_values, own_keys, own_values):
+    """A one-row block from slot 0: the shared segments ``head_keys``/``head_values``
+    (lists of ``(1, H, n_i, D)``), then its own ``own_keys``/``own_values`` slots."""
+    return RowBlock(0, 1, 0, own_keys, own_values, (list(head_keys), list(head_values)))
 
 
 def new_block(start, stop, first, keys, values, capacity):
@@ -59,8 +102,10 @@ def materialize(blocks, size):
     parts_k, parts_v = [], []
     for b in blocks:
         held = max(0, size - b.first)
-        parts_k.append(pad_left(b.keys[..., :held, :], size - held))
-        parts_v.append(pad_left(b.values[..., :held, :], size - held))
+        k, v = b.joined_head(b.keys[..., :max(0, size - b.own_first), :],
+                             b.values[..., :max(0, size - b.own_first), :])
+        parts_k.append(pad_left(k, size - held))
+        parts_v.append(pad_left(v, size - held))
     return mx.concatenate(parts_k, axis=0), mx.concatenate(parts_v, axis=0)
 
 
@@ -82,13 +127,14 @@ def write(blocks, keys, values, size, capacity_for):
     end = size + keys.shape[2]
     _cover(blocks, keys, values, size, capacity_for(end) - size)
     for b in blocks:
-        begin = max(size, b.first)
+        own = b.own_first
+        begin = max(size, own)  # a head is never written: its slots are below ``size``
         if begin >= end:
             continue
-        grow(b, end - b.first, capacity_for(end) - b.first)
+        grow(b, end - own, capacity_for(end) - own)
         rows, cols = slice(b.start, b.stop), slice(begin - size, end - size)
-        b.keys[..., begin - b.first : end - b.first, :] = keys[rows, :, cols]
-        b.values[..., begin - b.first : end - b.first, :] = values[rows, :, cols]
+        b.keys[..., begin - own : end - own, :] = keys[rows, :, cols]
+        b.values[..., begin - own : end - own, :] = values[rows, :, cols]
 
 
 def uncovered(blocks, rows):
@@ -114,8 +160,12 @@ def fetch_groups(blocks, groups, end):
     keys, values = [], []
     for start, stop, first in groups:
         b = next((b for b in blocks if b.start <= start and stop <= b.stop), None)
-        if b is None or first < b.first:
+        if b is None or first < b.first or (b.head and first != b.first):
             return None
+        if b.head:  # the shared segments, then the row's own slots: read in place
+            keys.append(KVSegments([*b.head[0], b.keys[..., : end - b.own_first, :]]))
+            values.append(KVSegments([*b.head[1], b.values[..., : end - b.own_first, :]]))
+            continue
         rows, cols = slice(start - b.start, stop - b.start), slice(first - b.first, end - b.first)
         keys.append(b.keys[rows, :, cols])
         values.append(b.values[rows, :, cols])
@@ -129,8 +179,9 @@ def row_slots(blocks, row, first, end):
     rows = slice(row - b.start, row - b.start + 1)
     lo = max(first, b.first) - b.first
     pad = max(0, b.first - first)  # only padding lies before the block's first slot
-    return (pad_left(b.keys[rows, :, lo : end - b.first], pad),
-            pad_left(b.values[rows, :, lo : end - b.first], pad))
+    k, v = b.joined_head(b.keys[rows, :, : max(0, end - b.own_first)],
+                         b.values[rows, :, : max(0, end - b.own_first)])
+    return pad_left(k[..., lo:, :], pad), pad_left(v[..., lo:, :], pad)
 
 
 def filter_blocks(blocks, keep):
@@ -140,12 +191,11 @@ def filter_blocks(blocks, keep):
         mine = [r - b.start for r in keep if b.start <= r < b.stop]
         if not mine:
             continue
-        if len(mine) == b.rows:
-            k, v = b.keys, b.values
+        if len(mine) == b.rows:  # (a block with a head has one row)
+            out.append(b.moved(row, b.first))
         else:
             idx = mx.array(mine, dtype=mx.int32)
-            k, v = b.keys[idx], b.values[idx]
-        out.append(RowBlock(row, row + len(mine), b.first, k, v))
+            out.append(RowBlock(row, row + len(mine), b.first, b.keys[idx], b.values[idx]))
         row += len(mine)
     return out
 
@@ -156,17 +206,19 @@ def drop_leading(blocks, n):
     for b in blocks:
         if b.first >= n:
             b.first -= n
-        else:
-            b.keys, b.values = b.keys[..., n - b.first :, :], b.values[..., n - b.first :, :]
-            b.first = 0
+            continue
+        if b.head:  # (not reached: a head's slots are its row's tokens, never padding)
+            b.keys, b.values = b.joined_head(b.keys, b.values)
+            b.head = None
+        b.keys, b.values = b.keys[..., n - b.first :, :], b.values[..., n - b.first :, :]
+        b.first = 0
 
 
 def joined(ours, theirs, pads, rows):
     """``ours`` then ``theirs`` (rows moved after our ``rows``), each side's first slots
     moved right by its new left padding ``pads``."""
-    out = [RowBlock(b.start, b.stop, b.first + pads[0], b.keys, b.values) for b in ours]
-    out += [RowBlock(b.start + rows, b.stop + rows, b.first + pads[1], b.keys, b.values)
-            for b in theirs]
+    out = [b.moved(b.start, b.first + pads[0]) for b in ours]
+    out += [b.moved(b.start + rows, b.first + pads[1]) for b in theirs]
     return out
 
 
@@ -178,17 +230,26 @@ def merged(blocks, spans):
 
 
 def _merge(run):
+    # A head joins its row's buffer here (a copy): the engine does not plan merges of
+    # blocks with heads (``plan_block_merges``), which would give up the sharing.
+    own = [b.joined_head(b.keys, b.values) for b in run]
     first = min(b.first for b in run)
-    width = max(b.first + b.keys.shape[2] for b in run) - first
+    width = max(b.first + k.shape[2] for b, (k, _) in zip(run, own)) - first
 
     def placed(x, at):
         return mx.pad(x, [(0, 0), (0, 0), (at - first, width - (at - first) - x.shape[2]),
                           (0, 0)])
 
     return RowBlock(run[0].start, run[-1].stop, first,
-                    mx.concatenate([placed(b.keys, b.first) for b in run], axis=0),
-                    mx.concatenate([placed(b.values, b.first) for b in run], axis=0))
+                    mx.concatenate([placed(k, b.first) for b, (k, _) in zip(run, own)], axis=0),
+                    mx.concatenate([placed(v, b.first) for b, (_, v) in zip(run, own)], axis=0))
 
 
 def nbytes(blocks):
+    """Bytes of the blocks' own buffers (a shared head is the block store's)."""
     return sum(b.keys.nbytes + b.values.nbytes for b in blocks)
+
+
+def has_heads(blocks):
+    """True when some block of ``blocks`` starts with a shared head."""
+    return any(b.head for b in blocks or ())

@@ -11,6 +11,7 @@ import copy
 
 import mlx.core as mx
 
+from . import row_blocks
 from .kv import KVCache
 from .protocol import LayerCache
 from .quantized import QuantizedKVCache
@@ -57,6 +58,14 @@ def copy_cache(cache):
     out = []
     for c in cache:
         new = copy.copy(c)
+        if type(c) is KVCache and row_blocks.has_heads(c.blocks):
+            # A shared head is never written (its slots are below the cache's size): the
+            # copy shares it and copies only the row's own buffers.
+            new.blocks = [b.moved(b.start, b.first) for b in c.blocks]
+            for b in new.blocks:
+                b.keys, b.values = mx.array(b.keys), mx.array(b.values)
+            out.append(new)
+            continue
         state = c.state
         new.state = [mx.array(x) for x in state] if state else []
         new.size = c.size if state else 0

@@ -136,7 +136,7 @@ class PrefillJob:
                 views = [ShiftedView(c, shift) for c in cache]
             self._call(tokens, base + done, views, slice(done, done + n))
             engine.quantize_caches()
-            mx.eval([c.state for c in cache])
+            mx.eval([c.buffers() if hasattr(c, "buffers") else c.state for c in cache])
             self.padding_tokens += sum(min(n, max(0, p - done)) for p in pad)
             done += n
             self.calls += 1

@@ -76,6 +76,8 @@ def plan_block_merges(blocks, slots, overhead=DECODE_GROUP_OVERHEAD_KEYS):
     def span_costs(stop):
         rows, first = 0, slots
         for start in range(stop - 1, -1, -1):
+            if start < stop - 1 and (blocks[start].head or blocks[stop - 1].head):
+                return  # a block on a shared head stays alone (a merge would copy it)
             rows += blocks[start].rows
             first = min(first, blocks[start].first)
             yield start, rows * (slots - first) + overhead

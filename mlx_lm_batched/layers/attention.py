@@ -8,6 +8,7 @@ import mlx.nn as nn
 from . import cpu_ops
 from .quantized_attention import quantized_attention
 from ..cache.kv import update_kv
+from ..cache.row_blocks import KVSegments
 
 
 def scaled_dot_product_attention(q, k, v, scale, mask, softcap=None, sinks=None):
@@ -18,6 +19,11 @@ def scaled_dot_product_attention(q, k, v, scale, mask, softcap=None, sinks=None)
     Keys and values that are ``(packed, scales, biases)`` triples (a quantized cache)
     are attended quantized (``quantized_attention.py``).
     """
+    if isinstance(k, KVSegments):  # consecutive slots in several arrays (a shared prefix)
+        if cpu_ops.fused_decode(q, k, v, mask, softcap) and sinks is None:
+            return cpu_ops.attention(q, k, v, scale, mask, softcap)  # read in place
+        # Elsewhere the segments are joined: the seam for a paged attention kernel.
+        k, v = mx.concatenate(k, axis=2), mx.concatenate(v, axis=2)
     if isinstance(k, tuple):
         if sinks is not None:
             raise NotImplementedError("attention sinks over a quantized KV cache (kv_bits)")
@@ -35,7 +41,8 @@ def grouped_attention(q, k, v, scale, mask, softcap, sinks, groups):
     """Attention by contiguous row groups ``(start, stop, first_slot)``: each group
     skips the key slots before ``first_slot``, padding (masked) for all its rows.
     ``k``/``v``: all rows' keys and values, or per group its rows' from ``first_slot``
-    on (a cache stored by row blocks, ``KVCache.update_and_fetch_groups``)."""
+    on (a cache stored by row blocks, ``KVCache.update_and_fetch_groups``), possibly as
+    a list of segments (a block sharing a prefix's KV blocks, ``cache/row_blocks.py``)."""
     outs = []
     for i, (start, stop, first) in enumerate(groups):
         rows = slice(start, stop)
@@ -180,7 +187,8 @@ class Attention(nn.Module):
         B, _, L, _ = q.shape
         sinks = self.sinks.astype(q.dtype) if "sinks" in self else None
         groups = step_row_groups(attention, q, mask)
-        if groups and sinks is None and cpu_ops.fused_decode(q, k, v, mask, self.softcap):
+        if groups and sinks is None and not isinstance(k, list) and \
+                cpu_ops.fused_decode(q, k, v, mask, self.softcap):
             groups = None  # one fused call skips every row's padding itself
         if groups:
             out = grouped_attention(q, k, v, self.scale, mask, self.softcap, sinks, groups)

@@ -1,6 +1,7 @@
 /* Python bindings of our CPU primitives (cpu_prims.h), for mlx_lm_batched/_cpu_prims.py. */
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/vector.h>
 
 #include "cpu_prims.h"
 
@@ -11,6 +12,9 @@ NB_MODULE(_mlxlmb_cpu_prims, m) {
   m.def("decode_attention", &mlxlmb::decode_attention, nb::arg("q"), nb::arg("k"),
         nb::arg("v"), nb::arg("scale"), nb::arg("mask") = nb::none(),
         "softmax(q k^T * scale) v for one query per row (float32).");
+  m.def("decode_attention_segments", &mlxlmb::decode_attention_segments, nb::arg("q"),
+        nb::arg("keys"), nb::arg("values"), nb::arg("scale"), nb::arg("mask") = nb::none(),
+        "decode_attention over keys and values held in segments of consecutive slots.");
   m.def("set_threads", &mlxlmb::set_attention_threads, nb::arg("threads"),
         "Threads decode_attention's tasks are split over.");
   m.def("rms_norm", &mlxlmb::rms_norm, nb::arg("x"), nb::arg("weight") = nb::none(),

@@ -109,6 +109,11 @@ inline const T* row_major(const mx::array& a, std::vector<T>& scratch) {
 /* softmax(q k^T * scale) v for one query per row (decode_attention.cpp). */
 mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
                            float scale, std::optional<mx::array> mask);
+/* The same over keys and values held in segments of consecutive slots (a shared prefix's
+ * blocks, then a row's own slots): the same bits as over the segments joined. */
+mx::array decode_attention_segments(const mx::array& q, const std::vector<mx::array>& ks,
+                                    const std::vector<mx::array>& vs, float scale,
+                                    std::optional<mx::array> mask);
 /* Threads decode_attention's tasks (and quantized_linear's weight rows) are split over. */
 void set_attention_threads(int threads);
 int primitive_threads();

@@ -81,11 +81,26 @@ struct View {
   int64_t s0, s1, s2, s3;
 };
 
+/* Keys and values of consecutive slots: a row's slots are its segments' in order (one
+ * segment for a plain cache; a shared prefix's blocks then the row's own slots for a
+ * cache that shares them, cache/row_blocks.py). */
+struct Segment {
+  View k, v;
+  int len;
+};
+
 struct Geometry {
   int B, H, n_kv, S, D, Dv;
   float scale;
-  View q, k, v, mask; /* mask.data null: every slot attended */
-  float* out;         /* (B, H, 1, Dv), contiguous */
+  View q, mask;                  /* mask.data null: every slot attended */
+  std::vector<Segment> segments; /* their lengths add up to S */
+  float* out;                    /* (B, H, 1, Dv), contiguous */
+};
+
+/* Per task: where each attended slot's key and value rows are, and their strides. */
+struct SlotRows {
+  std::vector<const float*> k, v;
+  std::vector<int64_t> k_step, v_step;
 };
 
 int configured_threads = 1;
@@ -100,21 +115,33 @@ inline const float* contiguous_row(const float* p, int64_t stride, int n, float*
 
 /* One task: query heads [h0, h0 + G) of row b against KV head kvh. */
 void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
-                std::vector<int>& slots) {
-  const int G = g.H / g.n_kv, D = g.D, Dv = g.Dv, S = g.S;
+                SlotRows& at) {
+  const int G = g.H / g.n_kv, D = g.D, Dv = g.Dv;
   const int h0 = kvh * G;
   const float* qb = static_cast<const float*>(g.q.data) + b * g.q.s0;
-  const float* kb = static_cast<const float*>(g.k.data) + b * g.k.s0 + kvh * g.k.s1;
-  const float* vb = static_cast<const float*>(g.v.data) + b * g.v.s0 + kvh * g.v.s1;
   const bool* mb = g.mask.data
       ? static_cast<const bool*>(g.mask.data) + b * g.mask.s0  /* one mask for all heads */
       : nullptr;
 
-  /* The attended slots, in order. */
-  slots.clear();
-  for (int j = 0; j < S; j++)
-    if (!mb || mb[j * g.mask.s3]) slots.push_back(j);
-  const int n = static_cast<int>(slots.size());
+  /* The attended slots' key and value rows, in slot order (the same addresses whether
+   * the slots are one array or several segments: the same bits). */
+  at.k.clear();
+  at.v.clear();
+  at.k_step.clear();
+  at.v_step.clear();
+  int j = 0;
+  for (const Segment& seg : g.segments) {
+    const float* kb = static_cast<const float*>(seg.k.data) + b * seg.k.s0 + kvh * seg.k.s1;
+    const float* vb = static_cast<const float*>(seg.v.data) + b * seg.v.s0 + kvh * seg.v.s1;
+    for (int i = 0; i < seg.len; i++, j++) {
+      if (mb && !mb[j * g.mask.s3]) continue;
+      at.k.push_back(kb + i * seg.k.s2);
+      at.v.push_back(vb + i * seg.v.s2);
+      at.k_step.push_back(seg.k.s3);
+      at.v_step.push_back(seg.v.s3);
+    }
+  }
+  const int n = static_cast<int>(at.k.size());
 
   /* work: scaled queries (G x D), scores (G x n), strided keys' and a value's
    * scratch (16 x D + Dv), output accumulators (G x Dv), inverse softmax sums (G). */
@@ -151,7 +178,7 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
   for (; c + VW <= n; c += VW) {
     const float* rows[VW];
     for (int i = 0; i < VW; i++)
-      rows[i] = contiguous_row(kb + slots[c + i] * g.k.s2, g.k.s3, D, key_scratch + i * D);
+      rows[i] = contiguous_row(at.k[c + i], at.k_step[c + i], D, key_scratch + i * D);
     for (int h = 0; h < G; h++) {
       vf acc[VW];
       for (int i = 0; i < VW; i++) acc[i] = dot_lanes(qs + h * D, rows[i]);
@@ -160,7 +187,7 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
     }
   }
   for (; c < n; c++) {
-    const float* kj = contiguous_row(kb + slots[c] * g.k.s2, g.k.s3, D, key_scratch);
+    const float* kj = contiguous_row(at.k[c], at.k_step[c], D, key_scratch);
     for (int h = 0; h < G; h++) scores[h * n + c] = hsum1(dot_lanes(qs + h * D, kj));
   }
 
@@ -173,7 +200,7 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
   /* Weighted sums of the value rows, in slot order. */
   std::memset(acc, 0, sizeof(float) * G * Dv);
   for (c = 0; c < n; c++) {
-    const float* vj = contiguous_row(vb + slots[c] * g.v.s2, g.v.s3, Dv, value_scratch);
+    const float* vj = contiguous_row(at.v[c], at.v_step[c], Dv, value_scratch);
     for (int h = 0; h < G; h++) {
       const float w = scores[h * n + c];
       float* ah = acc + h * Dv;
@@ -190,9 +217,9 @@ void attend_all(const Geometry& g) {
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> work;
-    std::vector<int> slots;
+    SlotRows at;
 #pragma omp for schedule(dynamic, 1)
-    for (int t = 0; t < tasks; t++) attend_one(g, t / g.n_kv, t % g.n_kv, work, slots);
+    for (int t = 0; t < tasks; t++) attend_one(g, t / g.n_kv, t % g.n_kv, work, at);
   }
 }
 
@@ -201,43 +228,58 @@ View view_of(const mx::array& a) {
   return {a.data<void>(), st[0], st[1], st[2], st[3]};
 }
 
+/* Inputs: q, the keys of each segment, the values of each segment, then the mask (if
+ * any). */
 class DecodeAttention : public CpuPrimitive {
  public:
-  DecodeAttention(mx::Stream stream, float scale) : CpuPrimitive(stream), scale_(scale) {}
+  DecodeAttention(mx::Stream stream, float scale, int segments)
+      : CpuPrimitive(stream), scale_(scale), segments_(segments) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
+    const auto& q = inputs[0];
+    const auto& v0 = inputs[1 + segments_];
     auto& out = outputs[0];
     out.set_data(mx::allocator::malloc(out.nbytes()));
     Geometry g;
     g.B = q.shape(0);
     g.H = q.shape(1);
-    g.n_kv = k.shape(1);
-    g.S = k.shape(2);
+    g.n_kv = inputs[1].shape(1);
+    g.S = 0;
+    for (int i = 0; i < segments_; i++) {
+      const auto &k = inputs[1 + i], &v = inputs[1 + segments_ + i];
+      g.segments.push_back({view_of(k), view_of(v), static_cast<int>(k.shape(2))});
+      g.S += k.shape(2);
+    }
     g.D = q.shape(3);
-    g.Dv = v.shape(3);
+    g.Dv = v0.shape(3);
     g.scale = scale_;
     g.q = view_of(q);
-    g.k = view_of(k);
-    g.v = view_of(v);
-    g.mask = inputs.size() > 3 ? view_of(inputs[3]) : View{nullptr, 0, 0, 0, 0};
+    const size_t masked = 1 + 2 * static_cast<size_t>(segments_);
+    g.mask = inputs.size() > masked ? view_of(inputs[masked]) : View{nullptr, 0, 0, 0, 0};
     g.out = out.data<float>();
     run_on_cpu(inputs, out, [g, inputs, out]() { attend_all(g); });
   }
 
   /* Gradients (training on the CPU, one query per row): those of the same attention
-   * composed from MLX ops (masked slots at -inf). */
+   * composed from MLX ops over the segments joined (masked slots at -inf). */
   std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
                              const std::vector<mx::array>& cotangents,
                              const std::vector<int>& argnums,
                              const std::vector<mx::array>&) override {
     const float scale = scale_;
+    const int n = segments_;
     const auto s = stream();
+    const size_t differentiable = 1 + 2 * static_cast<size_t>(n);
     std::optional<mx::array> mask;
-    if (primals.size() > 3) mask = primals[3];
-    auto reference = [scale, s, mask](const std::vector<mx::array>& in) {
-      const int group = in[0].shape(1) / in[1].shape(1);
-      auto k = mx::repeat(in[1], group, 1, s), v = mx::repeat(in[2], group, 1, s);
+    if (primals.size() > differentiable) mask = primals[differentiable];
+    auto reference = [scale, n, s, mask](const std::vector<mx::array>& in) {
+      std::vector<mx::array> ks(in.begin() + 1, in.begin() + 1 + n);
+      std::vector<mx::array> vs(in.begin() + 1 + n, in.begin() + 1 + 2 * n);
+      auto k = n == 1 ? ks[0] : mx::concatenate(ks, 2, s);
+      auto v = n == 1 ? vs[0] : mx::concatenate(vs, 2, s);
+      const int group = in[0].shape(1) / k.shape(1);
+      k = mx::repeat(k, group, 1, s);
+      v = mx::repeat(v, group, 1, s);
       auto scores = mx::matmul(mx::multiply(in[0], mx::array(scale), s),
                                mx::swapaxes(k, -1, -2, s), s);
       if (mask)
@@ -245,22 +287,24 @@ class DecodeAttention : public CpuPrimitive {
                            mx::array(-std::numeric_limits<float>::infinity()), s);
       return std::vector<mx::array>{mx::matmul(mx::softmax(scores, -1, true, s), v, s)};
     };
-    return reference_vjp(reference, primals, cotangents, argnums, 3);
+    return reference_vjp(reference, primals, cotangents, argnums, differentiable);
   }
 
   const char* name() const override { return "DecodeAttention"; }
 
   bool is_equivalent(const mx::Primitive& other) const override {
-    return scale_ == static_cast<const DecodeAttention&>(other).scale_;
+    const auto& o = static_cast<const DecodeAttention&>(other);
+    return scale_ == o.scale_ && segments_ == o.segments_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    const auto &q = inputs[0], &v = inputs[2];
+    const auto &q = inputs[0], &v = inputs[1 + segments_];
     return {{q.shape(0), q.shape(1), 1, v.shape(3)}};
   }
 
  private:
   float scale_;
+  int segments_;
 };
 
 }  // namespace
@@ -271,27 +315,51 @@ void set_attention_threads(int threads) {
 
 int primitive_threads() { return configured_threads; }
 
-/* q (B, H, 1, D), k (B, n_kv, S, D), v (B, n_kv, S, Dv), float32; mask boolean,
- * broadcastable to (B, 1, 1, S) (True = attend). */
-mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
-                           float scale, std::optional<mx::array> mask) {
-  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || q.shape(2) != 1)
+/* q (B, H, 1, D); the keys (B, n_kv, S_i, D) and values (B, n_kv, S_i, Dv) of the
+ * segments, in slot order, float32; mask boolean, broadcastable to (B, 1, 1, sum S_i)
+ * (True = attend). */
+mx::array decode_attention_segments(const mx::array& q, const std::vector<mx::array>& ks,
+                                    const std::vector<mx::array>& vs, float scale,
+                                    std::optional<mx::array> mask) {
+  if (ks.empty() || ks.size() != vs.size())
+    throw std::invalid_argument("decode_attention: as many key as value segments, at least one");
+  if (q.ndim() != 4 || q.shape(2) != 1)
     throw std::invalid_argument("decode_attention: q (B, H, 1, D), k and v (B, n_kv, S, D)");
-  const int B = q.shape(0), H = q.shape(1), n_kv = k.shape(1), S = k.shape(2);
-  if (k.shape(0) != B || v.shape(0) != B || v.shape(1) != n_kv || v.shape(2) != S ||
-      k.shape(3) != q.shape(3) || n_kv == 0 || H % n_kv != 0)
+  const int B = q.shape(0), H = q.shape(1), n_kv = ks[0].shape(1);
+  int S = 0;
+  for (size_t i = 0; i < ks.size(); i++) {
+    const auto &k = ks[i], &v = vs[i];
+    if (k.ndim() != 4 || v.ndim() != 4 || k.shape(0) != B || v.shape(0) != B ||
+        k.shape(1) != n_kv || v.shape(1) != n_kv || v.shape(2) != k.shape(2) ||
+        k.shape(3) != q.shape(3) || v.shape(3) != vs[0].shape(3))
+      throw std::invalid_argument("decode_attention: q, k and v shapes disagree");
+    if (k.dtype() != mx::float32 || v.dtype() != mx::float32)
+      throw std::invalid_argument("decode_attention: float32 only");
+    S += k.shape(2);
+  }
+  if (n_kv == 0 || H % n_kv != 0)
     throw std::invalid_argument("decode_attention: q, k and v shapes disagree");
-  if (q.dtype() != mx::float32 || k.dtype() != mx::float32 || v.dtype() != mx::float32)
+  if (q.dtype() != mx::float32)
     throw std::invalid_argument("decode_attention: float32 only");
   auto stream = cpu_stream();
-  std::vector<mx::array> inputs = {q, k, v};
+  std::vector<mx::array> inputs = {q};
+  inputs.insert(inputs.end(), ks.begin(), ks.end());
+  inputs.insert(inputs.end(), vs.begin(), vs.end());
   if (mask) {
     if (mask->dtype() != mx::bool_)
       throw std::invalid_argument("decode_attention: the mask must be boolean");
     inputs.push_back(mx::broadcast_to(*mask, {B, 1, 1, S}, stream));
   }
-  return mx::array({B, H, 1, v.shape(3)}, mx::float32,
-                   std::make_shared<DecodeAttention>(stream, scale), std::move(inputs));
+  return mx::array({B, H, 1, vs[0].shape(3)}, mx::float32,
+                   std::make_shared<DecodeAttention>(stream, scale, static_cast<int>(ks.size())),
+                   std::move(inputs));
+}
+
+/* q (B, H, 1, D), k (B, n_kv, S, D), v (B, n_kv, S, Dv), float32; mask boolean,
+ * broadcastable to (B, 1, 1, S) (True = attend). */
+mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
+                           float scale, std::optional<mx::array> mask) {
+  return decode_attention_segments(q, {k}, {v}, scale, mask);
 }
 
 }  // namespace mlxlmb

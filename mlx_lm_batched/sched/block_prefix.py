@@ -106,7 +106,8 @@ class BlockPrefixCache:
 
     def hold(self, uid, cache):
         """Row ``uid`` was inserted with ``cache``: pin the blocks a fetched cache came
-        from (those still held: the row has its own copy) while the row runs."""
+        from while the row runs (it reads their arrays in place; a block the store let go
+        in between stays alive through the row, only uncounted)."""
         keys = list(getattr(cache, "keys", ()))
         held = next((i for i, k in enumerate(keys) if k not in self.store), len(keys))
         if held:
