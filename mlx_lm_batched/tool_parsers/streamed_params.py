@@ -1,0 +1,311 @@
+"""Tool calls whose arguments are not JSON text, streamed a parameter at a time.
+
+``qwen3_coder`` (``<parameter=a>``), ``glm47`` and ``longcat`` (key/value tags),
+``minimax_m2`` (``<parameter name="a">``), ``gemma4`` and ``function_gemma``
+(``call:f{a:...}``) and ``pythonic`` (``f(a=...)``) write each argument in their own
+syntax, so the JSON of the arguments is built as the call is read: ``{`` when the call
+opens (its first delta: id and name), ``"key": value`` as each parameter completes
+(each value read as the whole-call parser reads it), ``}`` at the call's end, or at the
+end of the block when the call was cut off. The fragments join to JSON that parses to
+the arguments of the whole call.
+"""
+
+import ast
+import json
+import re
+
+from .call_syntax_families import braced_to_json
+from .calls import json_value
+from .markup_families import (
+    GLM_PAIR,
+    LONGCAT_PAIR,
+    MINIMAX_PARAM,
+    QWEN_PARAM,
+    named_pairs_head,
+    qwen_value,
+)
+from .streamed_calls import CallStream, JsonCallStream
+
+
+class ParamCallStream(CallStream):
+    """Calls written parameter by parameter: subclasses say where a call opens
+    (:meth:`_find_open`), where it closes (:meth:`_find_close`) and which of its
+    parameters are complete (:meth:`_params`)."""
+
+    def __init__(self, index):
+        super().__init__(index)
+        self._buf = ""  # the block's text not consumed yet (the open call's inner text)
+        self._in_call = False
+        self._sent = 0  # parameters sent of the open call
+
+    def feed(self, text):
+        """The deltas ``text`` completes."""
+        self._buf += text
+        out = []
+        while True:
+            if not self._in_call:
+                found = self._find_open(self._buf)
+                if found is None:
+                    return out
+                name, end = found
+                out += [self._open(name), self._fragment("{")]
+                self._buf, self._in_call, self._sent = self._buf[end:], True, 0
+            close = self._find_close(self._buf)
+            inner = self._buf if close is None else self._buf[:close[0]]
+            out += self._send(self._params(inner, close is not None))
+            if close is None:
+                return out
+            out.append(self._fragment("}"))
+            self._buf, self._in_call = self._buf[close[1]:], False
+
+    def close(self):
+        """The parameters and ``}`` of a call the end of the block cut off."""
+        if not self._in_call:
+            return []
+        self._in_call = False
+        return self._send(self._params(self._buf, True)) + [self._fragment("}")]
+
+    def _send(self, params):
+        out = []
+        for key, value in params[self._sent:]:
+            sep = ", " if self._sent else ""
+            self._sent += 1
+            out.append(self._fragment(f"{sep}{json.dumps(key, ensure_ascii=False)}: "
+                                      f"{json.dumps(value, ensure_ascii=False)}"))
+        return out
+
+    def _find_open(self, text):
+        """``(name, where its arguments start)`` of the next call in ``text``, or None."""
+        raise NotImplementedError
+
+    def _find_close(self, inner):
+        """``(start, end)`` of the open call's end marker in ``inner``, or None."""
+        return None
+
+    def _params(self, inner, closed):
+        """The ``(key, value)`` pairs of ``inner`` that are complete (all when ``closed``)."""
+        raise NotImplementedError
+
+
+class _MarkedCallStream(ParamCallStream):
+    """Calls between an opening tag that names the function and a closing tag."""
+
+    OPEN: re.Pattern
+    CLOSE: str
+
+    def _find_open(self, text):
+        match = self.OPEN.search(text)
+        return None if match is None else (match.group(1).strip(), match.end())
+
+    def _find_close(self, inner):
+        at = inner.find(self.CLOSE)
+        return None if at < 0 else (at, at + len(self.CLOSE))
+
+
+class QwenCoderCallStream(_MarkedCallStream):
+    """``<function=f>\\n<parameter=a>\\nvalue\\n</parameter>\\n</function>``; a parameter
+    is complete at ``</parameter>`` or at the next ``<parameter=``."""
+
+    OPEN, CLOSE = re.compile(r"<function=([^>\n]+)>"), "</function>"
+
+    def _params(self, inner, closed):
+        out = []
+        for m in QWEN_PARAM.finditer(inner):
+            if closed or m.group(0).endswith("</parameter>") or inner.startswith(
+                    "<parameter=", m.end()):
+                out.append((m.group(1).strip(), qwen_value(m.group(2))))
+        return out
+
+
+class MinimaxCallStream(_MarkedCallStream):
+    """``<invoke name="f"><parameter name="a">value</parameter></invoke>``."""
+
+    OPEN, CLOSE = re.compile(r'<invoke name="([^"]+)">'), "</invoke>"
+
+    def _params(self, inner, closed):
+        return [(k, json_value(v.strip("\n"))) for k, v in MINIMAX_PARAM.findall(inner)]
+
+
+class PairCallStream(ParamCallStream):
+    """``f<arg_key>a</arg_key><arg_value>v</arg_value>...`` (``glm47``; ``longcat``
+    with its own tag names): one call per block, named by the text before the first key."""
+
+    def __init__(self, index, tag, pairs):
+        super().__init__(index)
+        self._tag, self._pairs = tag, pairs
+
+    def _find_open(self, text):
+        if self.opened:
+            return None
+        try:
+            name = named_pairs_head(text, self._tag)
+        except ValueError:
+            return None
+        at = text.find(f"<{self._tag}_key>")
+        return None if at < 0 else (name, at)
+
+    def _params(self, inner, closed):
+        return [(k.strip(), json_value(v)) for k, v in self._pairs.findall(inner)]
+
+
+def glm_stream(index):
+    """The ``glm47`` stream."""
+    return PairCallStream(index, "arg", GLM_PAIR)
+
+
+class LongcatCallStream(CallStream):
+    """A ``longcat`` body: JSON (``{"name": ...}``) or key/value tags, told apart by its
+    first character as the whole parser tells them."""
+
+    def __init__(self, index):
+        super().__init__(index)
+        self._head, self._inner = "", None
+
+    def feed(self, text):
+        """The deltas ``text`` completes."""
+        if self._inner is None:
+            self._head += text
+            if not self._head.strip():
+                return []
+            self._inner = (JsonCallStream(self.index) if self._head.lstrip().startswith("{")
+                           else PairCallStream(self.index, "longcat_arg", LONGCAT_PAIR))
+            text = self._head
+        out = self._inner.feed(text)
+        self.opened = self._inner.opened
+        return out
+
+    def close(self):
+        """What the chosen format's stream still needs."""
+        return [] if self._inner is None else self._inner.close()
+
+
+class _ScannedCallStream(CallStream):
+    """Calls whose parameters are separated by commas outside strings and brackets,
+    read a character at a time (the position, depth and string state are kept between
+    feeds). Subclasses say how a call opens and how a parameter's text reads."""
+
+    def __init__(self, index):
+        super().__init__(index)
+        self._buf = ""
+        self._in_call = False
+
+    def feed(self, text):
+        """The deltas ``text`` completes."""
+        self._buf += text
+        out = []
+        while True:
+            if not self._in_call:
+                match = self.OPEN.match(self._buf)
+                if match is None or (self.opened and not self.SEVERAL):
+                    return out
+                out += [self._open(match.group(1)), self._fragment("{")]
+                self._buf, self._in_call, self._sent = self._buf[match.end():], True, 0
+                self._pos = self._chunk = self._depth = 0
+                self._string = None  # the delimiter of the string being read
+            ended = self._scan(out)
+            if not ended:
+                return out
+
+    def close(self):
+        """The parameter being written and ``}``, for a call cut off."""
+        if not self._in_call:
+            return []
+        self._in_call = False
+        out = self._param(self._buf[self._chunk:]) if self._string is None else []
+        return out + [self._fragment("}")]
+
+    def _scan(self, out):
+        buf = self._buf
+        while self._pos < len(buf):
+            i = self._pos
+            delim = self._delimiter_at(buf, i)
+            if delim == "":
+                return False  # a delimiter still being written
+            if delim is not None:
+                self._string = None if self._string == delim else (self._string or delim)
+                self._pos += len(delim)
+                continue
+            ch = buf[i]
+            self._pos += 1
+            if self._string is not None:
+                if ch == "\\" and self.ESCAPES:
+                    self._pos += 1
+                continue
+            if ch in "([{":
+                self._depth += 1
+            elif ch in ")]}" and self._depth:
+                self._depth -= 1
+            elif ch == self.END:
+                out += self._param(buf[self._chunk:i]) + [self._fragment("}")]
+                self._buf, self._in_call = buf[i + 1:], False
+                return True
+            elif ch == "," and not self._depth:
+                out += self._param(buf[self._chunk:i])
+                self._chunk = i + 1
+        return False
+
+    def _delimiter_at(self, buf, i):
+        """The string delimiter at ``buf[i]`` (None: none; "": maybe, not all written)."""
+        for q in self.QUOTES:
+            if self._string not in (None, q):
+                continue
+            if buf.startswith(q, i):
+                return q
+            if len(buf) - i < len(q) and q.startswith(buf[i:]):
+                return ""
+        return None
+
+    def _param(self, text):
+        if not text.strip():
+            return []
+        try:
+            pairs = self._read(text)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            key, _, value = text.partition(self.ASSIGN)
+            pairs = [(key.strip(), value.strip())]  # not a value: its text, as a string
+        out = []
+        for key, value in pairs:
+            sep = ", " if self._sent else ""
+            self._sent += 1
+            out.append(self._fragment(f"{sep}{json.dumps(key, ensure_ascii=False)}: "
+                                      f"{json.dumps(value, ensure_ascii=False)}"))
+        return out
+
+
+class BracedCallStream(_ScannedCallStream):
+    """``call:f{city:<q>Paris<q>,days:3}`` (``gemma4``, ``function_gemma``): strings
+    between ``quote`` delimiters hold anything, backslashes included."""
+
+    OPEN = re.compile(r"\s*call:([\w.-]+)\s*\{")
+    SEVERAL, ESCAPES, END, ASSIGN = False, False, "}", ":"
+
+    def __init__(self, index, quote):
+        super().__init__(index)
+        self.QUOTES = (quote,)
+
+    def _read(self, text):
+        return list(braced_to_json("{" + text + "}", self.QUOTES[0]).items())
+
+
+def gemma4_stream(index):
+    """The ``gemma4`` stream."""
+    return BracedCallStream(index, '<|"|>')
+
+
+def function_gemma_stream(index):
+    """The ``function_gemma`` stream."""
+    return BracedCallStream(index, "<escape>")
+
+
+class PythonicCallStream(_ScannedCallStream):
+    """``[f(a=1, b="x"), g()]``: keyword arguments that are Python literals."""
+
+    OPEN = re.compile(r"[\s\[,]*([A-Za-z_][\w.]*)\s*\(")
+    SEVERAL, ESCAPES, END, ASSIGN = True, True, ")", "="
+    QUOTES = ('"', "'")
+
+    def _read(self, text):
+        key, eq, value = text.partition("=")
+        if not eq or not key.strip().isidentifier():
+            raise ValueError("not a keyword argument")
+        return [(key.strip(), ast.literal_eval(value.strip()))]
