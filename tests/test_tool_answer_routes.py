@@ -9,7 +9,6 @@ characters per generated piece as the engine would send them.
 
 import asyncio
 import json
-from types import SimpleNamespace
 
 import pytest
 
@@ -68,8 +67,8 @@ def test_responses_and_messages_stream_each_familys_calls(name):
              and e["item"]["type"] == "function_call"]
     assert [(c["name"], json.loads(c["arguments"])) for c in calls] == CALLS, name
     for call in calls:
-        deltas = [e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"
-                  and e["item_id"] == call["id"]]
+        deltas = [e["delta"] for e in events if e.get("item_id") == call["id"]
+                  and e["type"] == "response.function_call_arguments.delta"]
         assert len(deltas) > 1 and "".join(deltas) == call["arguments"], (name, deltas)
     whole = [i for i in openai_responses._output(text, family) if i["type"] == "function_call"]
     assert [(c["name"], json.loads(c["arguments"])) for c in whole] == CALLS

@@ -105,7 +105,8 @@ CASES = [
                 "<|tool_calls_section_end|>"),
     # cut off by the end of the output inside a parameter: the whole parse keeps the
     # partial value, and the stream closes the arguments with it
-    ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=a>\nx\n</parameter>\n<parameter=b>\npart"),
+    ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=a>\nx\n</parameter>\n"
+                    "<parameter=b>\npart"),
 ]
 
 

@@ -27,16 +27,38 @@ from .markup_families import (
 from .streamed_calls import CallStream, JsonCallStream
 
 
-class ParamCallStream(CallStream):
-    """Calls written parameter by parameter: subclasses say where a call opens
-    (:meth:`_find_open`), where it closes (:meth:`_find_close`) and which of its
-    parameters are complete (:meth:`_params`)."""
+class _ArgumentsStream(CallStream):
+    """What the per-parameter streams share: a call opens with ``{``, each parameter is
+    ``"key": value`` after a comma, the call closes with ``}``."""
 
     def __init__(self, index):
         super().__init__(index)
         self._buf = ""  # the block's text not consumed yet (the open call's inner text)
         self._in_call = False
         self._sent = 0  # parameters sent of the open call
+
+    def _open_call(self, name):
+        self._in_call, self._sent = True, 0
+        return [self._open(name), self._fragment("{")]
+
+    def _close_call(self):
+        self._in_call = False
+        return [self._fragment("}")]
+
+    def _send(self, pairs):
+        out = []
+        for key, value in pairs:
+            sep = ", " if self._sent else ""
+            self._sent += 1
+            out.append(self._fragment(f"{sep}{json.dumps(key, ensure_ascii=False)}: "
+                                      f"{json.dumps(value, ensure_ascii=False)}"))
+        return out
+
+
+class ParamCallStream(_ArgumentsStream):
+    """Calls written parameter by parameter in tags: subclasses say where a call opens
+    (:meth:`_find_open`), where it closes (:meth:`_find_close`), which of its parameters
+    are complete (:meth:`_params`) and how a value reads (:meth:`_value`)."""
 
     def feed(self, text):
         """The deltas ``text`` completes."""
@@ -48,31 +70,25 @@ class ParamCallStream(CallStream):
                 if found is None:
                     return out
                 name, end = found
-                out += [self._open(name), self._fragment("{")]
-                self._buf, self._in_call, self._sent = self._buf[end:], True, 0
+                out += self._open_call(name)
+                self._buf = self._buf[end:]
             close = self._find_close(self._buf)
             inner = self._buf if close is None else self._buf[:close[0]]
-            out += self._send(self._params(inner, close is not None))
+            out += self._send_new(self._params(inner, close is not None))
             if close is None:
                 return out
-            out.append(self._fragment("}"))
-            self._buf, self._in_call = self._buf[close[1]:], False
+            out += self._close_call()
+            self._buf = self._buf[close[1]:]
 
     def close(self):
         """The parameters and ``}`` of a call the end of the block cut off."""
         if not self._in_call:
             return []
-        self._in_call = False
-        return self._send(self._params(self._buf, True)) + [self._fragment("}")]
+        return self._send_new(self._params(self._buf, True)) + self._close_call()
 
-    def _send(self, params):
-        out = []
-        for key, value in params[self._sent:]:
-            sep = ", " if self._sent else ""
-            self._sent += 1
-            out.append(self._fragment(f"{sep}{json.dumps(key, ensure_ascii=False)}: "
-                                      f"{json.dumps(value, ensure_ascii=False)}"))
-        return out
+    def _send_new(self, params):
+        """Send the ``(key, raw value)`` pairs not sent yet (values read only then)."""
+        return self._send([(k, self._value(v)) for k, v in params[self._sent:]])
 
     def _find_open(self, text):
         """``(name, where its arguments start)`` of the next call in ``text``, or None."""
@@ -83,8 +99,12 @@ class ParamCallStream(CallStream):
         return None
 
     def _params(self, inner, closed):
-        """The ``(key, value)`` pairs of ``inner`` that are complete (all when ``closed``)."""
+        """The ``(key, raw value)`` pairs of ``inner`` that are complete (all when ``closed``)."""
         raise NotImplementedError
+
+    def _value(self, raw):
+        """A parameter's value as the whole-call parser reads it."""
+        return json_value(raw)
 
 
 class _MarkedCallStream(ParamCallStream):
@@ -109,12 +129,12 @@ class QwenCoderCallStream(_MarkedCallStream):
     OPEN, CLOSE = re.compile(r"<function=([^>\n]+)>"), "</function>"
 
     def _params(self, inner, closed):
-        out = []
-        for m in QWEN_PARAM.finditer(inner):
-            if closed or m.group(0).endswith("</parameter>") or inner.startswith(
-                    "<parameter=", m.end()):
-                out.append((m.group(1).strip(), qwen_value(m.group(2))))
-        return out
+        return [(m.group(1).strip(), m.group(2)) for m in QWEN_PARAM.finditer(inner)
+                if closed or m.group(0).endswith("</parameter>")
+                or inner.startswith("<parameter=", m.end())]
+
+    def _value(self, raw):
+        return qwen_value(raw)
 
 
 class MinimaxCallStream(_MarkedCallStream):
@@ -123,7 +143,10 @@ class MinimaxCallStream(_MarkedCallStream):
     OPEN, CLOSE = re.compile(r'<invoke name="([^"]+)">'), "</invoke>"
 
     def _params(self, inner, closed):
-        return [(k, json_value(v.strip("\n"))) for k, v in MINIMAX_PARAM.findall(inner)]
+        return MINIMAX_PARAM.findall(inner)
+
+    def _value(self, raw):
+        return json_value(raw.strip("\n"))
 
 
 class PairCallStream(ParamCallStream):
@@ -145,7 +168,7 @@ class PairCallStream(ParamCallStream):
         return None if at < 0 else (name, at)
 
     def _params(self, inner, closed):
-        return [(k.strip(), json_value(v)) for k, v in self._pairs.findall(inner)]
+        return [(k.strip(), v) for k, v in self._pairs.findall(inner)]
 
 
 def glm_stream(index):
@@ -179,15 +202,18 @@ class LongcatCallStream(CallStream):
         return [] if self._inner is None else self._inner.close()
 
 
-class _ScannedCallStream(CallStream):
+class _ScannedCallStream(_ArgumentsStream):
     """Calls whose parameters are separated by commas outside strings and brackets,
     read a character at a time (the position, depth and string state are kept between
-    feeds). Subclasses say how a call opens and how a parameter's text reads."""
+    feeds). Subclasses give ``OPEN`` (the call's head up to its arguments), ``END`` (the
+    character closing them), ``QUOTES`` (string delimiters), ``ESCAPES`` (backslashes
+    escape in strings), ``SEVERAL`` (more than one call per block), ``ASSIGN`` (between
+    a key and its value) and :meth:`_read` (a parameter's text -> its pairs)."""
 
     def __init__(self, index):
         super().__init__(index)
-        self._buf = ""
-        self._in_call = False
+        self._pos = self._chunk = self._depth = 0  # scan position, parameter start, nesting
+        self._string = None  # the delimiter of the string being read
 
     def feed(self, text):
         """The deltas ``text`` completes."""
@@ -198,23 +224,24 @@ class _ScannedCallStream(CallStream):
                 match = self.OPEN.match(self._buf)
                 if match is None or (self.opened and not self.SEVERAL):
                     return out
-                out += [self._open(match.group(1)), self._fragment("{")]
-                self._buf, self._in_call, self._sent = self._buf[match.end():], True, 0
+                out += self._open_call(match.group(1))
+                self._buf = self._buf[match.end():]
                 self._pos = self._chunk = self._depth = 0
-                self._string = None  # the delimiter of the string being read
-            ended = self._scan(out)
-            if not ended:
+                self._string = None
+            if not self._scan(out):
                 return out
 
     def close(self):
-        """The parameter being written and ``}``, for a call cut off."""
+        """The parameter being written (unless inside a string) and ``}``, for a call
+        cut off."""
         if not self._in_call:
             return []
-        self._in_call = False
         out = self._param(self._buf[self._chunk:]) if self._string is None else []
-        return out + [self._fragment("}")]
+        return out + self._close_call()
 
     def _scan(self, out):
+        """Read on from ``_pos``, adding the deltas of what completes to ``out``; True
+        when the call's closing character was read."""
         buf = self._buf
         while self._pos < len(buf):
             i = self._pos
@@ -222,22 +249,22 @@ class _ScannedCallStream(CallStream):
             if delim == "":
                 return False  # a delimiter still being written
             if delim is not None:
-                self._string = None if self._string == delim else (self._string or delim)
+                self._string = None if self._string == delim else delim
                 self._pos += len(delim)
                 continue
             ch = buf[i]
             self._pos += 1
             if self._string is not None:
                 if ch == "\\" and self.ESCAPES:
-                    self._pos += 1
+                    self._pos += 1  # the escaped character (maybe not generated yet)
                 continue
             if ch in "([{":
                 self._depth += 1
             elif ch in ")]}" and self._depth:
                 self._depth -= 1
             elif ch == self.END:
-                out += self._param(buf[self._chunk:i]) + [self._fragment("}")]
-                self._buf, self._in_call = buf[i + 1:], False
+                out += self._param(buf[self._chunk:i]) + self._close_call()
+                self._buf = buf[i + 1:]
                 return True
             elif ch == "," and not self._depth:
                 out += self._param(buf[self._chunk:i])
@@ -263,13 +290,7 @@ class _ScannedCallStream(CallStream):
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             key, _, value = text.partition(self.ASSIGN)
             pairs = [(key.strip(), value.strip())]  # not a value: its text, as a string
-        out = []
-        for key, value in pairs:
-            sep = ", " if self._sent else ""
-            self._sent += 1
-            out.append(self._fragment(f"{sep}{json.dumps(key, ensure_ascii=False)}: "
-                                      f"{json.dumps(value, ensure_ascii=False)}"))
-        return out
+        return self._send(pairs)
 
 
 class BracedCallStream(_ScannedCallStream):
@@ -281,7 +302,7 @@ class BracedCallStream(_ScannedCallStream):
 
     def __init__(self, index, quote):
         super().__init__(index)
-        self.QUOTES = (quote,)
+        self.QUOTES = (quote,)  # this family's delimiter, where the others are class-wide
 
     def _read(self, text):
         return list(braced_to_json("{" + text + "}", self.QUOTES[0]).items())
