@@ -58,12 +58,23 @@ class _ArgumentsStream(CallStream):
 class ParamCallStream(_ArgumentsStream):
     """Calls written parameter by parameter in tags: subclasses say where a call opens
     (:meth:`_find_open`), where it closes (:meth:`_find_close`), which of its parameters
-    are complete (:meth:`_params`) and how a value reads (:meth:`_value`)."""
+    are complete (:meth:`_params`), how a value reads (:meth:`_value`) and which strings
+    can complete a parameter or the call (``ENDS``: until one is generated, a feed only
+    appends, so a long value costs no rescans)."""
+
+    ENDS: tuple
+
+    def __init__(self, index):
+        super().__init__(index)
+        self._from = 0  # where the parameters not sent yet start in the open call's text
+        self._checked = 0  # how much of the open call's text was looked at for ENDS
 
     def feed(self, text):
         """The deltas ``text`` completes."""
         self._buf += text
         out = []
+        if self._in_call and not self._may_end():
+            return out
         while True:
             if not self._in_call:
                 found = self._find_open(self._buf)
@@ -71,11 +82,12 @@ class ParamCallStream(_ArgumentsStream):
                     return out
                 name, end = found
                 out += self._open_call(name)
-                self._buf = self._buf[end:]
+                self._buf, self._from = self._buf[end:], 0
             close = self._find_close(self._buf)
             inner = self._buf if close is None else self._buf[:close[0]]
-            out += self._send_new(self._params(inner, close is not None))
+            out += self._send_new(inner, close is not None)
             if close is None:
+                self._checked = len(self._buf)
                 return out
             out += self._close_call()
             self._buf = self._buf[close[1]:]
@@ -84,11 +96,19 @@ class ParamCallStream(_ArgumentsStream):
         """The parameters and ``}`` of a call the end of the block cut off."""
         if not self._in_call:
             return []
-        return self._send_new(self._params(self._buf, True)) + self._close_call()
+        return self._send_new(self._buf, True) + self._close_call()
 
-    def _send_new(self, params):
-        """Send the ``(key, raw value)`` pairs not sent yet (values read only then)."""
-        return self._send([(k, self._value(v)) for k, v in params[self._sent:]])
+    def _may_end(self):
+        start = max(self._checked - max(map(len, self.ENDS)) + 1, 0)
+        self._checked = len(self._buf)
+        return any(self._buf.find(end, start) >= 0 for end in self.ENDS)
+
+    def _send_new(self, inner, closed):
+        """Send the complete parameters after ``_from`` (values read only then)."""
+        params = self._params(inner[self._from:], closed)
+        if params:
+            self._from += params[-1][2]
+        return self._send([(key, self._value(raw)) for key, raw, _ in params])
 
     def _find_open(self, text):
         """``(name, where its arguments start)`` of the next call in ``text``, or None."""
@@ -98,8 +118,9 @@ class ParamCallStream(_ArgumentsStream):
         """``(start, end)`` of the open call's end marker in ``inner``, or None."""
         return None
 
-    def _params(self, inner, closed):
-        """The ``(key, raw value)`` pairs of ``inner`` that are complete (all when ``closed``)."""
+    def _params(self, text, closed):
+        """``(key, raw value, end offset)`` of the complete parameters that start
+        ``text`` (all of them when ``closed``)."""
         raise NotImplementedError
 
     def _value(self, raw):
@@ -127,11 +148,16 @@ class QwenCoderCallStream(_MarkedCallStream):
     is complete at ``</parameter>`` or at the next ``<parameter=``."""
 
     OPEN, CLOSE = re.compile(r"<function=([^>\n]+)>"), "</function>"
+    ENDS = ("</parameter>", "<parameter=", "</function>")
 
-    def _params(self, inner, closed):
-        return [(m.group(1).strip(), m.group(2)) for m in QWEN_PARAM.finditer(inner)
-                if closed or m.group(0).endswith("</parameter>")
-                or inner.startswith("<parameter=", m.end())]
+    def _params(self, text, closed):
+        out = []
+        for m in QWEN_PARAM.finditer(text):
+            if not (closed or m.group(0).endswith("</parameter>")
+                    or text.startswith("<parameter=", m.end())):
+                break  # still being written (ended only by the end of the text so far)
+            out.append((m.group(1).strip(), m.group(2), m.end()))
+        return out
 
     def _value(self, raw):
         return qwen_value(raw)
@@ -141,9 +167,10 @@ class MinimaxCallStream(_MarkedCallStream):
     """``<invoke name="f"><parameter name="a">value</parameter></invoke>``."""
 
     OPEN, CLOSE = re.compile(r'<invoke name="([^"]+)">'), "</invoke>"
+    ENDS = ("</parameter>", "</invoke>")
 
-    def _params(self, inner, closed):
-        return MINIMAX_PARAM.findall(inner)
+    def _params(self, text, closed):
+        return [(m.group(1), m.group(2), m.end()) for m in MINIMAX_PARAM.finditer(text)]
 
     def _value(self, raw):
         return json_value(raw.strip("\n"))
@@ -156,6 +183,7 @@ class PairCallStream(ParamCallStream):
     def __init__(self, index, tag, pairs):
         super().__init__(index)
         self._tag, self._pairs = tag, pairs
+        self.ENDS = (f"</{tag}_value>",)
 
     def _find_open(self, text):
         if self.opened:
@@ -167,8 +195,8 @@ class PairCallStream(ParamCallStream):
         at = text.find(f"<{self._tag}_key>")
         return None if at < 0 else (name, at)
 
-    def _params(self, inner, closed):
-        return [(k.strip(), v) for k, v in self._pairs.findall(inner)]
+    def _params(self, text, closed):
+        return [(m.group(1).strip(), m.group(2), m.end()) for m in self._pairs.finditer(text)]
 
 
 def glm_stream(index):
