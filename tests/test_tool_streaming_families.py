@@ -126,11 +126,14 @@ def test_streamed_calls_equal_the_whole_parse(name, text):
         assert sorted(calls) == list(range(len(want))) and parser.count == len(want)
 
 
-def test_a_call_cut_off_mid_parameter_streams_valid_json():
-    # gemma4: the whole parse needs the closing brace; the stream has sent the parameters
-    # that were complete and closes the object at the end of the output.
-    text = '<|tool_call>call:f{a:1,b:<|"|>unfinished'
-    _, _, calls = streamed(ChatOutputParser(get_family("gemma4"), stream_calls=True), list(text))
+@pytest.mark.parametrize("name,text", [("gemma4", '<|tool_call>call:f{a:1,b:<|"|>unfinished'),
+                                       ("gemma4", "<|tool_call>call:f{a:1,b:12"),
+                                       ("pythonic", "<|tool_call_start|>[f(a=1, b=[1, 2"),
+                                       ("pythonic", "<|tool_call_start|>[f(a=1, b=12")])
+def test_a_call_cut_off_mid_parameter_streams_valid_json(name, text):
+    # The whole parse needs the closing brace or parenthesis; the stream has sent the
+    # parameters that were complete and closes the object at the end of the output.
+    _, _, calls = streamed(ChatOutputParser(get_family(name), stream_calls=True), list(text))
     assert joined(calls[0]) == ("f", {"a": 1})
 
 

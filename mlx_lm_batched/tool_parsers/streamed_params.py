@@ -260,12 +260,9 @@ class _ScannedCallStream(_ArgumentsStream):
                 return out
 
     def close(self):
-        """The parameter being written (unless inside a string) and ``}``, for a call
-        cut off."""
-        if not self._in_call:
-            return []
-        out = self._param(self._buf[self._chunk:]) if self._string is None else []
-        return out + self._close_call()
+        """``}`` for a call cut off (the parameter being written is left out: the whole
+        parse reads no call without its closing character)."""
+        return self._close_call() if self._in_call else []
 
     def _scan(self, out):
         """Read on from ``_pos``, adding the deltas of what completes to ``out``; True
