@@ -132,6 +132,7 @@ class Engine:
         self._commands.put(("stop", None))
         if self._thread is not None:
             self._thread.join(timeout)
+        self.prefix.close()  # the disk tier's queued blocks reach the disk
 
     @property
     def alive(self):
