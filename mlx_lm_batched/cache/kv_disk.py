@@ -6,12 +6,14 @@ parent key, token ids, adapter slot, model fingerprint and a checksum of the arr
 bytes.
 
 Write-behind: the block store hands every new full block to :meth:`DiskTier.write` when
-it is made, not when memory evicts it. ``write`` only copies the evaluated arrays' bytes
-(a memcpy, no MLX work) into a queue bounded by ``queue_bytes`` (256 MiB by default) and
-returns; a background writer thread checksums them and writes the file, so a long
-prompt's blocks do not stall the batch's decoding on the engine thread. The writer never
-calls MLX (graph evaluation is not safe from two threads): it writes the safetensors
-format from the raw bytes itself (any dtype, bfloat16 included). When the queue is full,
+it is made, not when memory evicts it. ``write`` only takes views of the evaluated
+arrays' bytes (no copy, no MLX work) into a queue bounded by ``queue_bytes`` (256 MiB by
+default) and returns; a background writer thread checksums them and writes the file, so
+a long prompt's blocks do not stall the batch's decoding on the engine thread. The
+writer never calls MLX (graph evaluation is not safe from two threads): it writes the
+safetensors format from the raw bytes itself (any dtype, bfloat16 included), and the
+blocks it is done with are dropped on the caller's thread (dropping one may free an MLX
+array: a block memory evicted while it was queued). When the queue is full,
 ``write`` waits for room (back-pressure; nothing is dropped). A server killed with
 ``kill -9`` (or crashing) loses at most the queued blocks (at most ``queue_bytes``), and a
 second server process on the same directory finds a block once it is written.
@@ -64,15 +66,19 @@ def bytes_checksum(entries):
 
 
 def _raw(x):
-    """The row-major bytes of an evaluated MLX array, as a buffer (no copy if contiguous)."""
+    """The row-major bytes of an evaluated MLX array as a flat byte buffer: a view of the
+    array's own memory when it is contiguous (no copy), else a copy."""
     view = memoryview(x)
-    return view if view.c_contiguous else np.asarray(x.reshape(-1).view(mx.uint8))
+    if view.c_contiguous:
+        return view.cast("B")
+    return memoryview(np.asarray(x.reshape(-1).view(mx.uint8)))
 
 
 def _entry(name, x):
-    """``(name, dtype text, shape, raw bytes, safetensors dtype)`` of ``x``, with its own
-    copy of the bytes (the writer thread must not hold an MLX array)."""
-    return name, str(x.dtype), tuple(x.shape), bytes(_raw(x)), SAFETENSORS_DTYPES[x.dtype]
+    """``(name, dtype text, shape, raw bytes, safetensors dtype)`` of ``x``. The bytes are
+    a view that keeps ``x`` alive: whoever drops the entry may free an MLX array, so only
+    the caller's thread does (see ``DiskTier._release_written``)."""
+    return name, str(x.dtype), tuple(x.shape), _raw(x), SAFETENSORS_DTYPES[x.dtype]
 
 
 def arrays_checksum(arrays):
@@ -86,15 +92,22 @@ def save_safetensors(path, entries, metadata):
     header, offset = {"__metadata__": metadata}, 0
     for name, _, shape, data, code in entries:
         header[name] = {"dtype": code, "shape": list(shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
+                        "data_offsets": [offset, offset + data.nbytes]}
+        offset += data.nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for entry in entries:
-            f.write(entry[3])
+    buffers = [memoryview(struct.pack("<Q", len(text))), memoryview(text)]
+    buffers += [entry[3] for entry in entries]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        while buffers:  # one system call (the lock released once), more if it is short
+            done = os.writev(fd, buffers[:1024])
+            while buffers and done >= buffers[0].nbytes:
+                done -= buffers.pop(0).nbytes
+            if done:
+                buffers[0] = buffers[0][done:]
+    finally:
+        os.close(fd)
 
 
 class _Pending:
@@ -104,7 +117,7 @@ class _Pending:
 
     def __init__(self, key, final, metadata, entries):
         self.key, self.final, self.metadata, self.entries = key, final, metadata, entries
-        self.nbytes = sum(len(e[3]) for e in entries)
+        self.nbytes = sum(e[3].nbytes for e in entries)
 
 
 class DiskTier:
@@ -124,6 +137,7 @@ class DiskTier:
         self._queue = deque()  # _Pending blocks, oldest first
         self._queued = {}  # key -> _Pending, queued or being written
         self._queued_bytes = 0  # their bytes (the one being written included)
+        self._written = []  # _Pending blocks done with, for the caller's thread to drop
         self._cond = threading.Condition()
         self._writer = None  # the writer thread while it has work
 
@@ -152,6 +166,7 @@ class DiskTier:
         """Queue ``block`` (a ``kv_blocks.Block`` of evaluated arrays) for the writer and
         return; waits while the queue holds ``queue_bytes`` (a block larger than that
         is queued alone). The writer skips a block whose file exists."""
+        self._release_written()
         if block.key in self._queued:
             return
         entries = []
@@ -182,6 +197,7 @@ class DiskTier:
         with self._cond:
             while self._queued_bytes:
                 self._cond.wait()
+        self._release_written()
 
     def close(self):
         """Flush and let the writer thread end (a later ``write`` starts another)."""
@@ -189,6 +205,13 @@ class DiskTier:
         writer = self._writer
         if writer is not None and writer is not threading.current_thread():
             writer.join()
+
+    def _release_written(self):
+        """Drop the blocks the writer is done with, here: their entries are the last
+        references to MLX arrays (an evicted block's), and only this thread frees them."""
+        with self._cond:
+            written, self._written = self._written, []
+        del written
 
     # -- writing (writer thread) --------------------------------------------------
     def _drain(self):
@@ -208,6 +231,7 @@ class DiskTier:
             with self._cond:
                 del self._queued[item.key]
                 self._queued_bytes -= item.nbytes
+                self._written.append(item)  # not dropped here: see _release_written
                 self._cond.notify_all()
 
     def _write_file(self, item):
@@ -293,6 +317,7 @@ class DiskTier:
     def stats(self):
         """``disk_blocks``, ``disk_bytes``, ``disk_bytes_bound``, ``disk_skipped``,
         ``disk_write_queue_bytes`` (blocks not yet on disk)."""
+        self._release_written()
         return {"disk_blocks": self.files, "disk_bytes": self.nbytes,
                 "disk_bytes_bound": self.max_bytes, "disk_skipped": self.skipped,
                 "disk_write_queue_bytes": self._queued_bytes}
