@@ -96,18 +96,11 @@ def save_safetensors(path, entries, metadata):
         offset += data.nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
-    buffers = [memoryview(struct.pack("<Q", len(text))), memoryview(text)]
-    buffers += [entry[3] for entry in entries]
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        while buffers:  # one system call (the lock released once), more if it is short
-            done = os.writev(fd, buffers[:1024])
-            while buffers and done >= buffers[0].nbytes:
-                done -= buffers.pop(0).nbytes
-            if done:
-                buffers[0] = buffers[0][done:]
-    finally:
-        os.close(fd)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for entry in entries:
+            f.write(entry[3])
 
 
 class _Pending:
