@@ -132,6 +132,8 @@ class Engine:
         self._commands.put(("stop", None))
         if self._thread is not None:
             self._thread.join(timeout)
+        if not self.alive:  # (a thread still in a step may yet use the prefix cache)
+            self.prefix.close()  # the disk tier's queued blocks reach the disk
 
     @property
     def alive(self):
