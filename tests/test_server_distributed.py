@@ -195,3 +195,56 @@ def test_follower_prefix_cache_keeps_what_rank_0_keeps():
         hits = [len(tokens) + 1 - len(s.fetch_nearest_cache(model, tokens + [99])[1])
                 for s in (rank0, follower.store)]
         assert hits[0] == hits[1], (name, hits)
+
+
+class _Ops:
+    """A recorder without a group: keeps rank 0's ops as the followers would receive
+    them (through JSON); prefix-cache hits are not part of this test."""
+
+    def __init__(self):
+        self.ops = []
+
+    def add(self, *op):
+        self.ops.append(json.loads(json.dumps(list(op))))
+
+    def cache_ref(self, cache):
+        assert cache is None
+        return None
+
+    def send(self, step, shutdown=False):
+        pass
+
+
+def test_follower_replays_the_rows_rank_0_inserted(float_models):
+    """Rank 0's requests (a stop sequence of its own, max_tokens, several segments) reach a
+    follower as ops; both generators then step the same rows to the same finish."""
+    from conftest import corpus_prompts
+    from mlx_lm_batched.sched.generator import BatchGenerator
+    from mlx_lm_batched.sched.request import Request
+    from mlx_lm_batched.server.replay import Follower, ReplayGenerator
+
+    model, tok = float_models["smollm2"]
+    group = mx.distributed.init()  # one rank: its token hook keeps its own (greedy) tokens
+    a, b = corpus_prompts(tok, [9, 6])
+    eos = [[t] for t in tok.eos_token_ids]
+    plain = BatchGenerator(model, max_tokens=8, stop_tokens=eos)
+    (uid,) = plain.insert([a])
+    alone = [r.token for _ in range(8) for r in plain.next()[1]]
+    stop_at = next(i for i in range(2, len(alone)) if alone[i] not in alone[:i])
+    recorder = _Ops()
+    rank0 = ReplayGenerator(model, group, recorder, max_tokens=8, stop_tokens=eos)
+    follower = Follower(model, group)
+    uids = rank0.insert_requests([
+        Request.of(a, stop_sequences=[[alone[stop_at]]]),
+        Request((b[:3], b[3:]), max_tokens=4)])
+    for op in recorder.ops:
+        getattr(follower, "_op_" + op[0])(*op[1:])
+    assert uids == [0, 1]
+    got = {"rank 0": [], "follower": []}
+    for _ in range(12):
+        for name, gen in (("rank 0", rank0), ("follower", follower.gen)):
+            got[name] += [(r.uid, r.token, r.finish_reason) for r in gen.next()[1]]
+    assert got["rank 0"] == got["follower"]
+    rows = {u: [(t, f) for v, t, f in got["rank 0"] if v == u] for u in uids}
+    assert rows[0] == [(t, None) for t in alone[:stop_at]] + [(alone[stop_at], "stop")]
+    assert len(rows[1]) == 4 and rows[1][-1][1] == "length"
