@@ -1,9 +1,9 @@
 """The server sharded over 2 ring ranks (``mlx.launch -n 2 --backend ring``) on real
 SmolLM2 (float32; 9 heads and 3 KV heads, split unevenly), queried with the ``openai``
-client: concurrent greedy requests (streamed or not, with a stop string, with a prefix
-cache hit) and a seeded sampled one give the text of the same prompt generated alone in
-this process; SIGTERM on rank 0 drains and stops both ranks cleanly; a killed follower
-ends rank 0 with a clear error."""
+client: concurrent greedy requests (streamed or not, with a stop string, with stop token
+ids, with a prefix cache hit) and a seeded sampled one give the text of the same prompt
+generated alone in this process; SIGTERM on rank 0 drains and stops both ranks cleanly; a
+killed follower ends rank 0 with a clear error."""
 
 import concurrent.futures as futures
 import json
@@ -17,7 +17,7 @@ import mlx.core as mx
 import openai
 import pytest
 
-from mlx_lm_batched import generate, load
+from mlx_lm_batched import generate, load, stream_generate
 from mlx_lm_batched.server.sampling import SeededSampler
 from server_harness import ServerProcess
 from distributed_harness import free_ports, launcher
@@ -61,6 +61,10 @@ def test_concurrent_requests_equal_one_process(server, oracle):
     model_id = client.models.list().data[0].id
     story = solo(oracle, STORY, 10)
     stop = story.split()[2]  # a stop string inside the greedy text: the row leaves early
+    story_ids = [r.token for r in stream_generate(*oracle, STORY, max_tokens=10)]
+    # A stop token inside the greedy tokens (its text is not output).
+    cut = next(i for i in range(2, len(story_ids)) if story_ids[i] not in story_ids[:i])
+    stop_id, story_to_stop_id = story_ids[cut], oracle[1].decode(story_ids[:cut])
 
     def complete(prompt, n, stream=False, **kw):
         out = client.completions.create(model=model_id, prompt=prompt, max_tokens=n,
@@ -78,6 +82,9 @@ def test_concurrent_requests_equal_one_process(server, oracle):
         "story": (lambda: complete(STORY, 10), story),
         "story, streamed, stop string": (lambda: complete(STORY, 10, True, stop=[stop]),
                                          story[: story.index(stop)]),
+        # A row with stop sequences of its own: the followers' copy must stop with it.
+        "story, stop token ids": (lambda: complete(STORY, 10, extra_body={
+            "ignore_eos": True, "stop_token_ids": [stop_id]}), story_to_stop_id),
         "france, streamed": (lambda: complete("The capital of France is", 4, True),
                              solo(oracle, "The capital of France is", 4)),
         "question chat": (lambda: chat(QUESTION, 8), solo(oracle, QUESTION, 8)),
