@@ -1,9 +1,10 @@
-"""The KV blocks' disk tier (``cache/kv_disk.py``): blocks written through as safetensors
+"""The KV blocks' disk tier (``cache/kv_disk.py``): blocks written behind as safetensors
 files are found by a fresh store, a restarted server (after ``kill -9``) and a second
 server process; corrupt, truncated and foreign files are skipped with a warning."""
 
 import logging
 import os
+import time
 
 import mlx.core as mx
 import pytest
@@ -30,6 +31,7 @@ def stored(tmp_path, smol, row, max_bytes=1 << 30):  # noqa: F811
     fp = model_fingerprint(model)
     store = BlockStore(fp, B, disk=DiskTier(tmp_path, max_bytes))
     store.insert(*row)
+    store.disk.flush()  # written behind: on disk once flushed
     return fp, store
 
 
@@ -97,6 +99,17 @@ def complete(server, prompt):
     return out.choices[0].text, out.usage.prompt_tokens_details.cached_tokens
 
 
+def blocks_on_disk(server, at_least, timeout=30):
+    """The server's ``kv_blocks_on_disk`` gauge once it reaches ``at_least`` (blocks are
+    written behind, and the gauge is refreshed by the engine loop), or after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        n = server.metrics()["mlx_lm_batched_kv_blocks_on_disk"]
+        if n >= at_least or time.monotonic() > deadline:
+            return n
+        time.sleep(0.1)
+
+
 def test_a_restarted_server_and_a_second_process_reuse_the_blocks(tmp_path, smol):  # noqa: F811
     model, ids = smol
     path = model_dir("smollm2", dtype="float32")
@@ -107,7 +120,7 @@ def test_a_restarted_server_and_a_second_process_reuse_the_blocks(tmp_path, smol
     try:
         want_one, cached = complete(first, one)
         assert cached == 0
-        assert first.metrics()["mlx_lm_batched_kv_blocks_on_disk"] >= 300 // B
+        assert blocks_on_disk(first, 300 // B) >= 300 // B
     finally:
         first.proc.kill()  # kill -9: nothing is flushed on the way out
         first.proc.wait()
@@ -120,6 +133,7 @@ def test_a_restarted_server_and_a_second_process_reuse_the_blocks(tmp_path, smol
         m = restarted.metrics()
         assert m['mlx_lm_batched_prefix_hit_tokens_total{source="disk"}'] == reusable
         want_two, _ = complete(restarted, two)
+        assert blocks_on_disk(restarted, 2 * (300 // B)) >= 2 * (300 // B)
         second = ServerProcess(path, "--served-model-name", "m", "--kv-disk-dir", disk)
         assert complete(second, two) == (want_two, reusable)  # written by the other process
         # A truncated block: the second server (which never held ``one`` in memory)

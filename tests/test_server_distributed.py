@@ -1,9 +1,9 @@
 """The server sharded over 2 ring ranks (``mlx.launch -n 2 --backend ring``) on real
 SmolLM2 (float32; 9 heads and 3 KV heads, split unevenly), queried with the ``openai``
-client: concurrent greedy requests (streamed or not, with a stop string, with a prefix
-cache hit) and a seeded sampled one give the text of the same prompt generated alone in
-this process; SIGTERM on rank 0 drains and stops both ranks cleanly; a killed follower
-ends rank 0 with a clear error."""
+client: concurrent greedy requests (streamed or not, with a stop string, with stop token
+ids, with a prefix cache hit) and a seeded sampled one give the text of the same prompt
+generated alone in this process; SIGTERM on rank 0 drains and stops both ranks cleanly; a
+killed follower ends rank 0 with a clear error."""
 
 import concurrent.futures as futures
 import json
@@ -17,7 +17,7 @@ import mlx.core as mx
 import openai
 import pytest
 
-from mlx_lm_batched import generate, load
+from mlx_lm_batched import generate, load, stream_generate
 from mlx_lm_batched.server.sampling import SeededSampler
 from server_harness import ServerProcess
 from distributed_harness import free_ports, launcher
@@ -61,6 +61,10 @@ def test_concurrent_requests_equal_one_process(server, oracle):
     model_id = client.models.list().data[0].id
     story = solo(oracle, STORY, 10)
     stop = story.split()[2]  # a stop string inside the greedy text: the row leaves early
+    story_ids = [r.token for r in stream_generate(*oracle, STORY, max_tokens=10)]
+    # A stop token inside the greedy tokens (its text is not output).
+    cut = next(i for i in range(2, len(story_ids)) if story_ids[i] not in story_ids[:i])
+    stop_id, story_to_stop_id = story_ids[cut], oracle[1].decode(story_ids[:cut])
 
     def complete(prompt, n, stream=False, **kw):
         out = client.completions.create(model=model_id, prompt=prompt, max_tokens=n,
@@ -78,6 +82,9 @@ def test_concurrent_requests_equal_one_process(server, oracle):
         "story": (lambda: complete(STORY, 10), story),
         "story, streamed, stop string": (lambda: complete(STORY, 10, True, stop=[stop]),
                                          story[: story.index(stop)]),
+        # A row with stop sequences of its own: the followers' copy must stop with it.
+        "story, stop token ids": (lambda: complete(STORY, 10, extra_body={
+            "ignore_eos": True, "stop_token_ids": [stop_id]}), story_to_stop_id),
         "france, streamed": (lambda: complete("The capital of France is", 4, True),
                              solo(oracle, "The capital of France is", 4)),
         "question chat": (lambda: chat(QUESTION, 8), solo(oracle, QUESTION, 8)),
@@ -195,3 +202,56 @@ def test_follower_prefix_cache_keeps_what_rank_0_keeps():
         hits = [len(tokens) + 1 - len(s.fetch_nearest_cache(model, tokens + [99])[1])
                 for s in (rank0, follower.store)]
         assert hits[0] == hits[1], (name, hits)
+
+
+class _Ops:
+    """A recorder without a group: keeps rank 0's ops as the followers would receive
+    them (through JSON); prefix-cache hits are not part of this test."""
+
+    def __init__(self):
+        self.ops = []
+
+    def add(self, *op):
+        self.ops.append(json.loads(json.dumps(list(op))))
+
+    def cache_ref(self, cache):
+        assert cache is None
+        return None
+
+    def send(self, step, shutdown=False):
+        pass
+
+
+def test_follower_replays_the_rows_rank_0_inserted(float_models):
+    """Rank 0's requests (a stop sequence of its own, max_tokens, several segments) reach a
+    follower as ops; both generators then step the same rows to the same finish."""
+    from conftest import corpus_prompts
+    from mlx_lm_batched.sched.generator import BatchGenerator
+    from mlx_lm_batched.sched.request import Request
+    from mlx_lm_batched.server.replay import Follower, ReplayGenerator
+
+    model, tok = float_models["smollm2"]
+    group = mx.distributed.init()  # one rank: its token hook keeps its own (greedy) tokens
+    a, b = corpus_prompts(tok, [9, 6])
+    eos = [[t] for t in tok.eos_token_ids]
+    plain = BatchGenerator(model, max_tokens=8, stop_tokens=eos)
+    (uid,) = plain.insert([a])
+    alone = [r.token for _ in range(8) for r in plain.next()[1]]
+    stop_at = next(i for i in range(2, len(alone)) if alone[i] not in alone[:i])
+    recorder = _Ops()
+    rank0 = ReplayGenerator(model, group, recorder, max_tokens=8, stop_tokens=eos)
+    follower = Follower(model, group)
+    uids = rank0.insert_requests([
+        Request.of(a, stop_sequences=[[alone[stop_at]]]),
+        Request((b[:3], b[3:]), max_tokens=4)])
+    for op in recorder.ops:
+        getattr(follower, "_op_" + op[0])(*op[1:])
+    assert uids == [0, 1]
+    got = {"rank 0": [], "follower": []}
+    for _ in range(12):
+        for name, gen in (("rank 0", rank0), ("follower", follower.gen)):
+            got[name] += [(r.uid, r.token, r.finish_reason) for r in gen.next()[1]]
+    assert got["rank 0"] == got["follower"]
+    rows = {u: [(t, f) for v, t, f in got["rank 0"] if v == u] for u in uids}
+    assert rows[0] == [(t, None) for t in alone[:stop_at]] + [(alone[stop_at], "stop")]
+    assert len(rows[1]) == 4 and rows[1][-1][1] == "length"

@@ -10,7 +10,7 @@ from its own streaming detokenizer (``sched.row_text.RowText``).
 
 from ..sampling.text_stops import cut_at_stop
 from ..sched.generator import BatchGenerator
-from ..sched.options import DEFAULT_QUANTIZED_KV_START, GeneratorOptions
+from ..sched.options import GeneratorOptions
 from ..sched.row_text import RowText
 from ..sched.stats import BatchStats
 from ..tokenization.tokenizer import wrap_tokenizer
@@ -25,33 +25,13 @@ BATCH_KWARGS = ("sampler", "logits_processors", "completion_batch_size", "prefil
                 "response_format", "kv_bits", "kv_group_size", "quantized_kv_start")
 # Speculative decoding keywords (BatchGenerator's; mlx-lm's names plus prompt_lookup).
 SPECULATIVE_KWARGS = ("draft_model", "num_draft_tokens", "prompt_lookup")
+# Keywords of stream_batch_generate beyond max_tokens and stats (each with plan_batch's
+# default, batch_plan.DEFAULTS).
+STREAM_KWARGS = BATCH_KWARGS + SPECULATIVE_KWARGS + ("logprobs", "prefill_batch_size",
+                                                     "prompt_caches")
 
 
-def stream_batch_generate(
-    model,
-    tokenizer,
-    prompts,
-    max_tokens=128,
-    sampler=None,
-    logits_processors=None,
-    completion_batch_size=32,
-    prefill_step_size=2048,
-    max_kv_size=None,
-    stats=None,
-    logprobs=True,
-    prefill_batch_size=None,
-    stream=None,
-    prompt_caches=None,
-    stop=None,
-    seeds=None,
-    response_format=None,
-    kv_bits=None,
-    kv_group_size=64,
-    quantized_kv_start=DEFAULT_QUANTIZED_KV_START,
-    draft_model=None,
-    num_draft_tokens=2,
-    prompt_lookup=False,
-):
+def stream_batch_generate(model, tokenizer, prompts, max_tokens=128, *, stats=None, **settings):
     """Yield a :class:`BatchStreamResponse` per row per generated token.
 
     ``prompts``: strings or token lists; ``max_tokens``: int or one per prompt.
@@ -96,17 +76,18 @@ def stream_batch_generate(
     them. Greedy rows get exactly the tokens of plain decoding, sampled rows follow
     the model's distribution (rejection sampling).
     """
-    settings = dict(max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors,
-                    completion_batch_size=completion_batch_size,
-                    prefill_step_size=prefill_step_size, max_kv_size=max_kv_size,
-                    logprobs=logprobs, prefill_batch_size=prefill_batch_size, stream=stream,
-                    prompt_caches=prompt_caches, stop=stop, seeds=seeds,
-                    response_format=response_format, kv_bits=kv_bits,
-                    kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
-                    draft_model=draft_model, num_draft_tokens=num_draft_tokens,
-                    prompt_lookup=prompt_lookup)
+    V.unknown_kwargs("stream_batch_generate", settings, STREAM_KWARGS)
     check_stats(stats)
-    plan = plan_batch(model, tokenizer, prompts, settings)
+    plan = plan_batch(model, tokenizer, prompts, dict(settings, max_tokens=max_tokens))
+    yield from stream_batch_plan(model, plan, stats)
+
+
+def stream_batch_plan(model, plan, stats=None):
+    """Run a :class:`~.batch_plan.BatchPlan` (requests and generator options resolved
+    by the caller: ``plan_batch``, or the command line's own); yields a
+    :class:`BatchStreamResponse` per row per generated token, as
+    :func:`stream_batch_generate` does."""
+    check_stats(stats)
     for response, _ in _stream(model, plan, stats):
         yield response
 

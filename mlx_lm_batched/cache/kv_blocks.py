@@ -20,8 +20,9 @@ partial last block of a sequence is never stored (it is private to its row).
   head (``row_blocks.py``): the rows reusing a prefix read one copy of it. The blocks of a hit are
   pinned (a reference each) until ``release``: a pinned block is never evicted.
 - Blocks nobody references sit in an LRU and are evicted when the byte bound needs
-  room. With a disk tier (``kv_disk.DiskTier``), every new block is also written there
-  (write-through) and a block missing from memory is read back from it.
+  room. With a disk tier (``kv_disk.DiskTier``), every new block is also queued for its
+  background writer (write-behind: ``insert`` does not wait for the disk) and a block
+  missing from memory is read back from it.
 
 Which models: those whose layer caches are all plain full-attention ``KVCache`` (float
 keys and values). Sliding-window (``RotatingKVCache``), recurrent/state and hybrid
@@ -101,7 +102,7 @@ class BlockStore:
     """Content-addressed KV blocks of one model, bounded by ``max_bytes`` in memory.
 
     ``fingerprint``: bytes naming the model (``sched.block_prefix.model_fingerprint``);
-    ``disk``: an optional ``kv_disk.DiskTier`` (written through, read on a miss).
+    ``disk``: an optional ``kv_disk.DiskTier`` (written behind, read on a miss).
     """
 
     def __init__(self, fingerprint, block_size=DEFAULT_BLOCK_SIZE, max_bytes=1 << 30, disk=None):

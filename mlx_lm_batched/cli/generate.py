@@ -32,7 +32,6 @@ from .model import (
     blas_name,
     join_group,
     load_model,
-    prefill_step,
     set_stop_tokens,
     tokenize_prompts,
 )
@@ -158,17 +157,17 @@ def run(args, state):
         args = args.with_(max_kv_size=min(args.max_kv_size, context))
     outputs.assign([sources[k] for k in keep], [numbers[k] for k in keep])
     state.total = len(prompts)
-    rows = min(args.batch_size, len(prompts))
     state.stage = "generating"
+    from .generate_plan import generate_plan
+
+    plan = generate_plan(args, model, tokenizer, prompts, limits, sampler, prefix, draft)
     if args.group is None:
-        stats = generate_all(args, model, tokenizer, prompts, limits, sampler, outputs,
-                             prefill_step(args, model, rows), prefix=prefix, draft=draft)
+        stats = generate_all(args, model, plan, outputs)
     else:  # a lost or stalled rank ends the run with an error instead of a hang
         from ..parallel.group import STEP_TIMEOUT, guard_collectives
 
         with guard_collectives(STEP_TIMEOUT, args.group) as guard:
-            stats = generate_all(args, model, tokenizer, prompts, limits, sampler, outputs,
-                                 prefill_step(args, model, rows), guard.tick, prefix=prefix)
+            stats = generate_all(args, model, plan, outputs, guard.tick)
     outputs.close()
     if args.verbose:
         print(f"Prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.3f} tokens-per-sec")
@@ -182,15 +181,15 @@ def run(args, state):
     return EXIT_SOME_FAILED if errors else EXIT_OK
 
 
-def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step_size, tick=None,
-                 prefix=None, draft=None):
-    """Generate every prompt; each is handed to ``outputs`` the moment it finishes.
-    ``tick`` (optional) is called after every generated token. ``prefix``: a prompt
-    cache every prompt continues (the scheduler copies it per row); ``draft``: the
-    loaded ``--draft-model``."""
-    from ..api.batch import stream_batch_generate
+def generate_all(args, model, plan, outputs, tick=None):
+    """Generate every request of ``plan`` (a :class:`~..api.batch_plan.BatchPlan`); each
+    is handed to ``outputs`` the moment it finishes. ``tick`` (optional) is called
+    after every generated token."""
+    from ..api.batch import stream_batch_plan
     from ..sched.stats import BatchStats
 
+    tokenizer = plan.tokenizer
+    prompts = [r.prompt for r in plan.requests]
     tokens = [[] for _ in prompts]
     stats = BatchStats()
     bar = None
@@ -205,17 +204,7 @@ def generate_all(args, model, tokenizer, prompts, limits, sampler, outputs, step
         # chunks; main() reports it after the finished prompts were written.
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        for r in stream_batch_generate(model, tokenizer, prompts, limits, sampler=sampler,
-                                       completion_batch_size=args.batch_size,
-                                       prefill_step_size=step_size, max_kv_size=args.max_kv_size,
-                                       stats=stats, logprobs=False,
-                                       prompt_caches=None if prefix is None else [prefix] * len(prompts),
-                                       response_format=args.response_format, kv_bits=args.kv_bits,
-                                       kv_group_size=args.kv_group_size,
-                                       quantized_kv_start=args.quantized_kv_start,
-                                       draft_model=draft,
-                                       num_draft_tokens=args.num_draft_tokens,
-                                       prompt_lookup=args.prompt_lookup):
+        for r in stream_batch_plan(model, plan, stats):
             if tick is not None:
                 tick()
             if r.finish_reason != "stop":

@@ -55,10 +55,9 @@ class StopSequences:
     def __init__(self, stop_sequences=None):
         self._root = _Node()
         self._root.fail = self._root
-        for seq in stop_sequences or ():
-            seq = _as_sequence(seq)
-            if not seq:
-                continue
+        # The sequences as given (tuples of ids): what a replaying rank rebuilds it from.
+        self.sequences = tuple(s for s in map(_as_sequence, stop_sequences or ()) if s)
+        for seq in self.sequences:
             node = self._root
             for token in seq:
                 node = node.children.setdefault(token, _Node())

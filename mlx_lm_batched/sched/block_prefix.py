@@ -5,7 +5,7 @@ interface, and the one place a serving loop picks between the two.
 are all plain full-attention KV caches (``kv_blocks.block_cacheable``) with float KV,
 else the whole-cache ``LRUPromptCache`` (sliding-window, recurrent and hybrid models,
 ``kv_bits``). Both answer ``fetch_nearest_cache`` / ``insert_cache`` / ``hold`` /
-``release`` / ``gauges`` / ``describe``.
+``release`` / ``gauges`` / ``describe`` / ``close``.
 
 A block hit covers whole blocks only (the partial last block of a stored sequence is
 private to its row), so a prompt reuses ``block_size * k`` tokens: the rest, at most
@@ -119,6 +119,11 @@ class BlockPrefixCache:
         keys = self._held.pop(uid, None)
         if keys:
             self.store.release(keys)
+
+    def close(self):
+        """Wait until the disk tier's queued blocks are written (server shutdown)."""
+        if self.store.disk is not None:
+            self.store.disk.close()
 
     def gauges(self):
         """The store's gauges and hit counters, for ``server.metrics``."""

@@ -177,6 +177,9 @@ class LRUPromptCache:
     def release(self, uid):
         """Row ``uid`` left: nothing to unpin."""
 
+    def close(self):
+        """Server shutdown: nothing to write (the LRU lives in memory only)."""
+
     def gauges(self):
         """Extra metrics gauges (the block store's; none here)."""
         return {}

@@ -19,7 +19,7 @@ from .errors import APIError
 from .job_prep import JobSpec
 from .job_stream import start_job
 from .schema import ChatCompletionRequest, chat_messages, generation_params, parse
-from .tool_calls import answer_parser, split_tool_calls
+from .tool_calls import answer_family, answer_parser, split_tool_calls
 from .tool_choice import tools_for_prompt
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -86,8 +86,8 @@ def chat_request(data):
     return body
 
 
-def _blocks(text, tools):
-    content, calls = split_tool_calls(text) if tools else (text, [])
+def _blocks(text, family):
+    content, calls = split_tool_calls(text, family)
     blocks = [{"type": "text", "text": content}] if content or not calls else []
     for c in calls:
         blocks.append({"type": "tool_use", "id": "toolu_" + c["id"][5:], "name": c["function"]["name"],
@@ -103,15 +103,16 @@ async def serve_messages(engine, config, data, model_name, grammar_ready, reques
     spec = JobSpec(params, messages=chat_messages(req),
                    tools=tools_for_prompt(req.tools, req.tool_choice),
                    adapter=config.adapter_slot(model_name), tool_format=config.tool_format)
+    family = answer_family(spec.tools, req.tool_choice, config.tool_format)
     await grammar_ready(params)
     job = await start_job(engine, spec, request)
     msg_id = f"msg_{uuid.uuid4().hex[:24]}"
     head = {"id": msg_id, "type": "message", "role": "assistant", "model": model_name,
             "stop_sequence": None}
     if params.stream:
-        return job.sse_response(_events(job, head, spec))
+        return job.sse_response(_events(job, head, family))
     result = await job.collect()
-    blocks, called = _blocks(result.texts[0], spec.tools)
+    blocks, called = _blocks(result.texts[0], family)
     reason = result.finish_reasons[0]
     return JSONResponse({**head, "content": blocks,
                          "stop_reason": "tool_use" if called else _STOP.get(reason, reason),
@@ -157,12 +158,12 @@ class _Blocks:
         yield _sse("content_block_start", {"index": self.index, "content_block": block})
 
 
-async def _events(job, head, spec):
+async def _events(job, head, family):
     """The message's events; text and tool calls stream as they are generated."""
     yield _sse("message_start", {"message": {**head, "content": [], "stop_reason": None,
                                              "usage": {"input_tokens": job.started.prompt_tokens,
                                                        "output_tokens": 0}}})
-    parser, blocks = answer_parser(spec.tools), _Blocks()
+    parser, blocks = answer_parser(family), _Blocks()
     reason, out = None, 0
     async for ev in job.events():
         if isinstance(ev, Failed):

@@ -23,6 +23,7 @@ from ..models.context import context_length
 from ..sched import capabilities
 from ..sched.generator import BatchGenerator
 from ..sched.block_prefix import make_prefix_cache
+from ..sched.request import Request
 from .errors import APIError
 from .events import Delta, EngineConfig, Failed, Finished, Job, Started
 from .job_prep import prepare_prompts
@@ -103,7 +104,7 @@ class Engine:
         """Generate two tokens once (compiles the paths) and measure the cache bytes a
         request reserves: per token (key/value slots) and per row (recurrent state)."""
         prompt = self.tokenizer.encode("Hello", add_special_tokens=False) or [0]
-        self.gen.insert([prompt * 4], max_tokens=[2])
+        self.gen.insert_requests([Request.of(prompt * 4, max_tokens=2)])
         while True:
             _, responses = self.gen.next()
             if any(r.finish_reason for r in responses):
@@ -132,6 +133,8 @@ class Engine:
         self._commands.put(("stop", None))
         if self._thread is not None:
             self._thread.join(timeout)
+        if not self.alive:  # (a thread still in a step may yet use the prefix cache)
+            self.prefix.close()  # the disk tier's queued blocks reach the disk
 
     @property
     def alive(self):
@@ -257,12 +260,13 @@ class Engine:
             self._for_this_job_only(job, self._insert_rows, job, prompts, max_tokens)
 
     def _insert_rows(self, job, prompts, max_tokens):
-        """Insert the rows of a job whose KV memory is reserved."""
+        """Insert the rows of a job whose KV memory is reserved: one :class:`Request`
+        per choice of each prompt, checked when made, all inserted together."""
         params = job.spec.params
         # Echo with logprobs scores the whole prompt: no prefix cache (its tokens are
         # not prefilled, so they would have no logits).
         score = params.echo and params.logprobs
-        rests, caches, prefixes, samplers, procs, states, cached = [], [], [], [], [], [], 0
+        requests, states, cached = [], [], 0
         stops = row_stops(params, self.tokenizer)
         for i, prompt in enumerate(prompts):
             for j in range(params.n):
@@ -270,29 +274,25 @@ class Engine:
                                else self._fetch_prefix(prompt, job.spec.adapter))
                 if j == 0:
                     cached += len(prompt) - len(rest)
-                rests.append(rest)
-                caches.append(cache)
-                prefixes.append(prompt[: len(prompt) - len(rest)])
-                samplers.append(self.samplers.row_sampler(params, j))
-                procs.append(row_processors(params, self.tokenizer))
+                index = i * params.n + j
+                # max_tokens 0 (echo only): the row leaves once its prompt is scored.
+                requests.append(Request.of(
+                    rest, max_tokens=max(1, max_tokens[i]), cache=cache,
+                    cached_tokens=prompt[: len(prompt) - len(rest)],
+                    sampler=self.samplers.row_sampler(params, j),
+                    logits_processors=row_processors(params, self.tokenizer),
+                    stop_sequences=stops, prompt_logprobs=params.top_logprobs if score else None,
+                    adapter=job.spec.adapter, label=f"choice {index}"))
                 echo = None
                 if params.echo:  # the prompt as given, or its token ids decoded
                     given = job.spec.prompts[i]
                     echo = (given if isinstance(given, str) else self.tokenizer.decode(prompt),
                             prompt)
-                states.append(RowState(job, i * params.n + j, self.tokenizer, params, echo))
-        extra = {} if stops is None else {"stop_sequences": [stops] * len(rests)}
-        if score:
-            extra["prompt_logprobs"] = [params.top_logprobs] * len(rests)
-        # max_tokens 0 (echo only): the row leaves once its prompt is scored.
-        uids = self.gen.insert(rests, max_tokens=[max(1, max_tokens[k // params.n])
-                                                  for k in range(len(rests))],
-                               caches=caches, all_tokens=prefixes, samplers=samplers,
-                               logits_processors=procs, adapters=[job.spec.adapter] * len(rests),
-                               **extra)
-        for uid, state, cache in zip(uids, states, caches):
+                states.append(RowState(job, index, self.tokenizer, params, echo))
+        uids = self.gen.insert_requests(requests)
+        for uid, state, request in zip(uids, states, requests):
             state.uid = uid
-            self.prefix.hold(uid, cache)  # its prefix blocks stay pinned while it runs
+            self.prefix.hold(uid, request.cache)  # its prefix blocks stay pinned while it runs
             self._rows[uid] = state
         job.rows = states
         self.metrics.add_tokens(cached=cached)

@@ -134,6 +134,8 @@ BLOCK_METRICS = (
     ("block_bytes_bound", "kv_blocks_bytes_bound", "gauge", "Memory bound of the KV blocks."),
     ("disk_blocks", "kv_blocks_on_disk", "gauge", "KV block files in the disk tier."),
     ("disk_bytes", "kv_blocks_disk_bytes", "gauge", "Bytes of the disk tier's block files."),
+    ("disk_write_queue_bytes", "kv_blocks_disk_write_queue_bytes", "gauge",
+     "Bytes of KV blocks queued for the disk tier's writer (not on disk yet)."),
     ("disk_skipped", "kv_blocks_disk_skipped_total", "counter",
      "Disk-tier files refused on read (corrupt, truncated or foreign)."),
 )

@@ -17,7 +17,7 @@ from .errors import APIError
 from .job_prep import JobSpec
 from .job_stream import start_job
 from .schema import ChatCompletionRequest, chat_messages, generation_params, parse
-from .tool_calls import answer_parser, split_tool_calls
+from .tool_calls import answer_family, answer_parser, split_tool_calls
 from .tool_choice import tools_for_prompt
 
 
@@ -89,8 +89,8 @@ def chat_request(data):
     return body
 
 
-def _output(text, tools):
-    content, calls = split_tool_calls(text) if tools else (text, [])
+def _output(text, family):
+    content, calls = split_tool_calls(text, family)
     items = []
     if content or not calls:
         items.append({"type": "message", "id": f"msg_{uuid.uuid4().hex[:24]}", "status": "completed",
@@ -122,6 +122,7 @@ async def serve_responses(engine, config, data, model_name, grammar_ready, reque
     spec = JobSpec(params, messages=chat_messages(req),
                    tools=tools_for_prompt(req.tools, req.tool_choice),
                    adapter=config.adapter_slot(model_name), tool_format=config.tool_format)
+    family = answer_family(spec.tools, req.tool_choice, config.tool_format)
     await grammar_ready(params)
     job = await start_job(engine, spec, request)
     head = {"id": f"resp_{uuid.uuid4().hex[:24]}", "object": "response",
@@ -130,9 +131,9 @@ async def serve_responses(engine, config, data, model_name, grammar_ready, reque
             "tool_choice": data.get("tool_choice") or "auto", "parallel_tool_calls": req.parallel_tool_calls,
             "temperature": data.get("temperature"), "top_p": data.get("top_p")}
     if params.stream:
-        return job.sse_response(_events(job, head, spec))
+        return job.sse_response(_events(job, head, family))
     result = await job.collect()
-    return JSONResponse(_response(head, _output(result.texts[0], spec.tools),
+    return JSONResponse(_response(head, _output(result.texts[0], family),
                                   result.finish_reasons[0], job.started.prompt_tokens,
                                   result.completion_tokens))
 
@@ -210,7 +211,7 @@ class _Items:
                                                      "item": item})
 
 
-async def _events(job, head, spec):
+async def _events(job, head, family):
     """The Responses stream: ``response.created``, the output items as they are generated
     (text deltas, function-call argument deltas), then ``response.completed``."""
     seq = iter(range(1 << 62))
@@ -221,7 +222,7 @@ async def _events(job, head, spec):
     pending = {**head, "status": "in_progress", "output": [], "usage": None,
                "incomplete_details": None}
     yield sse("response.created", {"response": pending})
-    parser, items = answer_parser(spec.tools), _Items(sse)
+    parser, items = answer_parser(family), _Items(sse)
     reason, out = None, 0
     async for ev in job.events():
         if isinstance(ev, Failed):

@@ -8,8 +8,9 @@ generator and prefix cache of their own, so their batches, prefill groups, cache
 uids stay equal to rank 0's without any decision of their own.
 
 Ops (JSON lists): ``reset`` (a new generator, its options), ``fetch`` (a prefix-cache hit:
-the prompt and how many tokens it covers), ``insert`` (uids, token prompts, max_tokens,
-cached tokens, which fetched cache each row continues), ``remove`` (uids), ``store`` (a
+the prompt and how many tokens it covers), ``insert`` (uids and,
+for each row, its prompt segments, max_tokens, cached tokens, which fetched cache it
+continues and its stop sequences: ``replayed_row``), ``remove`` (uids), ``store`` (a
 row's cache goes to the prefix cache; how many entries remain after eviction) and
 ``shutdown``. A message is ``{"ops": [...], "step": bool, "sleep": seconds}``: with ``step``
 every rank then runs one ``next()``; without, the followers sleep ``sleep`` seconds before
@@ -45,6 +46,7 @@ import numpy as np
 from ..parallel.group import STEP_TIMEOUT, guard_collectives
 from ..sched.generator import BatchGenerator
 from ..sched.prefix_cache import LRUPromptCache
+from ..sched.request import Request
 
 log = logging.getLogger("mlx_lm_batched.server")
 
@@ -162,7 +164,7 @@ class Recorder:
 class ReplayGenerator:
     """Rank 0's generator: a :class:`SharedTokensGenerator` whose calls are recorded.
 
-    Offers what the engine uses of ``BatchGenerator``: ``insert``, ``remove``, ``next``,
+    Offers what the engine uses of ``BatchGenerator``: ``insert_requests``, ``remove``, ``next``,
     ``close`` and ``prompt_cache_nbytes``. An op is recorded after the call succeeded.
     """
 
@@ -171,18 +173,17 @@ class ReplayGenerator:
         self.recorder = recorder
         recorder.add("reset", options)
 
-    def insert(self, prompts, max_tokens=None, caches=None, all_tokens=None, samplers=None,
-               logits_processors=None, adapters=None):
+    def insert_requests(self, requests):
+        """Insert :class:`~..sched.request.Request`\\ s and record what the followers'
+        rows need (:func:`replayed_row`): sampling is rank 0's alone (its tokens are
+        shared), so samplers and logits processors are not sent."""
         # Slot 0 is the base model, the only one a distributed server serves (its
         # startup refuses adapters), so no other slot can reach here.
-        if adapters is not None and any(a not in (None, 0) for a in adapters):
+        if any(r.adapter not in (None, 0) for r in requests):
             raise ValueError("adapters are not supported with --distributed")
-        prompts = [[int(t) for t in p] for p in prompts]
-        uids = self.inner.insert(prompts, max_tokens, caches, all_tokens, samplers,
-                                 logits_processors)
-        refs = [self.recorder.cache_ref(c) for c in caches] if caches else None
-        cached = [[int(t) for t in a] for a in all_tokens] if all_tokens else None
-        self.recorder.add("insert", uids, prompts, max_tokens, cached, refs)
+        uids = self.inner.insert_requests(requests)
+        self.recorder.add("insert", uids, [replayed_row(r, self.recorder.cache_ref(r.cache))
+                                           for r in requests])
         return uids
 
     def remove(self, uids, return_prompt_caches=False):
@@ -200,6 +201,23 @@ class ReplayGenerator:
     @property
     def prompt_cache_nbytes(self):
         return self.inner.prompt_cache_nbytes
+
+
+def replayed_row(request, cache_ref):
+    """What a follower needs of rank 0's ``request`` (plain JSON): its prompt segments,
+    ``max_tokens``, the tokens its cache holds (``cache_ref`` names the fetched cache,
+    or None) and its stop sequences (None: the generator's)."""
+    stops = request.stop_sequences
+    return {"segments": [list(s) for s in request.segments], "max_tokens": request.max_tokens,
+            "cached": list(request.cached_tokens), "cache": cache_ref,
+            "stops": None if stops is None else [list(s) for s in stops.sequences]}
+
+
+def replayed_request(row, cache):
+    """The follower's :class:`Request` of a :func:`replayed_row` (``cache``: its own
+    copy of the fetched prefix, or None)."""
+    return Request(row["segments"], max_tokens=row["max_tokens"], cache=cache,
+                   cached_tokens=row["cached"], stop_sequences=row["stops"])
 
 
 class Follower:
@@ -247,9 +265,10 @@ class Follower:
             raise ReplayError(f"prefix cache hit of {got} tokens where rank 0 had {usable}")
         self._fetched[fid] = cache
 
-    def _op_insert(self, uids, prompts, max_tokens, cached, refs):
-        caches = [None if f is None else self._fetched.pop(f) for f in refs] if refs else None
-        got = self.gen.insert(prompts, max_tokens, caches, cached)
+    def _op_insert(self, uids, rows):
+        requests = [replayed_request(row, None if row["cache"] is None
+                                     else self._fetched.pop(row["cache"])) for row in rows]
+        got = self.gen.insert_requests(requests)
         if got != uids:
             raise ReplayError(f"inserted rows got uids {got} where rank 0's got {uids}")
 

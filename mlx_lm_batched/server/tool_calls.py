@@ -35,8 +35,8 @@ class ChatOutput:
     tools_for_template: Optional[list] = None
 
     def parser(self, stream_calls=False):
-        """A fresh parser for one choice; ``stream_calls``: tool calls in the forced
-        (``json_tools``) format come as they are generated, their arguments in fragments."""
+        """A fresh parser for one choice; ``stream_calls``: tool calls come as they are
+        generated, their arguments in fragments (every family; see ``tool_parsers``)."""
         return ChatOutputParser(self.family, self.think, self.in_reasoning, stream_calls)
 
 
@@ -96,16 +96,31 @@ def chat_output(tokenizer, messages, tools, tool_choice, template_kwargs, parser
 
 def split_tool_calls(text, family=FORCED_FAMILY):
     """``(content, [OpenAI tool calls])`` of a whole text in ``family``'s format (blocks
-    that do not parse stay in the content as written)."""
+    that do not parse stay in the content as written; no family: all of it is content)."""
+    if family is None:
+        return text, []
     parsed = ChatOutputParser(family, None, False).parse(text)
     return parsed["content"], parsed["tool_calls"]
 
 
-def answer_parser(tools):
-    """The streaming parser of a Responses or Messages answer: with ``tools``, calls in
-    the forced format (as :func:`split_tool_calls` reads them whole) come as they are
-    generated, their arguments in fragments; without, all text is content."""
-    return ChatOutputParser(FORCED_FAMILY if tools else None, None, False, stream_calls=True)
+def answer_family(tools, tool_choice, tool_format):
+    """The tool-call family of a Responses or Messages answer: None without ``tools``;
+    the forced format for a forced call (``tool_choice.py``'s grammar writes it) or when
+    no family parses the model's markup; else the model's (``tool_format``, decided at
+    startup), as on chat completions."""
+    if not tools:
+        return None
+    if forces_tool_call(tool_choice) or tool_format is None or tool_format.family is None:
+        return FORCED_FAMILY
+    return tool_format.family
+
+
+def answer_parser(family):
+    """The streaming parser of a Responses or Messages answer: calls in ``family``'s
+    format (see :func:`answer_family`; as :func:`split_tool_calls` reads them whole)
+    come as they are generated, their arguments in fragments; without one, all text is
+    content."""
+    return ChatOutputParser(family, None, False, stream_calls=True)
 
 
 def _vocab(tokenizer):

@@ -3,7 +3,9 @@ package imports nothing else of mlx_lm_batched).
 
 ``select_family(chat_template, name=None)`` picks one of the ten families the way
 mlx-lm does (or the one named); :class:`ChatOutputParser` splits streamed or whole
-output into answer, reasoning and OpenAI tool calls; :class:`TextStateMachine` is
+output into answer, reasoning and OpenAI tool calls (streamed, each family's calls open
+with their name and send their arguments as JSON fragments while generated:
+``streamed_calls``, ``streamed_params``); :class:`TextStateMachine` is
 mlx-lm's marker-driven text splitter under its name."""
 
 from .families import (

@@ -11,7 +11,7 @@ from .calls import load_json
 _CALL = re.compile(r"call:([\w.-]+)\s*(\{.*\})\s*$", re.DOTALL)
 
 
-def _braced_to_json(args, quote):
+def braced_to_json(args, quote):
     """``{key:<q>text<q>,n:5,inner:{...}}`` as JSON: strings between ``quote`` delimiters
     become JSON strings (whatever they hold), bare keys get quotes."""
     parts = args.split(quote)
@@ -28,7 +28,7 @@ def _call_syntax(body, quote):
     m = _CALL.match(body.strip())
     if m is None:
         raise ValueError("expected call:name{...}")
-    return [(m.group(1), _braced_to_json(m.group(2), quote))]
+    return [(m.group(1), braced_to_json(m.group(2), quote))]
 
 
 def parse_gemma4(body):

@@ -4,7 +4,6 @@ the answer."""
 
 from .calls import tool_call
 from .state_machine import TextStateMachine
-from .streamed_calls import JsonCallStream
 
 ANSWER, REASONING, TOOL = "normal", "reasoning", "tool"
 
@@ -17,9 +16,11 @@ class ChatOutputParser:
     already opened the reasoning block (templates that end with ``<think>``). Whitespace
     between calls, or after the last one, is not content, nor is a call after others that
     the end of the output cut off.
-    ``stream_calls``: :meth:`feed` sends a ``json_tools`` call as it is generated (a first
-    delta with its id and name, then its arguments in fragments) instead of whole at
-    its end marker; other families' calls still come whole."""
+    ``stream_calls``: :meth:`feed` sends each call as it is generated (a first delta
+    with its id and name, then its arguments in JSON fragments: the family's
+    ``stream``, see ``streamed_calls`` and ``streamed_params``) instead of whole at its
+    end marker. A call sent while generated is not taken back: a body that would not
+    parse whole is sent as it was read."""
 
     def __init__(self, family=None, think=None, in_reasoning=False, stream_calls=False):
         edges = {ANSWER: [], REASONING: [], TOOL: []}
@@ -34,8 +35,8 @@ class ChatOutputParser:
         self._machine = TextStateMachine(edges)
         self._state = self._machine.make_state(REASONING if think and in_reasoning else ANSWER)
         self._body = ""
-        self._streamed = None  # the JsonCallStream of the call being generated
-        self._stream_calls = stream_calls and family is not None and family.name == "json_tools"
+        self._streamed = None  # the family's CallStream of the block being generated
+        self._stream_calls = stream_calls and family is not None and family.stream is not None
         self._gap = None  # whitespace after a call, held: dropped if a call or the end follows
         self.count = 0  # tool calls emitted (or opened, when streamed) so far
 
@@ -78,21 +79,26 @@ class ChatOutputParser:
 
     def _stream_call(self, out, text):
         if self._streamed is None:
-            self._streamed = JsonCallStream(self.count)
-        opened = self._streamed.opened
-        for delta in self._streamed.feed(text):
+            self._streamed = self.family.stream(self.count)
+        self._send(out, self._streamed, self._streamed.feed, text)
+
+    def _send(self, out, streamed, step, *args):
+        """Append the deltas of ``step(*args)`` (pieces of one call merged), counting the
+        calls it opens."""
+        opened = streamed.opened
+        for delta in step(*args):
             last = out["tool_calls"][-1] if out["tool_calls"] else None
             if last is not None and last["index"] == delta["index"]:
                 last["function"]["arguments"] += delta["function"]["arguments"]
             else:
                 out["tool_calls"].append(delta)
-        if self._streamed.opened and not opened:
-            self.count += 1
+        self.count += streamed.opened - opened
 
     def _close_call(self, out, end):
         body, self._body = self._body, ""
         streamed, self._streamed = self._streamed, None
         if streamed is not None and streamed.opened:
+            self._send(out, streamed, streamed.close)  # the end of a call left open
             self._gap = ""  # whitespace after it is held, as after a whole call
             return  # sent while generated (a body that does not parse is sent as it is)
         try:

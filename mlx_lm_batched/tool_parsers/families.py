@@ -2,38 +2,54 @@
 of template checks, so both libraries pick the same parser)."""
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 from .._reasoning_markers import GEMMA4_THOUGHT, SINGLE_TOKEN_THINK
 from .call_syntax_families import parse_function_gemma, parse_gemma4, parse_pythonic
 from .json_families import parse_json_tools, parse_kimi_k2, parse_mistral
 from .markup_families import parse_glm47, parse_longcat, parse_minimax_m2, parse_qwen3_coder
+from .streamed_calls import JsonCallStream, KimiCallStream, MistralCallStream
+from .streamed_params import (
+    LongcatCallStream,
+    MinimaxCallStream,
+    PythonicCallStream,
+    QwenCoderCallStream,
+    function_gemma_stream,
+    gemma4_stream,
+    glm_stream,
+)
 
 
 @dataclass(frozen=True)
 class ToolFamily:
-    """A family's markers and body parser. ``end == ""``: a call runs to the end of the
-    text (or to the next ``start``)."""
+    """A family's markers, body parser and streaming reader. ``end == ""``: a call runs
+    to the end of the text (or to the next ``start``)."""
 
     name: str
     start: str
     end: str
     parse: Callable  # body text -> [(name, arguments), ...]; ValueError when not a call
+    # first call's index -> a streamed_calls.CallStream of one body (None: calls come whole)
+    stream: Optional[Callable] = None
 
 
 FAMILIES = {f.name: f for f in [
-    ToolFamily("json_tools", "<tool_call>", "</tool_call>", parse_json_tools),
-    ToolFamily("qwen3_coder", "<tool_call>", "</tool_call>", parse_qwen3_coder),
-    ToolFamily("mistral", "[TOOL_CALLS]", "", parse_mistral),
-    ToolFamily("glm47", "<tool_call>", "</tool_call>", parse_glm47),
+    ToolFamily("json_tools", "<tool_call>", "</tool_call>", parse_json_tools, JsonCallStream),
+    ToolFamily("qwen3_coder", "<tool_call>", "</tool_call>", parse_qwen3_coder,
+               QwenCoderCallStream),
+    ToolFamily("mistral", "[TOOL_CALLS]", "", parse_mistral, MistralCallStream),
+    ToolFamily("glm47", "<tool_call>", "</tool_call>", parse_glm47, glm_stream),
     ToolFamily("kimi_k2", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
-               parse_kimi_k2),
-    ToolFamily("minimax_m2", "<minimax:tool_call>", "</minimax:tool_call>", parse_minimax_m2),
-    ToolFamily("gemma4", "<|tool_call>", "<tool_call|>", parse_gemma4),
+               parse_kimi_k2, KimiCallStream),
+    ToolFamily("minimax_m2", "<minimax:tool_call>", "</minimax:tool_call>", parse_minimax_m2,
+               MinimaxCallStream),
+    ToolFamily("gemma4", "<|tool_call>", "<tool_call|>", parse_gemma4, gemma4_stream),
     ToolFamily("function_gemma", "<start_function_call>", "<end_function_call>",
-               parse_function_gemma),
-    ToolFamily("longcat", "<longcat_tool_call>", "</longcat_tool_call>", parse_longcat),
-    ToolFamily("pythonic", "<|tool_call_start|>", "<|tool_call_end|>", parse_pythonic),
+               parse_function_gemma, function_gemma_stream),
+    ToolFamily("longcat", "<longcat_tool_call>", "</longcat_tool_call>", parse_longcat,
+               LongcatCallStream),
+    ToolFamily("pythonic", "<|tool_call_start|>", "<|tool_call_end|>", parse_pythonic,
+               PythonicCallStream),
 ]}
 
 # (test on the template, family), checked in order: the first that holds wins.

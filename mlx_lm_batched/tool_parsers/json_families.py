@@ -5,6 +5,7 @@ and ``kimi_k2``. Each parser takes the text between the family's markers and ret
 import re
 
 from .calls import load_json, named_call
+from .streamed_calls import kimi_name
 
 
 def parse_json_tools(body):
@@ -35,9 +36,7 @@ def parse_kimi_k2(body):
     one or more inside the section markers."""
     calls = []
     for ident, args in _KIMI_CALL.findall(body):
-        name = ident.strip().split(":")[0]
-        name = name[len("functions."):] if name.startswith("functions.") else name
-        calls.append((name, load_json(args.strip())))
+        calls.append((kimi_name(ident), load_json(args.strip())))
     if not calls:
         raise ValueError("no <|tool_call_begin|> call in the Kimi tool-call section")
     return calls

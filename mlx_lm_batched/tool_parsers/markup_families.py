@@ -8,7 +8,7 @@ from .calls import json_value
 from .json_families import parse_json_tools
 
 _QWEN_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.DOTALL)
-_QWEN_PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
+QWEN_PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
 
 
 def _trim_newlines(value):
@@ -16,12 +16,17 @@ def _trim_newlines(value):
     return value[1:] if value.startswith("\n") else value
 
 
+def qwen_value(text):
+    """A ``<parameter=...>`` value: JSON when it parses, else the text between the
+    newlines the template writes around it."""
+    return json_value(_trim_newlines(text).removesuffix("\n"))
+
+
 def parse_qwen3_coder(body):
     """``<function=f>\\n<parameter=a>\\nvalue\\n</parameter>\\n</function>``."""
     calls = []
     for name, inner in _QWEN_FUNCTION.findall(body):
-        args = {k.strip(): json_value(_trim_newlines(v).removesuffix("\n"))
-                for k, v in _QWEN_PARAM.findall(inner)}
+        args = {k.strip(): qwen_value(v) for k, v in QWEN_PARAM.findall(inner)}
         calls.append((name.strip(), args))
     if not calls:
         raise ValueError("no <function=...> in the tool call")
@@ -32,19 +37,25 @@ def _key_value_pairs(tag):
     return re.compile(rf"<{tag}_key>(.*?)</{tag}_key>\s*<{tag}_value>(.*?)</{tag}_value>", re.DOTALL)
 
 
-_GLM_PAIR, _LONGCAT_PAIR = _key_value_pairs("arg"), _key_value_pairs("longcat_arg")
+GLM_PAIR, LONGCAT_PAIR = _key_value_pairs("arg"), _key_value_pairs("longcat_arg")
 
 
-def _named_pairs(body, tag, pairs):
+def named_pairs_head(body, tag):
+    """The function name before the first ``<{tag}_key>``; ValueError when it is not one."""
     name = body.split(f"<{tag}_key>", 1)[0].strip()
     if not name or "<" in name or "{" in name:
         raise ValueError("a key/value tool call starts with the function name")
+    return name
+
+
+def _named_pairs(body, tag, pairs):
+    name = named_pairs_head(body, tag)
     return [(name, {k.strip(): json_value(v) for k, v in pairs.findall(body)})]
 
 
 def parse_glm47(body):
     """``f<arg_key>a</arg_key><arg_value>value</arg_value>...`` (GLM 4.5-4.7)."""
-    return _named_pairs(body, "arg", _GLM_PAIR)
+    return _named_pairs(body, "arg", GLM_PAIR)
 
 
 def parse_longcat(body):
@@ -53,16 +64,16 @@ def parse_longcat(body):
     (later LongCat models), as mlx-lm's longcat parser reads both."""
     if body.strip().startswith("{"):
         return parse_json_tools(body)
-    return _named_pairs(body, "longcat_arg", _LONGCAT_PAIR)
+    return _named_pairs(body, "longcat_arg", LONGCAT_PAIR)
 
 
 _MINIMAX_INVOKE = re.compile(r'<invoke name="([^"]+)">(.*?)</invoke>', re.DOTALL)
-_MINIMAX_PARAM = re.compile(r'<parameter name="([^"]+)">(.*?)</parameter>', re.DOTALL)
+MINIMAX_PARAM = re.compile(r'<parameter name="([^"]+)">(.*?)</parameter>', re.DOTALL)
 
 
 def parse_minimax_m2(body):
     """``<invoke name="f"><parameter name="a">value</parameter></invoke>``, one or more."""
-    calls = [(name, {k: json_value(v.strip("\n")) for k, v in _MINIMAX_PARAM.findall(inner)})
+    calls = [(name, {k: json_value(v.strip("\n")) for k, v in MINIMAX_PARAM.findall(inner)})
              for name, inner in _MINIMAX_INVOKE.findall(body)]
     if not calls:
         raise ValueError('no <invoke name="..."> in the MiniMax tool call')
