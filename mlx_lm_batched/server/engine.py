@@ -28,6 +28,7 @@ from .errors import APIError
 from .events import Delta, EngineConfig, Failed, Finished, Job, Started
 from .job_prep import prepare_prompts
 from .kv_admission import KVAdmission
+from .prefix_leaders import PrefixLeaders
 from .metrics import Metrics
 from .row_state import RowState, prompt_logprobs, token_logprobs
 from .sampling import SamplerFactory, row_processors, row_stops
@@ -60,6 +61,7 @@ class Engine:
             model, entries=c.prompt_cache_size, max_bytes=c.prompt_cache_bytes, kv_bits=c.kv_bits,
             block_size=c.kv_block_size, disk_dir=c.kv_disk_dir, disk_bytes=c.kv_disk_bytes,
             blocks=self.prefix_blocks and bool(c.prompt_cache_size))
+        self.leaders = PrefixLeaders(self.prefix)  # cold prompts that share a prefix
         self.samplers = SamplerFactory()
         self.admission = KVAdmission(self.config)  # the KV memory bound (sized in warm_up)
         self._commands = queue.Queue()
@@ -250,9 +252,33 @@ class Engine:
         params = job.spec.params
         prompts, max_tokens = prepare_prompts(job.spec, self.tokenizer, self.vocab_size,
                                               self.context_length, self.config.default_max_tokens)
-        self._check_features(params, params.echo and params.logprobs)
+        score = params.echo and params.logprobs
+        self._check_features(params, score)
+        leader = None if score or not self.config.prompt_cache_size else \
+            self.leaders.leader_for(prompts, job.spec.adapter)
+        if leader is not None:  # a running row is prefilling this prompt's prefix
+            self.leaders.follow(leader, (job, prompts, max_tokens))
+            return
+        self._admit(job, prompts, max_tokens)
+
+    def _admit(self, job, prompts, max_tokens):
         if self.admission.admit(job, prompts, max_tokens):
             self._insert_rows(job, prompts, max_tokens)
+
+    def _start_followers(self, items):
+        """Start the requests that waited for a leading row (``server/prefix_leaders.py``)."""
+        for job, prompts, max_tokens in items:
+            if job.cancelled:
+                self._unwait(job)
+            else:
+                self._for_this_job_only(job, self._admit, job, prompts, max_tokens)
+
+    def _lead_done(self, row):
+        """A leading row has prefilled its prompt: store its blocks, start its followers."""
+        cache = self.gen.extract_cache([row.uid]).get(row.uid)
+        if cache is not None:
+            self._store_prefix(row.uid, cache[1], cache[0], row.job.spec.adapter)
+        self._start_followers(self.leaders.done(row.uid))
 
     def _start_memory_waiting(self):
         """Start the jobs waiting for KV memory, in arrival order, while theirs is free."""
@@ -290,10 +316,12 @@ class Engine:
                             prompt)
                 states.append(RowState(job, index, self.tokenizer, params, echo))
         uids = self.gen.insert_requests(requests)
-        for uid, state, request in zip(uids, states, requests):
+        for k, (uid, state, request) in enumerate(zip(uids, states, requests)):
             state.uid = uid
             self.prefix.hold(uid, request.cache)  # its prefix blocks stay pinned while it runs
             self._rows[uid] = state
+            if not score and k % params.n == 0:  # may lead others to its prompt's blocks
+                self.leaders.lead(uid, prompts[k // params.n], job.spec.adapter)
         job.rows = states
         self.metrics.add_tokens(cached=cached)
         job.send(Started(sum(len(p) for p in prompts), cached))
@@ -322,6 +350,7 @@ class Engine:
             for uid in live:
                 del self._rows[uid]
                 self.prefix.release(uid)
+                self._start_followers(self.leaders.done(uid))
         self._end_job(job)
 
     def _end_job(self, job):
@@ -339,6 +368,8 @@ class Engine:
             self.metrics.add_tokens(prompt=done - row.prefilled)
             row.prefilled = done
             self._mark_started(row, now)
+            if p.end_of_prompt and self.leaders.leads(p.uid):
+                self._lead_done(row)
             if p.end_of_prompt and row.echo is not None:
                 self._echo(row, p.prompt_logprobs)
         gen_tokens = 0
@@ -391,6 +422,7 @@ class Engine:
     def _finish(self, row, reason):
         del self._rows[row.uid]
         self.prefix.release(row.uid)
+        self._start_followers(self.leaders.done(row.uid))
         row.job.send(Finished(row.index, reason, row.generated))
         if all(x.uid not in self._rows for x in row.job.rows):
             self._end_job(row.job)
@@ -410,6 +442,7 @@ class Engine:
             self._end_job(job)
             job.send(Failed(APIError(500, message, None, "generation_failed")))
         self.gen = self._new_generator()
+        self._start_followers(self.leaders.leave_all())
 
     def _update_gauges(self):
         now = time.monotonic()
