@@ -90,18 +90,29 @@ def _name_and_rest(tagged):
 
 
 def qwen3_coder_parse_tool_call(text, tools=None):
-    """``<function=f><parameter=a>value</parameter></function>`` (Qwen3-Coder); an
-    untyped parameter decodes only when it is a JSON object or list."""
-    calls = []
-    for tagged in _QWEN_FUNCTION.findall(text):
-        name, inner = _name_and_rest(tagged)
-        pairs = []
-        for param in _QWEN_PARAM.findall(inner):
-            key, value = _name_and_rest(param)
-            value = value[1:] if value.startswith("\n") else value
-            pairs.append((key, value[:-1] if value.endswith("\n") else value))
-        calls.append(_typed(name, pairs, tools, untyped="containers"))
-    return one_or_list(calls)
+    """``<function=f><parameter=a>value</parameter></function>`` (Qwen3-Coder): the first
+    function of the text; a parameter the tool's schema does not list stays text, one it
+    lists without a type decodes only when it is a JSON object or list."""
+    functions = _QWEN_FUNCTION.findall(text)
+    if not functions:
+        raise ValueError("no <function=...> in the tool call")
+    name, inner = _name_and_rest(functions[0])
+    types = parameter_types(name, tools)
+    arguments = {}
+    for param in _QWEN_PARAM.findall(inner):
+        key, value = _name_and_rest(param)
+        value = value[1:] if value.startswith("\n") else value
+        value = value[:-1] if value.endswith("\n") else value
+        if value.lower() == "null" or key not in types:  # a parameter the schema lacks: text
+            arguments[key] = None if value.lower() == "null" else value
+            continue
+        kind = types[key]
+        kind = "string" if str(kind).lower() in _QWEN_STRING_TYPES else kind
+        arguments[key] = decode_value(value, kind, untyped="containers")
+    return {"name": name, "arguments": arguments}
+
+
+_QWEN_STRING_TYPES = ("string", "str", "text", "varchar", "char", "enum")
 
 
 _MINIMAX_INVOKE = re.compile(r'<invoke name="([^"]+)">(.*?)</invoke>', re.DOTALL)
@@ -110,7 +121,8 @@ _MINIMAX_PARAM = re.compile(r'<parameter name="([^"]+)">(.*?)</parameter>', re.D
 
 def minimax_m2_parse_tool_call(text, tools=None):
     """``<invoke name="f"><parameter name="a">value</parameter></invoke>``, one or more."""
-    calls = [_typed(name, [(k, v.strip("\n")) for k, v in _MINIMAX_PARAM.findall(inner)], tools)
+    calls = [_typed(name, [(k, v.strip("\n")) for k, v in _MINIMAX_PARAM.findall(inner)], tools,
+                    untyped="none")
              for name, inner in _MINIMAX_INVOKE.findall(text)]
     return one_or_list(calls)
 

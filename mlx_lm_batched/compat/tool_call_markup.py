@@ -62,7 +62,8 @@ _CDATA = re.compile(r"^\s*<!\[CDATA\[(.*)\]\]>\s*$", re.DOTALL)
 def minicpm5_parse_tool_call(text, tools=None):
     """``<function name="f"><param name="a">value</param></function>``, one or more (the
     start marker ``<function name=`` may already be stripped); a truncated parameter is
-    dropped, a ``CDATA`` section is kept verbatim, other text is stripped."""
+    dropped, a ``CDATA`` section is kept verbatim, other text is stripped; a value is
+    decoded only when the tool's schema types it as something other than a string."""
     calls = []
     for name, body in _CPM_FUNCTION.findall(text):
         types = parameter_types(name, tools)
@@ -70,7 +71,7 @@ def minicpm5_parse_tool_call(text, tools=None):
         for key, raw in _CPM_PARAM.findall(body):
             cdata = _CDATA.match(raw)
             arguments[key] = (cdata.group(1) if cdata
-                              else decode_value(raw.strip(), types.get(key)))
+                              else decode_value(raw.strip(), types.get(key), untyped="none"))
         calls.append({"name": name, "arguments": arguments})
     return one_or_list(calls)
 

@@ -44,14 +44,15 @@ def decode_value(raw, schema_type, untyped="any"):
 
     A string type keeps the text; another type decodes it (JSON, then a Python
     literal), keeping the text when neither parses. Without a type, ``untyped`` says
-    what decodes: ``"any"`` every literal, ``"containers"`` only objects and lists."""
-    if is_string_type(schema_type):
+    what decodes: ``"any"`` every literal, ``"containers"`` only JSON objects and lists,
+    ``"none"`` nothing."""
+    if is_string_type(schema_type) or (schema_type is None and untyped == "none"):
         return raw
     if schema_type is None and untyped == "containers":
-        stripped = raw.strip()
-        if not stripped[:1] in ("{", "["):
+        try:
+            value = json.loads(raw, strict=False)
+        except ValueError:
             return raw
-        value = literal(stripped)
         return value if isinstance(value, (dict, list)) else raw
     value = literal(raw.strip())
     return raw if value is None and raw.strip() not in ("null", "None") else value
