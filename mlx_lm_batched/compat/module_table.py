@@ -50,6 +50,7 @@ MODULES = {
     },
     "utils": {
         "api.device": ("maybe_set_recommended_wired_limit",),
+        "compat.sizes": ("_parse_size=parse_size",),
         "loading.adapters": ("load_adapters",),
         "loading.dequantize": ("cast_floats", "dequantize_model"),
         "loading.load": (
