@@ -46,3 +46,22 @@ def test_lfm2_block_ff_dim_from_intermediate_size_matches_mlx_lm():
     theirs = importlib.import_module("mlx_lm.models.lfm2").ModelArgs.from_dict(config)
     ours = importlib.import_module("mlx_lm_batched.models.lfm2").ModelArgs.from_dict(config)
     assert ours.block_ff_dim == theirs.block_ff_dim == 96
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_phimoe_sparsemixer_matches_mlx_lm(top_k):
+    import mlx.core as mx
+
+    theirs = importlib.import_module("mlx_lm.models.phimoe").sparsemixer
+    ours = importlib.import_module("mlx_lm_batched.models.phimoe").sparsemixer
+    mx.random.seed(3)
+    # Random router logits, plus rows with near ties (the shared-weight band) and negatives.
+    gates = mx.concatenate([mx.random.normal((6, 5)),
+                            mx.array([[2.0, 1.995, 0.5, -1.0, -3.0], [-0.5, -0.501, -2.0, 1.0, 1.0]])])
+    (i1, w1), (i2, w2) = ours(gates, top_k=top_k, jitter_eps=0.01), theirs(
+        gates, top_k=top_k, jitter_eps=0.01)
+    assert i1.tolist() == i2.tolist()
+    assert mx.allclose(w1, w2, atol=1e-6).item()
+    grads = [mx.grad(lambda g, f=f: f(g, top_k=top_k, jitter_eps=0.01)[1].sum())(gates)
+             for f in (ours, theirs)]
+    assert mx.allclose(grads[0], grads[1], atol=1e-6).item()
