@@ -50,6 +50,7 @@ MODULES = {
     },
     "utils": {
         "api.device": ("maybe_set_recommended_wired_limit",),
+        "compat.sizes": ("_parse_size=parse_size",),
         "loading.adapters": ("load_adapters",),
         "loading.dequantize": ("cast_floats", "dequantize_model"),
         "loading.load": (
@@ -108,6 +109,10 @@ MODULES = {
     },
     "chat": {
         "api.generate": ("stream_generate",),
+        "cli.args": (
+            "DEFAULT_MAX_TOKENS", "DEFAULT_PREFILL_STEP_SIZE", "DEFAULT_TEMP", "DEFAULT_TOP_P",
+            "DEFAULT_XTC_PROBABILITY"
+        ),
         "cache.factory": ("make_prompt_cache",),
         "cli.chat": ("setup_arg_parser=build_parser", "main"),
         "loading.load": ("load",),
@@ -227,6 +232,23 @@ MODULES = {
         "layers.multi_linear": ("MultiLinear", "QuantizedMultiLinear"),
     },
 }
+
+# ``tool_parsers.<family>``: mlx-lm's parser modules, each ``parse_tool_call``,
+# ``tool_call_start`` and ``tool_call_end`` (``compat/tool_call_families.py``).
+TOOL_PARSER_MODULES = {
+    "compat.tool_call_families": (
+        "function_gemma", "gemma4", "glm47", "json_tools", "kimi_k2", "laguna", "longcat",
+        "minimax_m2", "mistral", "pythonic", "qwen3_coder"
+    ),
+    "compat.tool_call_markup": ("kimi_k3", "minicpm5", "muse_spark"),
+}
+for _module, _families in TOOL_PARSER_MODULES.items():
+    for _family in _families:
+        _markers = (f"tool_call_start={_family}_tool_call_start",
+                    f"tool_call_end={_family}_tool_call_end")
+        _row = {"compat.tool_call_families": _markers}
+        _row[_module] = _row.get(_module, ()) + (f"parse_tool_call={_family}_parse_tool_call",)
+        MODULES[f"tool_parsers.{_family}"] = _row
 
 COMMAND_MODULES = ("benchmark", "cache_prompt", "chat", "convert", "fuse", "generate",
                    "perplexity", "run_batch")

@@ -70,12 +70,23 @@ def load_config(model_path):
         raise ModelLoadError(f"no config.json in '{model_path}': not a model directory")
     try:
         with open(path, encoding="utf-8") as f:
-            config = json.load(f)
+            config = json.load(f, object_hook=_untag_float)
     except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ModelLoadError(f"cannot read '{path}': {_one_line(e)}") from None
     if not isinstance(config, dict):
         raise ModelLoadError(f"'{path}' must hold a JSON object, got {type(config).__name__}")
     return config
+
+
+# transformers writes a non-finite float as {"__float__": "Infinity"} (config.json stays
+# JSON for every parser; e.g. Mamba-2's time_step_limit): read back as the float.
+_FLOAT_TAGS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def _untag_float(obj):
+    if len(obj) == 1 and obj.get("__float__") in _FLOAT_TAGS:
+        return _FLOAT_TAGS[obj["__float__"]]
+    return obj
 
 
 def _one_line(error):

@@ -3,6 +3,7 @@ on this module's weight writer ``save_weights``), loading a tokenizer by path an
 counting parameters."""
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -110,7 +111,21 @@ def save_config(config, config_path):
     if "quantization" in config:
         config["quantization_config"] = config["quantization"]
     with open(config_path, "w") as f:
-        json.dump(dict(sorted(config.items())), f, indent=4)
+        json.dump(_tag_floats(dict(sorted(config.items()))), f, indent=4)
+
+
+def _tag_floats(value):
+    """``value`` with each non-finite float as transformers writes it
+    (``{"__float__": "Infinity"}``), so that every JSON parser reads the file;
+    ``load_config`` turns the tags back into floats."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"__float__": "NaN" if math.isnan(value)
+                else ("Infinity" if value > 0 else "-Infinity")}
+    if isinstance(value, dict):
+        return {k: _tag_floats(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_tag_floats(v) for v in value]
+    return value
 
 
 def quantize_model(model, config, group_size, bits, mode="affine", global_scale=False,

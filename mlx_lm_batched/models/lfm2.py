@@ -38,6 +38,7 @@ class ModelArgs(DecoderArgs):
     def __post_init__(self):
         # transformers reads intermediate_size; mlx-lm's block_ff_dim fills in for it.
         self.intermediate_size = self.intermediate_size or self.block_ff_dim
+        self.block_ff_dim = self.block_ff_dim or self.intermediate_size  # mlx-lm's name
         if self.intermediate_size is None:
             raise ValueError(f"{self.model_type}: intermediate_size (or block_ff_dim) is required")
         if self.block_dim not in (None, self.hidden_size):

@@ -23,7 +23,7 @@ from .mamba2 import Mamba2Mixer
 
 # hybrid_override_pattern letters (hub configs) -> layers_block_type names
 _PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
-_KINDS = {"linear_attention": "mamba", "full_attention": "attention"}
+_KINDS = {"linear_attention": "mamba", "conv": "mamba", "full_attention": "attention"}
 
 
 @dataclass
@@ -68,6 +68,13 @@ class ModelArgs(BaseModelArgs):
                 raise ValueError("nemotron_h config needs layers_block_type or hybrid_override_pattern")
             self.layers_block_type = [_PATTERN[c] for c in self.hybrid_override_pattern]
         self.layers_block_type = [_KINDS.get(k, k) for k in self.layers_block_type]
+        letters = {kind: letter for letter, kind in _PATTERN.items()}
+        unknown = sorted({k for k in self.layers_block_type if k not in letters})
+        if unknown:
+            raise ValueError(f"nemotron_h: unknown layers_block_type {', '.join(unknown)} "
+                             f"(known: {', '.join(sorted(letters) + sorted(_KINDS))})")
+        # mlx-lm's field: one letter per layer, also when the config gave block types.
+        self.hybrid_override_pattern = [letters[k] for k in self.layers_block_type]
         self.num_hidden_layers = len(self.layers_block_type)
         self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
 

@@ -54,11 +54,23 @@ def sparsemixer_choice(scores, jitter_eps, exclude=None):
     candidates = scores
     if exclude is not None:
         candidates = mx.put_along_axis(scores, exclude, mx.array(-mx.inf, scores.dtype), axis=-1)
-    index = mx.argmax(candidates, axis=-1, keepdims=True)
+    index = mx.stop_gradient(mx.argmax(candidates, axis=-1, keepdims=True))  # mx.grad works
     best = mx.take_along_axis(candidates, index, axis=-1)
     far = (best - scores) / mx.maximum(mx.abs(scores), best) > 2 * jitter_eps
     probs = mx.softmax(mx.where(far, -mx.inf, candidates), axis=-1, precise=True)
     return index, mx.take_along_axis(probs, index, axis=-1)
+
+
+def sparsemixer(gates, *, top_k, jitter_eps):
+    """mlx-lm's ``phimoe.sparsemixer``: ``top_k`` SparseMixer picks in turn, each excluding
+    the experts picked before it; ``(indices, weights)``, both ``(..., top_k)``."""
+    picks, weights = [], []
+    for _ in range(top_k):
+        exclude = mx.concatenate(picks, -1) if picks else None
+        index, weight = sparsemixer_choice(gates, jitter_eps, exclude=exclude)
+        picks.append(index)
+        weights.append(weight)
+    return mx.concatenate(picks, -1), mx.concatenate(weights, -1)
 
 
 class SparseMixerMoE(SparseMoE):

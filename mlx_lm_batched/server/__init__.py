@@ -10,5 +10,14 @@ through the replay protocol of ``replay.py``.
 
 from .app import create_app
 from .engine import Engine, EngineConfig
+from .mlx_lm_names import (
+    APIHandler,
+    LRUPromptCache,
+    ResponseGenerator,
+    SamplingArguments,
+    ToolCallFormatter,
+    _make_sampler,
+)
 
-__all__ = ["create_app", "Engine", "EngineConfig"]
+__all__ = ["create_app", "Engine", "EngineConfig", "APIHandler", "LRUPromptCache",
+           "ResponseGenerator", "SamplingArguments", "ToolCallFormatter"]

@@ -141,6 +141,9 @@ class TokenizerWrapper:
     def think_end_id(self):
         return _single_id(self._think(3), "end")
 
+    # mlx-lm's private name for the search below (code written for it calls it).
+    _find = staticmethod(find_sequence)
+
     def find_think_start(self, tokens, start=None, end=None):
         return find_sequence(tokens, self.think_start_tokens, start, end)
 
