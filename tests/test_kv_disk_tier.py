@@ -51,7 +51,32 @@ def test_a_fresh_store_reads_the_blocks_back_exactly(tmp_path, smol, row):  # no
     assert again.memory_tokens == 5 * B and again.disk_tokens == 0
 
 
-def test_corrupt_truncated_and_foreign_files_are_skipped(tmp_path, smol, row, caplog):  # noqa: F811
+class Records(logging.Handler):
+    """The records one logger emits, caught on the logger itself: other tests in the same
+    process may have reconfigured the root's handlers or disabled existing loggers."""
+
+    def __init__(self, name):
+        super().__init__(logging.WARNING)
+        self.logger, self.records = logging.getLogger(name), []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    def __enter__(self):
+        self.saved = self.logger.disabled, self.logger.level
+        self.logger.disabled = False
+        self.logger.setLevel(logging.WARNING)
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self)
+        self.logger.disabled, level = self.saved
+        self.logger.setLevel(level)
+
+
+
+def test_corrupt_truncated_and_foreign_files_are_skipped(tmp_path, smol, row):  # noqa: F811
     fp, first = stored(tmp_path, smol, row)
     tokens = row[0]
     keys = first.chain(tokens)
@@ -63,26 +88,24 @@ def test_corrupt_truncated_and_foreign_files_are_skipped(tmp_path, smol, row, ca
         byte = f.read(1)
         f.seek(-100, os.SEEK_END)
         f.write(bytes([byte[0] ^ 0xFF]))
-    with caplog.at_level(logging.WARNING):
+    with Records("mlx_lm_batched.kv_disk") as log:
         hit = BlockStore(fp, B, disk=DiskTier(tmp_path)).lookup(tokens)
     assert hit.disk_tokens == 1 * B  # block 0 only: block 1 is corrupt, the chain stops
-    assert any(paths[1] in r.getMessage() and "checksum" in r.getMessage() for r in caplog.records)
+    assert any(paths[1] in r.getMessage() and "checksum" in r.getMessage() for r in log.records)
     # Block 0 read, block 2's file put under block 1's name: its metadata does not match.
     os.replace(paths[2], paths[1])
-    caplog.clear()
     store = BlockStore(fp, B, disk=DiskTier(tmp_path))
-    with caplog.at_level(logging.WARNING):
+    with Records("mlx_lm_batched.kv_disk") as log:
         assert store.lookup(tokens).disk_tokens == 1 * B
-    assert any(paths[1] in r.getMessage() and "metadata" in r.getMessage() for r in caplog.records)
+    assert any(paths[1] in r.getMessage() and "metadata" in r.getMessage() for r in log.records)
     assert store.disk.skipped == 1
     # Another model (another fingerprint) finds nothing of this one.
     assert BlockStore(b"another model", B, disk=DiskTier(tmp_path)).lookup(tokens).cache is None
     # A truncated file alone: unreadable, skipped.
     os.replace(paths[3], paths[0])
-    caplog.clear()
-    with caplog.at_level(logging.WARNING):
+    with Records("mlx_lm_batched.kv_disk") as log:
         assert BlockStore(fp, B, disk=DiskTier(tmp_path)).lookup(tokens).cache is None
-    assert any(paths[0] in r.getMessage() for r in caplog.records)
+    assert any(paths[0] in r.getMessage() for r in log.records)
 
 
 def test_the_directory_keeps_its_bound(tmp_path, smol, row):  # noqa: F811

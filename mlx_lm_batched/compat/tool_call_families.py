@@ -11,7 +11,7 @@ import json
 import re
 import shlex
 
-from ..tool_parsers.call_syntax_families import _braced_to_json
+from ..tool_parsers.call_syntax_families import braced_to_json
 from ..tool_parsers.calls import load_json, named_call
 from ..tool_parsers.families import FAMILIES
 from .tool_call_values import decode_value, one_or_list, parameter_types
@@ -148,7 +148,7 @@ def _braced_calls(text, quote):
         if depth:
             raise ValueError("unbalanced braces in the tool call")
         name = text[start + len("call:"):brace].strip()
-        calls.append({"name": name, "arguments": _braced_to_json(text[brace:i + 1], quote)})
+        calls.append({"name": name, "arguments": braced_to_json(text[brace:i + 1], quote)})
         pos = i + 1
     return one_or_list(calls)
 
