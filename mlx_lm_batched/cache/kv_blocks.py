@@ -199,6 +199,14 @@ class BlockStore:
                 self.disk.write(block, adapter, self.fingerprint)
         return len(new)
 
+    def held_tokens(self, tokens, adapter=0):
+        """Tokens of ``tokens`` a :meth:`lookup` now would take from memory (whole blocks,
+        leaving >= 1 token; the disk tier not counted); pins nothing."""
+        tokens = [int(t) for t in tokens]
+        keys = self.chain(tokens, adapter, (len(tokens) - 1) // self.block_size)
+        held = next((i for i, k in enumerate(keys) if k not in self._blocks), len(keys))
+        return held * self.block_size
+
     def lookup(self, tokens, adapter=0):
         """The longest run of held blocks of ``tokens``, leaving >= 1 token: a
         :class:`Hit` whose blocks are pinned until ``release(hit.keys)``."""

@@ -63,7 +63,8 @@ class Engine:
             blocks=self.prefix_blocks and bool(c.prompt_cache_size))
         self.leaders = PrefixLeaders(self.prefix)  # cold prompts that share a prefix
         self.samplers = SamplerFactory()
-        self.admission = KVAdmission(self.config)  # the KV memory bound (sized in warm_up)
+        # The KV memory bound (sized in warm_up); cached prefix blocks are not reserved.
+        self.admission = KVAdmission(self.config, self._reused_tokens)
         self._commands = queue.Queue()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # guards _waiting_jobs (read by the event loop)
@@ -335,6 +336,15 @@ class Engine:
         found = capabilities.conflict(self.features | asked)
         if found is not None:
             raise APIError(400, found.message("http") + ".", found.param, found.code)
+
+    def _reused_tokens(self, job, prompt):
+        """Tokens of ``prompt`` that ``job``'s rows will read from shared KV blocks held in
+        memory (a row fetches them right after its reservation, on this thread)."""
+        params, store = job.spec.params, getattr(self.prefix, "store", None)
+        if store is None or not self.config.prompt_cache_size or \
+                (getattr(params, "echo", False) and getattr(params, "logprobs", None)):
+            return 0
+        return store.held_tokens(prompt, getattr(job.spec, "adapter", 0))
 
     def _fetch_prefix(self, prompt, adapter=0):
         """(cache copy or None, tokens still to prefill) of a row on adapter slot ``adapter``."""
