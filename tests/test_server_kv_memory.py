@@ -51,7 +51,7 @@ def test_default_bound_is_on(float_dirs):
         # share it can be small, even 0: then every request is a 400 naming it).
         match = re.search(r"KV memory: ([0-9.]+) GB", srv.output())
         assert match is not None, srv.output()
-        assert abs(budget / 1e9 - float(match.group(1))) <= 0.005
+        assert abs(budget / 1e9 - float(match.group(1))) <= 0.005, (budget, srv.output())
     finally:
         assert srv.stop() == 0, srv.output()
 
