@@ -126,7 +126,9 @@ class Engine:
         self.gen = self._new_generator()
 
     def start(self):
-        """Start the engine thread."""
+        """Start the engine thread (the gauges are set first: ``/metrics`` names the KV
+        bound from the server's first answer, not from the thread's first loop)."""
+        self._update_gauges()
         self._thread = threading.Thread(target=self._run, name="mlx-lm-batched-engine", daemon=True)
         self._thread.start()
 
