@@ -199,13 +199,17 @@ class BlockStore:
                 self.disk.write(block, adapter, self.fingerprint)
         return len(new)
 
-    def held_tokens(self, tokens, adapter=0):
-        """Tokens of ``tokens`` a :meth:`lookup` now would take from memory (whole blocks,
-        leaving >= 1 token; the disk tier not counted); pins nothing."""
+    def held_run(self, tokens, adapter=0):
+        """``(keys, held)``: the keys of the full blocks a :meth:`lookup` of ``tokens``
+        walks (leaving >= 1 token) and how many of them, from the first, are in memory
+        now (the disk tier not counted); pins nothing."""
         tokens = [int(t) for t in tokens]
         keys = self.chain(tokens, adapter, (len(tokens) - 1) // self.block_size)
-        held = next((i for i, k in enumerate(keys) if k not in self._blocks), len(keys))
-        return held * self.block_size
+        return keys, next((i for i, k in enumerate(keys) if k not in self._blocks), len(keys))
+
+    def held_tokens(self, tokens, adapter=0):
+        """Tokens of ``tokens`` a :meth:`lookup` now would take from memory."""
+        return self.held_run(tokens, adapter)[1] * self.block_size
 
     def lookup(self, tokens, adapter=0):
         """The longest run of held blocks of ``tokens``, leaving >= 1 token: a

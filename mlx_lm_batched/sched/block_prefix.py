@@ -120,6 +120,11 @@ class BlockPrefixCache:
         if keys:
             self.store.release(keys)
 
+    def reused_tokens(self, prompt, adapter=0):
+        """Tokens of ``prompt`` a fetch now would take from blocks in memory, which a row
+        reads in place (not its own memory)."""
+        return self.store.held_tokens(prompt, adapter)
+
     def close(self):
         """Wait until the disk tier's queued blocks are written (server shutdown)."""
         if self.store.disk is not None:

@@ -177,6 +177,10 @@ class LRUPromptCache:
     def release(self, uid):
         """Row ``uid`` left: nothing to unpin."""
 
+    def reused_tokens(self, prompt, adapter=0):
+        """0: a fetch here is a copy, the row's own memory."""
+        return 0
+
     def close(self):
         """Server shutdown: nothing to write (the LRU lives in memory only)."""
 

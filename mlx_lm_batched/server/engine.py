@@ -342,11 +342,11 @@ class Engine:
     def _reused_tokens(self, job, prompt):
         """Tokens of ``prompt`` that ``job``'s rows will read from shared KV blocks held in
         memory (a row fetches them right after its reservation, on this thread)."""
-        params, store = job.spec.params, getattr(self.prefix, "store", None)
-        if store is None or not self.config.prompt_cache_size or \
+        params = job.spec.params
+        if not self.config.prompt_cache_size or \
                 (getattr(params, "echo", False) and getattr(params, "logprobs", None)):
             return 0
-        return store.held_tokens(prompt, getattr(job.spec, "adapter", 0))
+        return self.prefix.reused_tokens(prompt, getattr(job.spec, "adapter", 0))
 
     def _fetch_prefix(self, prompt, adapter=0):
         """(cache copy or None, tokens still to prefill) of a row on adapter slot ``adapter``."""

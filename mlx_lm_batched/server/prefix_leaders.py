@@ -32,8 +32,7 @@ class PrefixLeaders:
     def _missing(self, prompt, adapter):
         """Keys of the full blocks of ``prompt`` after the run the store holds (the last
         token always stays to compute, as in ``BlockStore.lookup``)."""
-        keys = self.store.chain(prompt, adapter, (len(prompt) - 1) // self.store.block_size)
-        held = next((i for i, k in enumerate(keys) if k not in self.store), len(keys))
+        keys, held = self.store.held_run(prompt, adapter)
         return keys[held:]
 
     def leader_for(self, prompts, adapter=0):
@@ -42,11 +41,12 @@ class PrefixLeaders:
         if self.store is None or not self._chains:
             return None
         for prompt in prompts:
-            missing = self._missing(list(prompt), adapter)
+            wanted = self._missing(prompt, adapter)[:MIN_SHARED_BLOCKS]
+            if len(wanted) < MIN_SHARED_BLOCKS:
+                continue
             for uid, chain in self._chains.items():
                 # Keys name a block and all before it: shared keys are a leading run.
-                if sum(1 for k in missing[:MIN_SHARED_BLOCKS + 1] if k in chain) \
-                        >= MIN_SHARED_BLOCKS:
+                if all(k in chain for k in wanted):
                     return uid
         return None
 
@@ -60,7 +60,7 @@ class PrefixLeaders:
         Returns whether it leads."""
         if self.store is None:
             return False
-        missing = self._missing(list(prompt), adapter)
+        missing = self._missing(prompt, adapter)
         if len(missing) < MIN_SHARED_BLOCKS:
             return False
         self._chains[uid] = set(missing)
