@@ -2,7 +2,6 @@
 files are found by a fresh store, a restarted server (after ``kill -9``) and a second
 server process; corrupt, truncated and foreign files are skipped with a warning."""
 
-import logging
 import os
 import time
 
@@ -11,6 +10,7 @@ import pytest
 from openai import OpenAI
 
 from conftest import model_dir
+from log_records import Records
 from server_harness import ServerProcess
 from test_kv_blocks import B, generate, smol, text  # noqa: F401  (smol: the fixture)
 from mlx_lm_batched.cache.kv_blocks import BlockStore
@@ -49,31 +49,6 @@ def test_a_fresh_store_reads_the_blocks_back_exactly(tmp_path, smol, row):  # no
     fresh.release(hit.keys)
     again = fresh.lookup(tokens)  # now in memory
     assert again.memory_tokens == 5 * B and again.disk_tokens == 0
-
-
-class Records(logging.Handler):
-    """The records one logger emits, caught on the logger itself: other tests in the same
-    process may have reconfigured the root's handlers or disabled existing loggers."""
-
-    def __init__(self, name):
-        super().__init__(logging.WARNING)
-        self.logger, self.records = logging.getLogger(name), []
-
-    def emit(self, record):
-        self.records.append(record)
-
-    def __enter__(self):
-        self.saved = self.logger.disabled, self.logger.level
-        self.logger.disabled = False
-        self.logger.setLevel(logging.WARNING)
-        self.logger.addHandler(self)
-        return self
-
-    def __exit__(self, *exc):
-        self.logger.removeHandler(self)
-        self.logger.disabled, level = self.saved
-        self.logger.setLevel(level)
-
 
 
 def test_corrupt_truncated_and_foreign_files_are_skipped(tmp_path, smol, row):  # noqa: F811

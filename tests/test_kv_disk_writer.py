@@ -6,7 +6,6 @@ SIGTERM has written every queued block."""
 
 import hashlib
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import torch
 from safetensors import safe_open
 
 from conftest import model_dir
+from log_records import Records
 from server_harness import ServerProcess
 from test_kv_blocks import B, generate, smol, text  # noqa: F401  (smol: the fixture)
 from mlx_lm_batched.cache.kv_blocks import Block, BlockStore
@@ -158,16 +158,16 @@ def test_back_pressure_bounds_the_queue_and_drops_nothing(tmp_path, blocks):
     assert tiny.files == 3
 
 
-def test_a_writer_error_is_a_warning_per_file(tmp_path, smol, row, caplog):  # noqa: F811
+def test_a_writer_error_is_a_warning_per_file(tmp_path, smol, row):  # noqa: F811
     fp = model_fingerprint(smol[0])
     directory = tmp_path / "kv"
     store = BlockStore(fp, B, disk=DiskTier(directory))
     os.rmdir(directory)
     directory.write_text("not a directory")  # every write now fails (NotADirectoryError)
-    with caplog.at_level(logging.WARNING):
+    with Records("mlx_lm_batched.kv_disk") as log:
         assert store.insert(*row) == 5  # the blocks are in memory all the same
         store.disk.flush()
-    failed = [r.getMessage() for r in caplog.records if "cannot write" in r.getMessage()]
+    failed = [r.getMessage() for r in log.records if "cannot write" in r.getMessage()]
     want = {store.disk.path(k) for k in store.chain(row[0])}
     assert len(failed) == 5 and {m.split("cannot write ")[1].split(":")[0] for m in failed} == want
     assert store.disk.write_errors == 5 and store.disk.stats()["disk_write_queue_bytes"] == 0
