@@ -23,6 +23,7 @@ and appending a chunk whose rows start at different columns (``update_shifted``)
 import mlx.core as mx
 
 from . import row_blocks
+from .compat import MlxLmCacheMethods
 from .row_blocks import pad_left
 from .protocol import FullSlotFrame
 
@@ -57,7 +58,7 @@ def update_kv(cache, keys, values, offset):
     return cache.update_and_fetch(keys, values)
 
 
-class KVCache(FullSlotFrame):
+class KVCache(FullSlotFrame, MlxLmCacheMethods):
     """Cache of every slot, for global attention layers (a :class:`KVLayerCache`)."""
 
     step = 256

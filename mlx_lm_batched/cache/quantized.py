@@ -16,6 +16,7 @@ import copy
 
 import mlx.core as mx
 
+from .compat import MlxLmCacheMethods
 from .kv import KVCache
 from .rotating import RotatingKVCache
 
@@ -31,7 +32,7 @@ def check_kv_quantization(bits, group_size):
         raise ValueError(f"kv_group_size must be one of {GROUP_SIZES}, got {group_size!r}")
 
 
-class QuantizedKVCache:
+class QuantizedKVCache(MlxLmCacheMethods):
     """An attention layer's cache of quantized keys and values (a ``KVLayerCache``).
 
     ``max_size``: keep only the last ``max_size`` slots in a ring (sliding-window

@@ -2,8 +2,7 @@
 ``ConcatenateKVCache``, ``dynamic_roll`` and ``TokenBuffer``; and the names that raise on
 construction and name the alternative: the batch caches, whose semantics do not match
 this package's (a batch here is one set of per-layer caches holding every row, with each
-row's padding in the ``PromptCache``), and ``LRUPromptCache``, which is this package's
-prefix LRU (``sched/prefix_cache.py``) under another module path."""
+row's padding in the ``PromptCache``)."""
 
 import mlx.core as mx
 
@@ -57,17 +56,6 @@ class TokenBuffer:
     def tokens(self):
         """The tokens held."""
         return self._buffer[: self._size]
-
-
-class LRUPromptCache:
-    """mlx-lm's prompt-cache LRU is ``mlx_lm_batched.sched.prefix_cache.LRUPromptCache``
-    here; constructing this name raises one line saying so."""
-
-    def __init__(self, *args, **kwargs):
-        raise NotImplementedError(
-            "mlx_lm_batched.models.cache.LRUPromptCache: use "
-            "mlx_lm_batched.sched.prefix_cache.LRUPromptCache (mlx-lm's methods; an exact "
-            "hit leaves one token to prefill)")
 
 
 class _Unsupported:

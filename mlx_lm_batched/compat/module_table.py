@@ -162,6 +162,7 @@ MODULES = {
         "cache.factory": ("make_prompt_cache",),
         "cache.files": ("load_prompt_cache", "save_prompt_cache"),
         "cache.kv": ("KVCache",),
+        "cache.mlx_lm_lru": ("LRUPromptCache=MlxLmLRUPromptCache",),
         "cache.prompt_cache": (
             "PromptCache", "as_prompt_cache", "can_trim_prompt_cache", "trim_prompt_cache"
         ),
@@ -172,8 +173,8 @@ MODULES = {
         "cache.views": ("RowsView", "ShiftedView"),
         "compat.models_base": ("create_attention_mask", "create_causal_mask"),
         "compat.models_cache": (
-            "BatchKVCache", "BatchRotatingKVCache", "ConcatenateKVCache", "LRUPromptCache",
-            "TokenBuffer", "dynamic_roll"
+            "BatchKVCache", "BatchRotatingKVCache", "ConcatenateKVCache", "TokenBuffer",
+            "dynamic_roll"
         ),
     },
     "models.base": {

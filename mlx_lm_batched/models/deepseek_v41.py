@@ -101,6 +101,21 @@ def _wavelengths(args, layer):
     return rope_wavelengths(dims, base)
 
 
+def _apply_rope(x, rope, *, rope_dim, offset=0, scale=1.0, inverse=False):
+    """mlx-lm's helper: ``rope`` (a module taking ``offset``, ``scale`` and ``inverse``,
+    e.g. ``rope_utils.YarnRoPE``) on the last ``rope_dim`` features of ``x`` in float32,
+    along axis 1 for ``(B, L, H, D)`` inputs. The model itself uses ``TailRope``."""
+    if rope_dim == 0:
+        return x
+    tail = x[..., -rope_dim:].astype(mx.float32)
+    if x.ndim == 4:
+        tail = tail.transpose(0, 2, 1, 3)
+    tail = rope(tail, offset=offset, scale=scale, inverse=inverse)
+    if x.ndim == 4:
+        tail = tail.transpose(0, 2, 1, 3)
+    return mx.concatenate([x[..., :-rope_dim], tail.astype(x.dtype)], axis=-1)
+
+
 def clamped_swiglu(gate, up, limit):
     """SwiGLU in float32 with ``gate`` capped at ``limit`` and ``up`` clipped to +-limit
     (no clamp when ``limit`` is 0). Bound to a limit with ``functools.partial`` so the

@@ -1,7 +1,7 @@
 """The names of mlx-lm's ``mlx_lm.server`` that code and tests written for it import:
-``LRUPromptCache`` (this package's prefix LRU, ``sched/prefix_cache.py``),
-``SamplingArguments``, ``_make_sampler`` and ``ToolCallFormatter`` with mlx-lm's
-behaviour, and mlx-lm's ``http.server`` classes (``APIHandler``, ``ResponseGenerator``),
+``LRUPromptCache`` (mlx-lm's store, ``cache/mlx_lm_lru.py``; the server here keeps its
+own, ``sched/prefix_cache.py``), ``SamplingArguments``, ``_make_sampler`` and
+``ToolCallFormatter`` with mlx-lm's behaviour, and mlx-lm's ``http.server`` classes (``APIHandler``, ``ResponseGenerator``),
 which raise on construction: the server here is an ASGI app on one engine thread
 (``create_app``), with the same HTTP API."""
 
@@ -10,8 +10,8 @@ import logging
 import uuid
 from dataclasses import dataclass
 
+from ..cache.mlx_lm_lru import MlxLmLRUPromptCache as LRUPromptCache
 from ..sampling.samplers import make_sampler
-from ..sched.prefix_cache import LRUPromptCache
 
 
 @dataclass
