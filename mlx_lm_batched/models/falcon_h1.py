@@ -25,12 +25,20 @@ from .mamba2 import Mamba2Mixer
 
 @dataclass
 class ModelArgs(DecoderArgs):
+    # Sizes a config leaves out take mlx-lm's defaults, so ``ModelArgs(model_type=
+    # "falcon_h1", ...)`` with few fields builds as it does there; the multipliers and
+    # Mamba sizes keep transformers' defaults (what a checkpoint that omits them means).
+    model_type: str = "falcon_h1"
+    hidden_size: int = 1024
+    num_hidden_layers: int = 36
+    num_attention_heads: int = 8
+    vocab_size: int = 32784
     intermediate_size: Optional[int] = None  # 4 x hidden_size (DecoderArgs)
     rms_norm_eps: float = 1e-5
     attention_bias: bool = False
     mlp_bias: bool = False
     projectors_bias: bool = False
-    mamba_d_ssm: Optional[int] = None
+    mamba_d_ssm: Optional[int] = 1024  # transformers' default; None: expand x hidden_size
     mamba_n_heads: int = 128
     mamba_d_head: int = 8
     mamba_n_groups: int = 1
