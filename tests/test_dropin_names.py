@@ -115,8 +115,9 @@ def test_mask_and_attention_views_match_mlx_lm():
                            atol=1e-5).item()
 
 
-# ArraysCache, CacheList and ChunkedKVCache work (tests/test_mlx_lm_contract_caches.py).
-@pytest.mark.parametrize("name", ["BatchKVCache", "BatchRotatingKVCache"])
+# ArraysCache, CacheList and ChunkedKVCache work (tests/test_mlx_lm_contract_caches.py),
+# BatchKVCache too (tests/test_dropin_caches.py).
+@pytest.mark.parametrize("name", ["BatchRotatingKVCache"])
 def test_unsupported_cache_classes_name_the_alternative(name):
     from mlx_lm_batched.models import cache
 

@@ -141,8 +141,12 @@ def batch_rows(c):
 
 def as_prompt_cache(cache):
     """``cache`` itself when it is a ``PromptCache``, else a ``PromptCache`` of the
-    same layer caches whose rows are unpadded (mlx-lm style plain lists)."""
-    return cache if isinstance(cache, PromptCache) else PromptCache(cache)
+    same layer caches: rows unpadded (mlx-lm style plain lists), or padded as the
+    first layer's ``left_padding`` says (mlx-lm's ``BatchKVCache`` list)."""
+    if isinstance(cache, PromptCache):
+        return cache
+    padding = getattr(cache[0], "left_padding", None) if len(cache) else None
+    return PromptCache(cache, None if padding is None else padding.tolist())
 
 
 def cache_offsets(cache, rows):

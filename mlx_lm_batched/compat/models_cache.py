@@ -1,8 +1,9 @@
 """The names of mlx-lm's ``models.cache`` that exist only for code written for mlx-lm:
 ``ConcatenateKVCache``, ``dynamic_roll`` and ``TokenBuffer``; and the names that raise on
-construction and name the alternative: the batch caches, whose semantics do not match
-this package's (a batch here is one set of per-layer caches holding every row, with each
-row's padding in the ``PromptCache``)."""
+construction and name the alternative: ``BatchRotatingKVCache``, whose semantics do not
+match this package's (a batch here is one set of per-layer caches holding every row, with
+each row's padding in the ``PromptCache``; mlx-lm's ``BatchKVCache`` is
+``cache/batch_kv.py``)."""
 
 import mlx.core as mx
 
@@ -64,14 +65,6 @@ class _Unsupported:
     def __init__(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} is not supported by mlx_lm_batched: "
                                   f"{self.alternative}")
-
-
-class BatchKVCache(_Unsupported):
-    """Not supported (mlx-lm's per-layer batch cache with left padding)."""
-
-    alternative = ("every KVCache holds a whole batch; use make_prompt_cache(model) (or "
-                   "PromptCache(caches, padding=left_padding)) and let batch_generate, "
-                   "generate_step or BatchGenerator record each row's padding")
 
 
 class BatchRotatingKVCache(_Unsupported):

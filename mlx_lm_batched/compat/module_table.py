@@ -157,6 +157,7 @@ MODULES = {
         "loading.demo_models": ("gemma3_gguf_path", "smollm2_gguf_path"),
     },
     "models.cache": {
+        "cache.batch_kv": ("BatchKVCache",),
         "cache.cache_list": ("CacheList",),
         "cache.chunked": ("ChunkedKVCache",),
         "cache.factory": ("make_prompt_cache",),
@@ -173,8 +174,7 @@ MODULES = {
         "cache.views": ("RowsView", "ShiftedView"),
         "compat.models_base": ("create_attention_mask", "create_causal_mask"),
         "compat.models_cache": (
-            "BatchKVCache", "BatchRotatingKVCache", "ConcatenateKVCache", "TokenBuffer",
-            "dynamic_roll"
+            "BatchRotatingKVCache", "ConcatenateKVCache", "TokenBuffer", "dynamic_roll"
         ),
     },
     "models.base": {
