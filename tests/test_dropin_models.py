@@ -46,3 +46,31 @@ def test_falcon_h1_args_with_few_fields_take_mlx_lm_sizes():
                            mamba_d_head=8, mamba_d_ssm=64, mamba_d_state=8, **fields)
     model = ours.Model(small)
     assert model(mx.array([[1, 2, 3]])).shape == (1, 3, 50)
+
+
+@pytest.mark.parametrize("scaling", [
+    None, {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+    {"rope_type": "proportional", "partial_rotary_factor": 0.5, "factor": 2.0}])
+def test_initialize_rope_gives_mlx_lm_classes_and_rotations(scaling):
+    """``rope_utils.initialize_rope`` returns an instance of the class mlx-lm's returns
+    (``nn.RoPE``, ``Llama3RoPE``, ``ProportionalRoPE``) that rotates as mlx-lm's module
+    and as this package's own ``make_rope``, with per-row offsets too."""
+    import mlx.nn as nn
+    from mlx_lm.models import rope_utils as theirs
+
+    from mlx_lm_batched.layers.rope import make_rope
+    from mlx_lm_batched.models import rope_utils as ours
+
+    got = ours.initialize_rope(16, 500.0, False, scaling, 256)
+    want = theirs.initialize_rope(16, 500.0, False, scaling, 256)
+    mlx_lm_class = type(want) if type(want) is not nn.RoPE else nn.RoPE
+    assert isinstance(got, nn.RoPE)
+    assert isinstance(got, getattr(ours, mlx_lm_class.__name__, nn.RoPE))
+    x = mx.random.normal((2, 2, 5, 16), key=mx.random.key(1))
+    np.testing.assert_allclose(np.array(got(x, offset=3)), np.array(want(x, offset=3)),
+                               atol=1e-5)
+    rows = mx.array([3, 0])
+    np.testing.assert_array_equal(np.array(got(x, rows)),
+                                  np.array(make_rope(16, 500.0, False, scaling, 256)(x, rows)))

@@ -219,10 +219,9 @@ MODULES = {
         "layers.moe": ("QuantizedSwitchLinear", "SwitchGLU", "SwitchLinear", "SwitchMLP"),
     },
     "models.rope_utils": {
-        "layers.rope": ("initialize_rope",),
         "layers.rope_classes": (
             "DynamicNTKScalingRoPE", "Llama3RoPE", "ProportionalRoPE", "SuScaledRoPE", "YarnRoPE",
-            "apply_yarn_mscale"
+            "apply_yarn_mscale", "initialize_rope"
         ),
     },
     "models.mla": {

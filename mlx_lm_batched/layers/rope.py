@@ -37,18 +37,17 @@ class _Constant:
         self.value = value
 
 
-class RoPE(nn.Module):
+class RoPE(nn.RoPE):
     """Rotary embedding over the first ``dims`` features with fixed frequencies.
 
     ``freqs`` (when given) are the wavelengths ``mx.fast.rope`` expects, i.e. the
-    inverse of the usual inverse frequencies.
+    inverse of the usual inverse frequencies. A subclass of ``mlx.nn.RoPE`` (what
+    mlx-lm's models hold, and what code written for them checks for); its own call
+    takes per-row offsets.
     """
 
     def __init__(self, dims, base=10000.0, traditional=False, scale=1.0, freqs=None, mscale=1.0):
-        super().__init__()
-        self.dims = dims
-        self.traditional = traditional
-        self.scale = scale
+        super().__init__(dims, traditional=traditional, base=base, scale=scale)
         self.mscale = mscale
         self.base = None if freqs is not None else base
         self._freqs = freqs
@@ -234,12 +233,6 @@ def _proportional_freqs(dims, base, cfg):
     frequencies as transformers does: ``int(partial_rotary_factor * dims // 2)``."""
     angles = int(cfg.get("partial_rotary_factor", 1.0) * dims // 2)
     return proportional_wavelengths(dims, angles, base, cfg.get("factor", 1.0))
-
-
-def initialize_rope(dims, base=10000.0, traditional=False, scaling_config=None,
-                    max_position_embeddings=None):
-    """mlx-lm's ``rope_utils.initialize_rope``: :func:`make_rope` under its keywords."""
-    return make_rope(dims, base, traditional, scaling_config, max_position_embeddings)
 
 
 def make_rope(dims, base=10000.0, traditional=False, scaling=None, max_position_embeddings=None):

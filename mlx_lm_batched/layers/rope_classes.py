@@ -19,6 +19,7 @@ from .rope import (
     RoPE,
     _llama3_freqs,
     _yarn,
+    make_rope,
     proportional_wavelengths,
     rope_wavelengths,
     yarn_mscale,
@@ -121,3 +122,24 @@ def apply_yarn_mscale(scale, scaling_config):
     if rope_type == "default" or not m_all or factor <= 1:
         return scale
     return scale * yarn_mscale(factor, m_all) ** 2
+
+
+def initialize_rope(dims, base=10000.0, traditional=False, scaling_config=None,
+                    max_position_embeddings=None):
+    """mlx-lm's ``rope_utils.initialize_rope``: :func:`make_rope`'s module under its
+    keywords, as an instance of mlx-lm's class where that class computes the same
+    rotation (``nn.RoPE`` for default and linear, ``Llama3RoPE``, ``ProportionalRoPE``
+    with transformers' count of rotated frequencies); yarn and longrope keep
+    ``make_rope``'s modules, which follow transformers where mlx-lm's classes do not."""
+    rope_type = "default"
+    if scaling_config:
+        rope_type = scaling_config.get("rope_type", scaling_config.get("type")) or "default"
+    if rope_type == "llama3":
+        return Llama3RoPE(dims, max_position_embeddings or 2048, traditional, base,
+                          scaling_config)
+    if rope_type == "proportional":
+        # make_rope's count of rotated frequencies (transformers'), as rotated features.
+        angles = int(scaling_config.get("partial_rotary_factor", 1.0) * dims // 2)
+        return ProportionalRoPE(dims, 2 * angles, traditional, base,
+                                scaling_config.get("factor", 1.0))
+    return make_rope(dims, base, traditional, scaling_config, max_position_embeddings)
