@@ -94,8 +94,10 @@ def test_load_model_strict_and_classes_hook(tmp_path):
     loaded, config = load_model(tmp_path, get_model_classes=lambda c: (llama.Model,
                                                                        llama.ModelArgs))
     np.testing.assert_array_equal(np.array(loaded(prompt)), expected)
-    with pytest.raises(NotImplementedError, match="trust_remote_code"):
-        load_model(tmp_path, trust_remote_code=True)
+    # trust_remote_code only matters for a config naming a model_file
+    # (tests/test_dropin_loading.py); this one loads the registry's llama either way.
+    trusted, _ = load_model(tmp_path, trust_remote_code=True)
+    np.testing.assert_array_equal(np.array(trusted(prompt)), expected)
     # Drop one weight: strict loading names it, strict=False keeps the initial value.
     weights = mx.load(str(tmp_path / "model.safetensors"))
     dropped = "model.layers.0.mlp.down_proj.weight"

@@ -54,8 +54,9 @@ MODULES = {
         "loading.adapters": ("load_adapters",),
         "loading.dequantize": ("cast_floats", "dequantize_model"),
         "loading.load": (
-            "ModelLoadError", "get_model_classes", "get_model_path", "hf_repo_to_path", "load",
-            "load_config", "load_model", "load_weights", "model_from_weights"
+            "ModelLoadError", "_get_classes=get_model_classes", "get_model_classes",
+            "get_model_path", "hf_repo_to_path", "load", "load_config", "load_model",
+            "load_weights", "model_from_weights"
         ),
         "loading.model_info": (
             "can_run_metal", "compute_bits_per_weight", "create_model_card",

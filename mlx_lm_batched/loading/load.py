@@ -17,6 +17,7 @@ from .adapters import load_adapters
 from .config_checks import check_config_fields
 from .dequantize import cast_floats, dequantize_dtype, dequantize_for_device, dequantize_model
 from .mlx_lm_layout import from_mlx_lm_weights
+from .remote_code import model_file_classes
 
 HUB_PATTERNS = [
     "*.json",
@@ -225,7 +226,9 @@ def model_from_weights(config, weights, strict=True, lazy=False, source="config.
         raise ModelLoadError(f"{source}: not a valid '{config['model_type']}' config: "
                              f"{type(e).__name__}: {_one_line(e)}") from None
     try:
-        weights = from_mlx_lm_weights(config.get("model_type"), model.sanitize(weights))
+        if hasattr(model, "sanitize"):  # a custom architecture may have none (mlx-lm)
+            weights = model.sanitize(weights)
+        weights = from_mlx_lm_weights(config.get("model_type"), weights)
         qconfig = quantization_config(config)
         if qconfig is not None:
             quantize_like(model, weights, qconfig)
@@ -239,6 +242,10 @@ def model_from_weights(config, weights, strict=True, lazy=False, source="config.
         mx.eval(model.parameters())
     model.eval()
     return model
+
+
+def _has_weights(model_path):
+    return bool(glob.glob(str(Path(model_path) / "*.safetensors")))
 
 
 def load_weights(model_path):
@@ -259,19 +266,25 @@ def load_model(model_path, lazy=False, strict=True, model_config=None,
                get_model_classes=None, trust_remote_code=False):
     """Load a model from a local directory; returns ``(model, config)``.
 
-    ``strict=False`` loads weights that do not cover the model (or carry extras);
+    ``strict=False`` loads weights that do not cover the model (or carry extras, or
+    none: a directory without weights gives the initial parameters, as in mlx-lm);
     ``get_model_classes(config) -> (Model, ModelArgs)`` replaces the registry (mlx-lm's
-    hook for custom architectures). ``trust_remote_code`` (running a checkpoint's own
-    Python) raises ``NotImplementedError``: pass its classes as ``get_model_classes``."""
-    if trust_remote_code:
-        raise NotImplementedError("trust_remote_code is not supported: this package runs no "
-                                  "code from checkpoints; pass get_model_classes instead")
+    hook for custom architectures). A config naming a ``model_file`` (the checkpoint's
+    own architecture in Python) loads only with ``trust_remote_code=True``, mlx-lm's
+    opt-in (``remote_code.py``)."""
     config = load_config(model_path)
     config.update(_check_dict("model_config", model_config))
     source = str(Path(model_path) / "config.json")
+    try:
+        own_classes = model_file_classes(model_path, config, trust_remote_code)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
+    if own_classes is not None:
+        get_model_classes = lambda _config: own_classes  # noqa: E731
     if get_model_classes is None:
         _check_config(architecture_module(config, source), config, source)  # before weights
-    model = model_from_weights(config, load_weights(model_path), strict=strict, lazy=lazy,
+    weights = load_weights(model_path) if strict or _has_weights(model_path) else {}
+    model = model_from_weights(config, weights, strict=strict, lazy=lazy,
                                source=source, weights_source=str(Path(model_path) / "*.safetensors"),
                                model_classes=get_model_classes)
     return model, config
@@ -353,9 +366,9 @@ def load(
     float16/bfloat16 matmuls skip the BLAS and are slower than float32); on a
     GPU the floats keep the checkpoint's dtype. An explicit ``dtype`` wins.
 
-    ``trust_remote_code`` is accepted for mlx-lm compatibility and has no effect:
-    this loader never runs code from a model repository (architectures are this
-    package's own modules). Stop tokens: ``generation_config.json``'s
+    ``trust_remote_code=True`` lets a checkpoint whose config names a ``model_file``
+    run that file to build its architecture (mlx-lm's opt-in, off by default; the
+    tokenizer never runs repository code here). Stop tokens: ``generation_config.json``'s
     ``eos_token_id`` wins over ``config.json``'s (as in mlx-lm); ``model_config``
     overrides both.
 
@@ -391,7 +404,8 @@ def load(
         model_path = get_model_path(str(path_or_hf_repo), revision)
         if model_path.is_file():
             raise ModelLoadError(f"'{model_path}' is a file: pass a model directory or a .gguf file")
-        model, config = load_model(model_path, lazy, model_config=model_config)
+        model, config = load_model(model_path, lazy, model_config=model_config,
+                                   trust_remote_code=trust_remote_code)
         if dequantize:
             dequantize_for_device(model, dtype)
         elif dtype is not None:

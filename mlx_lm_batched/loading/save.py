@@ -25,7 +25,8 @@ MAX_SHARD_BYTES = 5 << 30
 
 def make_shards(weights, max_file_size_gb=MAX_SHARD_BYTES >> 30):
     """Split ``weights`` (a dict of arrays), in order, into dicts of at most
-    ``max_file_size_gb`` GiB each (mlx-lm's); a larger tensor gets a shard of its own."""
+    ``max_file_size_gb`` GiB each (mlx-lm's); a larger tensor gets a shard of its own,
+    and no weights give no shard."""
     limit = max_file_size_gb << 30
     shards, current, size = [], {}, 0
     for k, v in weights.items():
@@ -34,14 +35,15 @@ def make_shards(weights, max_file_size_gb=MAX_SHARD_BYTES >> 30):
             current, size = {}, 0
         current[k] = v
         size += v.nbytes
-    shards.append(current)
+    if current:
+        shards.append(current)
     return shards
 
 
 def save_weights(out, weights):
     """Write ``weights`` (a dict of arrays) into directory ``out``: ``model.safetensors``,
     or shards of at most ``MAX_SHARD_BYTES`` with ``model.safetensors.index.json``."""
-    shards = make_shards(weights)
+    shards = make_shards(weights) or [{}]  # no weights: one empty file
     names = (["model.safetensors"] if len(shards) == 1 else
              [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
     index = {"metadata": {"total_size": sum(v.nbytes for v in weights.values())}, "weight_map": {}}
