@@ -103,3 +103,43 @@ def test_get_classes_and_make_shards_match_mlx_lm():
         weights = {k: SimpleNamespace(nbytes=n) for k, n in case.items()}
         assert [list(s) for s in ours.make_shards(weights, 1)] == \
             [list(s) for s in theirs.make_shards(weights, 1)]
+
+
+def test_compressed_tensors_configs_load_as_mlx_lm(tmp_path):
+    """A ``quant_method: compressed-tensors`` config with MLX-packed weights loads with
+    the format's settings, giving mlx-lm's logits; the helper maps formats as mlx-lm's,
+    and an FP8 format is refused in one line."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+    from mlx_lm import utils as theirs
+
+    from mlx_lm_batched import utils as ours
+    from mlx_lm_batched.models import llama
+
+    for fmt in ("nvfp4-pack-quantized", "mxfp4-pack-quantized", "pack-quantized"):
+        assert ours._compressed_tensors_quantization({"format": fmt}) == \
+            theirs._compressed_tensors_quantization({"format": fmt})
+    with pytest.raises(ValueError, match="float-quantized") as refused:
+        ours._compressed_tensors_quantization({"format": "float-quantized"})
+    assert "\n" not in str(refused.value)
+
+    config = dict(model_type="llama", hidden_size=64, num_hidden_layers=1,
+                  intermediate_size=128, num_attention_heads=4, num_key_value_heads=4,
+                  rms_norm_eps=1e-5, vocab_size=64, tie_word_embeddings=False,
+                  quantization_config={"quant_method": "compressed-tensors",
+                                       "format": "pack-quantized"})
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    nn.quantize(model, group_size=32, bits=4)
+    mx.save_safetensors(str(tmp_path / "model.safetensors"),
+                        dict(tree_flatten(model.parameters())))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded, _ = ours.load_model(tmp_path)
+    reference, _ = theirs.load_model(tmp_path)
+    prompt = mx.array([[1, 5, 9, 2]])
+    np.testing.assert_allclose(np.array(loaded(prompt)), np.array(reference(prompt)),
+                               atol=1e-4)
+    assert loaded.model.layers[0].mlp.up_proj.bits == 4
+    config["quantization_config"]["format"] = "float-quantized"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="float-quantized"):
+        ours.load_model(tmp_path)

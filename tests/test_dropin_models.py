@@ -74,3 +74,22 @@ def test_initialize_rope_gives_mlx_lm_classes_and_rotations(scaling):
     rows = mx.array([3, 0])
     np.testing.assert_array_equal(np.array(got(x, rows)),
                                   np.array(make_rope(16, 500.0, False, scaling, 256)(x, rows)))
+
+
+def test_phi3small_masks_mlx_lm_dummy_token_ids():
+    """``model._dummy_tokenizer_ids`` (mlx-lm's attribute) are the ids whose logits are
+    -inf, mlx-lm's list within the vocabulary."""
+    from mlx_lm.models import phi3small as theirs
+
+    from mlx_lm_batched.models import phi3small as ours
+
+    fields = dict(model_type="phi3small", hidden_size=64, dense_attention_every_n_layers=2,
+                  ff_intermediate_size=128, gegelu_limit=1.0, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, layer_norm_epsilon=1e-4,
+                  vocab_size=100352)
+    model = ours.Model(ours.ModelArgs(**fields))
+    reference = theirs.Model(theirs.ModelArgs(**fields))
+    assert model._dummy_tokenizer_ids.tolist() == reference._dummy_tokenizer_ids.tolist()
+    out = model(mx.array([[1, 2, 3]]))
+    assert mx.all(out[..., model._dummy_tokenizer_ids] == -mx.inf).item()
+    assert mx.all(mx.isfinite(out[..., :100256])).item()

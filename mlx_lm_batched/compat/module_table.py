@@ -58,6 +58,9 @@ MODULES = {
             "get_model_path", "hf_repo_to_path", "load", "load_config", "load_model",
             "load_weights", "model_from_weights"
         ),
+        "loading.quant_formats": (
+            "_compressed_tensors_quantization=compressed_tensors_quantization",
+        ),
         "loading.model_info": (
             "can_run_metal", "compute_bits_per_weight", "create_model_card",
             "does_model_support_input_embeddings", "infer_quant_config", "upload_to_hub"

@@ -17,6 +17,7 @@ from .adapters import load_adapters
 from .config_checks import check_config_fields
 from .dequantize import cast_floats, dequantize_dtype, dequantize_for_device, dequantize_model
 from .mlx_lm_layout import from_mlx_lm_weights
+from .quant_formats import compressed_tensors_quantization
 from .remote_code import model_file_classes
 
 HUB_PATTERNS = [
@@ -119,6 +120,8 @@ def quantization_config(config):
         # Hugging Face MXFP4 checkpoints (GPT-OSS experts as blocks + scales, which
         # the architecture's sanitize maps to MLX's mxfp4 layout).
         return {"group_size": 32, "bits": 4, "mode": "mxfp4"}
+    if isinstance(q, dict) and q.get("quant_method") == "compressed-tensors":
+        return compressed_tensors_quantization(q)
     return None
 
 

@@ -133,13 +133,14 @@ class Model(CausalLM):
                                    for i in range(args.num_hidden_layers)]
         if args.mup_width_multiplier:
             self.logit_scale = 1.0 / args.mup_width_multiplier
+        # mlx-lm's attribute name: the ids whose logits are masked out.
         dummy = [t for t in DUMMY_TOKEN_IDS if t < args.vocab_size]
-        self._dummy_ids = mx.array(dummy) if dummy else None
+        self._dummy_tokenizer_ids = mx.array(dummy) if dummy else None
 
     def __call__(self, *args, **kwargs):
         out = super().__call__(*args, **kwargs)
-        if self._dummy_ids is not None:
-            out[..., self._dummy_ids] = -float("inf")
+        if self._dummy_tokenizer_ids is not None:
+            out[..., self._dummy_tokenizer_ids] = -float("inf")
         return out
 
     def sanitize(self, weights):
