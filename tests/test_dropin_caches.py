@@ -69,3 +69,29 @@ def test_batch_kv_cache_filter_and_extend_keep_offsets_as_mlx_lm():
     theirs.filter(mx.array([2, 3]))
     assert ours.offset.tolist() == theirs.offset.tolist() == [4, 2]
     assert ours.keys_and_values()[0].shape[0] == 2
+
+
+def test_kv_cache_to_quantized_holds_mlx_lm_triples():
+    """``KVCache.to_quantized`` gives mlx-lm's quantized keys and values
+    (``keys_and_values()``: packed, scales, biases), which keep growing as mlx-lm's do."""
+    from mlx_lm.models.cache import KVCache as Theirs
+
+    from mlx_lm_batched.models.cache import KVCache as Ours
+    from mlx_lm_batched.models.cache import QuantizedKVCache
+
+    k = mx.random.normal((2, 2, 40, 64), key=mx.random.key(4))
+    v = mx.random.normal((2, 2, 40, 64), key=mx.random.key(5))
+    ours, theirs = Ours(), Theirs()
+    ours.update_and_fetch(k, v)
+    theirs.update_and_fetch(k, v)
+    quant_ours = ours.to_quantized(group_size=32, bits=8)
+    quant_theirs = theirs.to_quantized(group_size=32, bits=8)
+    assert isinstance(quant_ours, QuantizedKVCache) and quant_ours.offset == 40
+    assert (quant_ours.group_size, quant_ours.bits) == (32, 8)
+    assert ours.to_quantized().bits == 4  # mlx-lm's default
+    step = mx.ones((2, 2, 1, 64))
+    quant_ours.update_and_fetch(step, step)
+    quant_theirs.update_and_fetch(step, step)
+    for a, b in zip(quant_ours.keys_and_values(), quant_theirs.keys_and_values()):
+        for x, y in zip(a, b):
+            assert mx.array_equal(x, y).item()

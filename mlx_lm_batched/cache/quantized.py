@@ -32,7 +32,7 @@ def check_kv_quantization(bits, group_size):
         raise ValueError(f"kv_group_size must be one of {GROUP_SIZES}, got {group_size!r}")
 
 
-class QuantizedKVCache(MlxLmCacheMethods):
+class QuantizedKVCache(MlxLmCacheMethods, quantized_form=True):
     """An attention layer's cache of quantized keys and values (a ``KVLayerCache``).
 
     ``max_size``: keep only the last ``max_size`` slots in a ring (sliding-window
@@ -182,6 +182,11 @@ class QuantizedKVCache(MlxLmCacheMethods):
     @property
     def nbytes(self):
         return sum(p.nbytes for p in self.parts)
+
+    @classmethod
+    def of(cls, cache, group_size=64, bits=8):
+        """:func:`to_quantized` (what ``cache.to_quantized()`` calls)."""
+        return to_quantized(cache, group_size, bits)
 
 
 def to_quantized(cache, group_size=64, bits=8):
