@@ -93,3 +93,28 @@ def test_phi3small_masks_mlx_lm_dummy_token_ids():
     out = model(mx.array([[1, 2, 3]]))
     assert mx.all(out[..., model._dummy_tokenizer_ids] == -mx.inf).item()
     assert mx.all(mx.isfinite(out[..., :100256])).item()
+
+
+def test_laguna_sanitize_strips_language_model_prefix_as_mlx_lm():
+    """Weights under a ``language_model.`` prefix (public repacks) load into the text
+    model and give the same logits; mlx-lm's sanitize strips the prefix too."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import laguna as theirs
+
+    from mlx_lm_batched.models import laguna as ours
+
+    fields = dict(model_type="laguna", vocab_size=50, hidden_size=32, intermediate_size=64,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=8, sliding_window=4, num_experts=4, num_experts_per_tok=2,
+                  moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                  layer_types=["full_attention", "sliding_attention"],
+                  mlp_layer_types=["dense", "sparse"])
+    model = ours.Model(ours.ModelArgs(**fields))
+    prefixed = {f"language_model.{k}": v for k, v in tree_flatten(model.parameters())}
+    copy = ours.Model(ours.ModelArgs(**fields))
+    copy.load_weights(list(copy.sanitize(dict(prefixed)).items()), strict=True)
+    prompt = mx.array([[0, 1, 2, 3, 4]])
+    assert mx.array_equal(copy(prompt), model(prompt)).item()
+    reference = theirs.Model(theirs.ModelArgs(**fields))
+    mlx_lm_own = {f"language_model.{k}": v for k, v in tree_flatten(reference.parameters())}
+    assert not any(k.startswith("language_model.") for k in reference.sanitize(mlx_lm_own))

@@ -124,6 +124,9 @@ class Model(CausalLM):
                        type_windows(args.layer_types, args.sliding_window))
 
     def sanitize(self, weights):
+        # Public repacks (mlx-lm's test names Laguna-XS-2.1-bf16) wrap every tensor in a
+        # VLM-style ``language_model.`` prefix; the model is text only.
+        weights = {k.removeprefix("language_model."): v for k, v in weights.items()}
         weights = super().sanitize(weights)
         for i, kind in enumerate(self.args.mlp_layer_types):
             if kind == "sparse":
