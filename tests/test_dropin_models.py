@@ -118,3 +118,29 @@ def test_laguna_sanitize_strips_language_model_prefix_as_mlx_lm():
     reference = theirs.Model(theirs.ModelArgs(**fields))
     mlx_lm_own = {f"language_model.{k}": v for k, v in tree_flatten(reference.parameters())}
     assert not any(k.startswith("language_model.") for k in reference.sanitize(mlx_lm_own))
+
+
+def test_mistral4_args_built_with_rope_parameters_scale_attention_as_mlx_lm():
+    """``ModelArgs(rope_parameters=...)`` (transformers 5's layout, passed to the
+    constructor) sets the YaRN settings as ``from_dict`` does: the attention scale is
+    mlx-lm's, with the YaRN factor squared."""
+    from mlx_lm.models import mistral4 as theirs
+
+    from mlx_lm_batched.models import mistral4 as ours
+
+    rope = {"rope_type": "yarn", "factor": 128.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+            "beta_fast": 32, "beta_slow": 1, "original_max_position_embeddings": 4096,
+            "rope_theta": 100000.0, "llama_4_scaling_beta": 0.1}
+    fields = dict(model_type="mistral4", vocab_size=64, hidden_size=64, intermediate_size=64,
+                  moe_intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, n_routed_experts=4, num_experts_per_tok=2,
+                  kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=16, qk_nope_head_dim=16,
+                  v_head_dim=16, n_shared_experts=1, routed_scaling_factor=1.0,
+                  norm_topk_prob=True, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                  n_group=1, topk_group=1, first_k_dense_replace=0, rope_parameters=rope)
+    built = ours.ModelArgs(**fields)
+    assert built.rope_scaling == ours.ModelArgs.from_dict(fields).rope_scaling
+    assert built.rope_theta == 100000.0
+    got = ours.Model(built).layers[0].self_attn.scale
+    want = theirs.Model(theirs.ModelArgs(**fields)).layers[0].self_attn.scale
+    assert got == pytest.approx(want, rel=1e-6) and got > 32 ** -0.5

@@ -11,6 +11,7 @@ import mlx.nn as nn
 
 from ..layers.moe import topk_indices
 from . import deepseek_v2, deepseek_v3, ministral3
+from .common import apply_rope_parameters
 from .deepseek_v2 import limit_to_groups
 
 
@@ -40,6 +41,9 @@ class ModelArgs(deepseek_v3.ModelArgs):
     qk_head_dim: Optional[int] = None
 
     def __post_init__(self):
+        # ``ModelArgs(rope_parameters=...)`` (transformers 5's layout) as from_dict reads it:
+        # the YaRN settings reach the RoPE and the attention scale.
+        apply_rope_parameters(self)
         super().__post_init__()
         width = self.qk_nope_head_dim + self.qk_rope_head_dim
         if self.qk_head_dim is None:
