@@ -32,6 +32,7 @@ from pathlib import Path
 
 from bench_serving_harness import (
     PeakRSS,
+    distinct_prompts,
     free_port,
     machine,
     metrics,
@@ -42,7 +43,6 @@ from bench_serving_harness import (
     stream_completion,
     tokenizer,
 )
-from bench_serving_harness import distinct_prompts
 
 GB = 1e9
 MARGIN_BYTES = 300_000_000  # the target: peak RSS above warm within the KV bound plus this
