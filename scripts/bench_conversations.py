@@ -19,106 +19,23 @@ for the server's output (default: discarded).
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
-import threading
 import time
-import urllib.request
 from concurrent import futures
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-CORPUS = ROOT / "tests" / "data" / "corpus.txt"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rss_bytes(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-class PeakRSS(threading.Thread):
-    """Samples a process's RSS until stopped; ``peak`` holds the largest seen."""
-
-    def __init__(self, pid, every=0.02):
-        super().__init__(daemon=True)
-        self.pid, self.every, self.peak, self._done = pid, every, 0, threading.Event()
-
-    def run(self):
-        while not self._done.is_set():
-            try:
-                self.peak = max(self.peak, rss_bytes(self.pid))
-            except OSError:
-                return
-            time.sleep(self.every)
-
-    def stop(self):
-        self._done.set()
-        self.join()
-
-
-def system_prompt(model_dir, n_tokens):
-    """Corpus text (repeated) cut to about ``n_tokens`` tokens of the model's tokenizer."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    text = CORPUS.read_text(encoding="utf-8")
-    ids = tok.encode(text, add_special_tokens=False)
-    ids = (ids * (n_tokens // len(ids) + 1))[:n_tokens]
-    return tok.decode(ids)
-
-
-def start_server(model_dir, port, extra):
-    cmd = [sys.executable, "-m", "mlx_lm_batched.server", "--model", str(model_dir),
-           "--served-model-name", "m", "--port", str(port), "--log-level", "warning", *extra]
-    log = open(os.environ.get("BENCH_SERVER_LOG", os.devnull), "w")
-    # A neutral working directory: ``-m`` puts it first on sys.path, before PYTHONPATH.
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("server did not start in 300 s")
-
-
-def chat(client, messages, max_tokens):
-    """``(answer, ttft s, prompt tokens, cached tokens)`` of one streamed greedy chat turn."""
-    sent = time.monotonic()
-    ttft, parts, usage = None, [], None
-    stream = client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens,
-                                            temperature=0, stream=True,
-                                            stream_options={"include_usage": True})
-    for chunk in stream:
-        if chunk.usage is not None:
-            usage = chunk.usage
-        for choice in chunk.choices:
-            if choice.delta.content:
-                if ttft is None:
-                    ttft = time.monotonic() - sent
-                parts.append(choice.delta.content)
-    details = getattr(usage, "prompt_tokens_details", None)
-    cached = (getattr(details, "cached_tokens", 0) or 0) if details else 0
-    return "".join(parts), ttft if ttft is not None else time.monotonic() - sent, \
-        usage.prompt_tokens, cached
+from bench_serving_harness import (
+    PeakRSS,
+    corpus_text,
+    free_port,
+    machine,
+    pct,
+    rss_bytes,
+    start_server,
+    stop_server,
+    tokenizer,
+)
+from bench_serving_harness import stream_chat as chat
 
 
 def conversation(client, system, index, turns, max_tokens):
@@ -133,11 +50,6 @@ def conversation(client, system, index, turns, max_tokens):
     return out
 
 
-def pct(values, q):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
@@ -150,7 +62,7 @@ def main():
     args = p.parse_args()
     from openai import OpenAI
 
-    system = system_prompt(args.model, args.system_tokens)
+    system = corpus_text(tokenizer(args.model), args.system_tokens)
     port = free_port()
     proc = start_server(args.model, port, args.server_args)
     try:
@@ -167,14 +79,10 @@ def main():
         wall = time.monotonic() - start
         sampler.stop()
     finally:
-        proc.terminate()
-        proc.wait(60)
+        stop_server(proc)
     records = [r for run in runs for r in run]
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    cpu = next((line.split(":", 1)[1].strip() for line in cpu.splitlines()
-                if line.startswith("Model name")), "unknown")
     report = {
-        "cpu": cpu, "load_average": os.getloadavg(), "pythonpath": os.environ.get("PYTHONPATH"),
+        **machine(),
         "conversations": args.conversations, "turns": args.turns, "wall_s": round(wall, 2),
         "warm_rss_bytes": warm, "peak_rss_above_warm_bytes": sampler.peak - warm,
         "prefix_hit_rate": round(sum(r["cached_tokens"] for r in records)

@@ -143,7 +143,8 @@ def test_kv_admission(server):
             lines = first.iter_lines()
             next(line for line in lines if line.startswith("data:"))
             with futures.ThreadPoolExecutor(1) as pool:
-                # 100 more tokens do not fit beside the first's 200 (room for 300).
+                # 100 more tokens do not fit beside the first's 200 (room for 225: of the
+                # 300 tokens' bound, the prefix cache's blocks take a quarter).
                 second = pool.submit(post, server, "/v1/completions",
                                      {**body, "stream": False, "max_tokens": 100})
                 deadline = time.monotonic() + 30

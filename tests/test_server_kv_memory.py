@@ -9,7 +9,12 @@ import sys
 
 import pytest
 
-from mlx_lm_batched.engine.kv_budget import DEFAULT_MARGIN_BYTES, kv_memory_budget
+from mlx_lm_batched.engine.kv_budget import (
+    DEFAULT_MARGIN_BYTES,
+    DEFAULT_PREFIX_CACHE_BYTES,
+    kv_memory_budget,
+    split_kv_bound,
+)
 from server_harness import ServerProcess
 from test_server_errors import kv_bytes_per_token
 
@@ -29,6 +34,34 @@ def test_budget_settings():
             kv_memory_budget(bad, 20 * gb)
     with pytest.raises(ValueError, match="give it in GB"):
         kv_memory_budget("50%", None)
+
+
+def test_an_explicit_bound_covers_the_prefix_cache():
+    gb = 10 ** 9
+    # A quarter for the prefix cache's blocks (at most its default 1 GiB), the rest admits.
+    assert split_kv_bound(gb // 2) == (gb // 2 - gb // 8, gb // 8)
+    assert split_kv_bound(20 * gb) == (20 * gb - DEFAULT_PREFIX_CACHE_BYTES,
+                                       DEFAULT_PREFIX_CACHE_BYTES)
+    # Its bound given: the two are separate, as given; prefix reuse off: all admits.
+    assert split_kv_bound(gb, prefix_cache_bytes=gb // 10) == (gb, gb // 10)
+    assert split_kv_bound(gb, prefix_cache_on=False)[0] == gb
+
+
+@pytest.mark.parametrize("flags,budget,prefix", [
+    (["--kv-memory", "0.4"], 300_000_000, 100_000_000),
+    (["--kv-memory", "0.4", "--prompt-cache-bytes", "50000000"], 400_000_000, 50_000_000),
+])
+def test_kv_memory_bounds_requests_and_prefix_blocks(float_dirs, flags, budget, prefix):
+    """The server's gauges and startup log show the split of ``--kv-memory``."""
+    srv = ServerProcess(float_dirs["smollm2"], *flags, "--log-level", "info")
+    try:
+        metrics = srv.metrics()
+        assert metrics["mlx_lm_batched_kv_budget_bytes"] == budget
+        assert metrics["mlx_lm_batched_kv_blocks_bytes_bound"] == prefix
+        assert f"KV memory: {budget / 1e9:.2f} GB; prefix cache: {prefix / 1e9:.2f} GB" \
+            in srv.output(), srv.output()
+    finally:
+        assert srv.stop() == 0, srv.output()
 
 
 @pytest.mark.parametrize("flags,message", [

@@ -178,3 +178,23 @@ def kv_memory_budget(setting, available, held_elsewhere=0):
                              "device does not report: give it in GB")
         return int(available * value / 100)
     return int(value * 1e9)
+
+
+# The prefix cache's default memory bound (``--prompt-cache-bytes``).
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
+# Of an explicit KV bound, the share the prefix cache's blocks get by default: 1/4.
+PREFIX_CACHE_SHARE = 4
+
+
+def split_kv_bound(bound, prefix_cache_bytes=None, prefix_cache_on=True):
+    """``(bytes admitted requests may reserve, the prefix cache's bound)`` under an explicit
+    KV bound (``--kv-memory`` / ``--max-kv-bytes``): the prefix cache's KV blocks are KV
+    memory too, so unless its bound is given (``prefix_cache_bytes``; then the two are
+    separate, as given) it takes a quarter of ``bound`` (at most the default 1 GiB) and
+    admission the rest. With the prefix cache off, admission gets the whole bound."""
+    if prefix_cache_bytes is not None:
+        return bound, prefix_cache_bytes
+    if not prefix_cache_on:
+        return bound, DEFAULT_PREFIX_CACHE_BYTES
+    share = min(DEFAULT_PREFIX_CACHE_BYTES, bound // PREFIX_CACHE_SHARE)
+    return bound - share, share

@@ -71,8 +71,10 @@ def build_parser():
                    help="memory for the KV cache and recurrent state of admitted requests, in "
                    "GB or as a share of the memory free after loading ('50%%'); a request "
                    "that does not fit beside the running ones waits its turn, one that can "
-                   "never fit is answered 400 (default: the free memory less the prefix "
-                   "cache's bound and a margin of 10%%, at least 1 GB)")
+                   "never fit is answered 400; given, it bounds the prefix cache's KV "
+                   "blocks too (a quarter of it, unless --prompt-cache-bytes is given) "
+                   "(default: the free memory less the prefix cache's bound and a margin "
+                   "of 10%%, at least 1 GB)")
     p.add_argument("--max-kv-bytes", type=_positive(int),
                    help="the same bound in bytes (instead of --kv-memory)")
     p.add_argument("--kv-bits", type=int, choices=(2, 3, 4, 5, 6, 8),
@@ -88,9 +90,11 @@ def build_parser():
                    help="largest request body (413 above)")
     p.add_argument("--prompt-cache-size", type=int, default=10,
                    help="prefix-cache entries (0 turns prefix reuse off)")
-    p.add_argument("--prompt-cache-bytes", type=_positive(int), default=1 << 30,
+    p.add_argument("--prompt-cache-bytes", type=_positive(int),
                    help="memory bound of the prefix cache (of its shared KV blocks on models "
-                   "with plain KV caches)")
+                   "with plain KV caches); default 1 GiB beside the default KV bound, or a "
+                   "quarter of an explicit --kv-memory / --max-kv-bytes (at most 1 GiB), "
+                   "which then bounds both")
     p.add_argument("--kv-block-size", type=_positive(int), default=32,
                    help="tokens per shared KV block of the prefix cache (default 32)")
     p.add_argument("--kv-disk-dir", default=None,
@@ -199,6 +203,32 @@ def _features(args, group, adapter_names):
     return features
 
 
+def _kv_bounds(args, parser):
+    """``(bytes admitted requests may reserve or None, the prefix cache's bound)`` from
+    ``--kv-memory`` / ``--max-kv-bytes`` / ``--prompt-cache-bytes``.
+
+    The default bound is what is free after loading less the prefix cache's bound and a
+    margin; an explicit one covers the prefix cache's blocks too (``split_kv_bound``), so
+    that the server's KV memory stays within what was asked."""
+    from ..engine.kv_budget import (
+        DEFAULT_PREFIX_CACHE_BYTES,
+        available_memory,
+        kv_memory_budget,
+        split_kv_bound,
+    )
+
+    if args.kv_memory is not None and args.max_kv_bytes is not None:
+        parser.error("--kv-memory and --max-kv-bytes set the same bound: pass one")
+    try:
+        if args.kv_memory is None and args.max_kv_bytes is None:
+            prefix = args.prompt_cache_bytes or DEFAULT_PREFIX_CACHE_BYTES
+            return kv_memory_budget(None, available_memory(), held_elsewhere=prefix), prefix
+        bound = args.max_kv_bytes or kv_memory_budget(args.kv_memory, available_memory())
+    except ValueError as e:
+        parser.error(str(e))
+    return split_kv_bound(bound, args.prompt_cache_bytes, args.prompt_cache_size > 0)
+
+
 def _serve(argv):
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -238,17 +268,7 @@ def _serve(argv):
         from .replay import run_follower
 
         return run_follower(model, group)
-    if args.kv_memory is not None and args.max_kv_bytes is not None:
-        parser.error("--kv-memory and --max-kv-bytes set the same bound: pass one")
-    kv_budget = args.max_kv_bytes
-    if kv_budget is None:
-        from ..engine.kv_budget import available_memory, kv_memory_budget
-
-        try:
-            kv_budget = kv_memory_budget(args.kv_memory, available_memory(),
-                                         held_elsewhere=args.prompt_cache_bytes)
-        except ValueError as e:
-            parser.error(str(e))
+    kv_budget, prompt_cache_bytes = _kv_bounds(args, parser)
     config = EngineConfig(
         max_batch=args.max_batch, prefill_batch=args.prefill_batch,
         prefill_step_size=args.prefill_step_size,
@@ -256,7 +276,7 @@ def _serve(argv):
         default_max_tokens=args.max_tokens,
         context_length=args.max_context, max_kv_bytes=kv_budget,
         max_waiting=args.max_waiting, prompt_cache_size=args.prompt_cache_size,
-        prompt_cache_bytes=args.prompt_cache_bytes, kv_bits=args.kv_bits,
+        prompt_cache_bytes=prompt_cache_bytes, kv_bits=args.kv_bits,
         kv_block_size=args.kv_block_size, kv_disk_dir=args.kv_disk_dir,
         kv_disk_bytes=args.kv_disk_bytes,
         kv_group_size=args.kv_group_size, quantized_kv_start=args.quantized_kv_start,
@@ -294,9 +314,11 @@ def _serve(argv):
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     engine.start()
-    log.info("serving %s on http://%s:%d (context %s tokens; weights: %s; KV memory: %s%s)",
+    log.info("serving %s on http://%s:%d (context %s tokens; weights: %s; KV memory: %s; "
+             "prefix cache: %.2f GB%s)",
              name, args.host, args.port, engine.context_length, weights,
              "no bound" if kv_budget is None else f"{kv_budget / 1e9:.2f} GB",
+             prompt_cache_bytes / 1e9,
              "" if group is None else
              f"; tensor parallel over {group.size()} ranks, rank 0 is pid {os.getpid()}")
     try:

@@ -49,8 +49,9 @@ class KVAdmission:
         limit = self.config.max_kv_bytes
         if limit is not None and need > limit:
             raise APIError(400, f"This request needs about {need} bytes of KV cache and state "
-                           f"(prompt + max_tokens, times n), over the server's KV memory "
-                           f"of {limit} bytes (--kv-memory / --max-kv-bytes).",
+                           f"(prompt + max_tokens, times n), over the {limit} bytes of KV "
+                           f"memory requests may hold (--kv-memory / --max-kv-bytes, less "
+                           f"the prefix cache's share).",
                            "max_tokens", "request_too_large")
         if limit is not None and self.reserved + need > limit:
             return False
