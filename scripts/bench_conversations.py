@@ -13,7 +13,9 @@ conversation's earlier turns with the answers it got, and a new user message.
 Reported: the CPU (``lscpu``) and load average, wall time of the conversations, the
 server's peak resident memory above its warm RSS (``/proc/PID/status`` sampled every
 20 ms), the prefix hit rate (``usage.prompt_tokens_details.cached_tokens`` over prompt
-tokens), and time to first token p50/p95 for each turn. ``$BENCH_SERVER_LOG``: a file
+tokens), the server's MLX peak memory above its warm active memory (``/metrics``:
+arrays only, where RSS also counts the heap and allocator caches), and time to first
+token p50/p95 for each turn. ``$BENCH_SERVER_LOG``: a file
 for the server's output (default: discarded).
 """
 
@@ -67,6 +69,18 @@ class PeakRSS(threading.Thread):
     def stop(self):
         self._done.set()
         self.join()
+
+
+def mlx_memory(port):
+    """The server's MLX ``(active, peak)`` bytes from its ``/metrics``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    values = {}
+    for line in text.splitlines():
+        for name in ("memory_active_bytes", "memory_peak_bytes"):
+            if line.startswith(f"mlx_lm_batched_{name} "):
+                values[name] = int(float(line.split()[1]))
+    return values.get("memory_active_bytes", 0), values.get("memory_peak_bytes", 0)
 
 
 def system_prompt(model_dir, n_tokens):
@@ -157,6 +171,8 @@ def main():
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=600)
         chat(client, [{"role": "user", "content": "Hello"}], 2)
         warm = rss_bytes(proc.pid)
+        time.sleep(0.5)  # the engine's gauges refresh while it is idle
+        warm_active, _ = mlx_memory(port)
         sampler = PeakRSS(proc.pid)
         sampler.start()
         start = time.monotonic()
@@ -166,6 +182,8 @@ def main():
                                  range(args.conversations)))
         wall = time.monotonic() - start
         sampler.stop()
+        time.sleep(0.5)
+        _, peak = mlx_memory(port)
     finally:
         proc.terminate()
         proc.wait(60)
@@ -177,6 +195,7 @@ def main():
         "cpu": cpu, "load_average": os.getloadavg(), "pythonpath": os.environ.get("PYTHONPATH"),
         "conversations": args.conversations, "turns": args.turns, "wall_s": round(wall, 2),
         "warm_rss_bytes": warm, "peak_rss_above_warm_bytes": sampler.peak - warm,
+        "mlx_peak_above_warm_active_bytes": peak - warm_active,
         "prefix_hit_rate": round(sum(r["cached_tokens"] for r in records)
                                  / max(1, sum(r["prompt_tokens"] for r in records)), 4),
         "ttft_by_turn": {t: {"p50": round(statistics.median(v), 3), "p95": round(pct(v, 0.95), 3)}
