@@ -213,6 +213,38 @@ def test_prefix_from_blocks_gives_the_same_tokens_and_logprobs(smol, step):
         assert mx.array_equal(c.state[0], d.state[0])
 
 
+def test_a_finished_row_keeps_its_head_and_stores_only_its_own_blocks(smol):
+    """A row continued from stored blocks ends with a cache that still reads the store's
+    block arrays (the same objects) and holds only its own slots, and storing it slices
+    its new blocks from its own buffer: the same bits as storing a dense copy of it."""
+    model, ids = smol
+    _, _, cache, tokens = generate(model, text(ids, 8 * B + 5, 300), n=1)
+    prefix = make_prefix_cache(model, block_size=B)
+    prefix.insert_cache(model, tokens, cache)
+    follow = tokens[:8 * B] + text(ids, 2 * B + 9, 900)
+    head, rest = prefix.fetch_nearest_cache(model, follow)
+    _, _, done, held = generate(model, rest, n=B, cache=head, prefix=follow[:8 * B])
+    store = prefix.store
+    first_block = store._blocks[store.chain(follow, 0, 1)[0]]
+    for layer, c in enumerate(done):
+        (block,) = c.blocks
+        assert block.head[0][0] is store._blocks[first_block.key].keys[layer]
+        assert block.keys.shape[2] == c.size - 8 * B  # its own slots, no copy of the head
+    dense = []
+    for c in done:
+        k, v = c.state
+        d = KVCache()
+        d.state = [mx.array(k), mx.array(v)]
+        dense.append(d)
+    other = BlockStore(store.fingerprint, B)
+    keys = store.chain(held)
+    assert store.insert(held, done) == len(keys) - 8 and other.insert(held, dense) == len(keys)
+    for key in keys[8:]:
+        ours, ref = store._blocks[key], other._blocks[key]
+        for a, b in zip(ours.keys + ours.values, ref.keys + ref.values):
+            assert a.shape == b.shape and mx.array_equal(a, b).item()
+
+
 def test_rows_on_one_prefix_read_its_blocks_in_place(smol):
     """Three conversations continued from one stored 8-block prefix decode together: each
     row's layer caches hold the store's own block arrays (the same objects, no copy) and

@@ -201,6 +201,17 @@ class KVCache(FullSlotFrame, MlxLmCacheMethods):
             return None, None
         return self.keys[..., : self.size, :], self.values[..., : self.size, :]
 
+    def span_reader(self):
+        """A function ``(a, b) -> (keys, values)`` of slots ``[a, b)`` of this one-row
+        cache: a shared head's segments and the own buffer are sliced where they are;
+        any other layout is joined once (``ordered``) and sliced."""
+        if self.blocks is not None and len(self.blocks) == 1 and self.blocks[0].first == 0:
+            read = row_blocks.span_reader(self.blocks[0])
+            if read is not None:
+                return read
+        keys, values = self.ordered()
+        return lambda a, b: (keys[..., a:b, :], values[..., a:b, :])
+
     def load_ordered(self, keys, values, size):
         """Hold ``keys``/``values``: the slots up to slot ``size`` (exclusive) in order."""
         self.keys, self.values, self.size = keys, values, size

@@ -176,15 +176,18 @@ class BlockStore:
         held = min(len(tokens), min(c.size for c in prompt_cache))
         tokens = [int(t) for t in tokens[:held]]
         keys = self.chain(tokens, adapter)
-        layers = [c.ordered() for c in prompt_cache] if keys else []
+        # Slots read where they are: a row continued from stored blocks holds them as a
+        # shared head, so only its own slots are sliced (never the whole cache joined).
+        readers = [c.span_reader() for c in prompt_cache] if keys else []
         new, pinned, parent = [], [], b""
         try:
             for i, key in enumerate(keys):
                 if key not in self._blocks:
                     a, b = i * self.block_size, (i + 1) * self.block_size
+                    spans = [read(a, b) for read in readers]
                     block = Block(key, parent, tuple(tokens[a:b]),
-                                  [mx.contiguous(k[:, :, a:b, :]) for k, _ in layers],
-                                  [mx.contiguous(v[:, :, a:b, :]) for _, v in layers])
+                                  [mx.contiguous(k) for k, _ in spans],
+                                  [mx.contiguous(v) for _, v in spans])
                     if not self._add(block):
                         break  # memory is pinned full: later blocks would have no parent
                     new.append(block)

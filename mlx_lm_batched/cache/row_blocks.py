@@ -172,6 +172,30 @@ def fetch_groups(blocks, groups, end):
     return keys, values
 
 
+def span_reader(block):
+    """A function ``(a, b) -> (keys, values)`` of a one-row block's slots ``[a, b)``,
+    read where they are held when the span lies in one shared segment or in the own
+    buffer (no join: a block store slices new blocks from a finished row this way);
+    None when the block has no head (read it as one array)."""
+    if not block.head:
+        return None
+
+    def read(a, b):
+        at = block.first
+        for k, v in zip(*block.head):
+            n = k.shape[2]
+            if at <= a and b <= at + n:
+                return k[..., a - at : b - at, :], v[..., a - at : b - at, :]
+            at += n
+        own = block.own_first
+        if a >= own:
+            return block.keys[..., a - own : b - own, :], block.values[..., a - own : b - own, :]
+        k, v = block.joined_head(block.keys, block.values)  # a span across the seam
+        return k[..., a - block.first : b - block.first, :], v[..., a - block.first : b - block.first, :]
+
+    return read
+
+
 def row_slots(blocks, row, first, end):
     """Row ``row``'s ``(1, H, end - first, D)`` keys and values for slots ``[first, end)``
     (``first``: at or after its block's first slot)."""

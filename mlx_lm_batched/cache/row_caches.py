@@ -84,6 +84,17 @@ def _empty_like(c):
 
 
 def _row_of_full(c, row, pad):
+    block = next((b for b in c.blocks or () if b.start <= row < b.stop), None)
+    if block is not None and block.head and block.first == pad:
+        # A row continued from stored blocks keeps them as its shared head (no join):
+        # only its own slots are copied.
+        own = c.size - block.own_first
+        new = KVCache()
+        new.blocks = [row_blocks.with_head(
+            *block.head, mx.contiguous(block.keys[..., :own, :]),
+            mx.contiguous(block.values[..., :own, :]))]
+        new.size = c.size - pad
+        return new
     k, v = c.row_slots(row, pad)
     new = KVCache()
     new.state = [mx.contiguous(k), mx.contiguous(v)]

@@ -264,13 +264,13 @@ class BatchGenerator:
         return Batch(engine, job=engine.start_prefill(tokens, padding, cuts=cuts,
                                                       score=score or None))
 
-    def _prefill_call(self):
-        """One model call of the oldest prefill (within ``prefill_tokens_per_step`` while
-        rows decode); a prefill that is done joins decoding."""
+    def _prefill_call(self, token_budget=None):
+        """One model call of the oldest prefill (within ``token_budget`` prompt tokens);
+        a prefill that is done joins decoding."""
         batch = self._prefills[0]
         job = batch.job
         tic = time.perf_counter()
-        done = job.advance(self.options.prefill_tokens_per_step if self._decoding() else None)
+        done = job.advance(token_budget)
         if done:
             mx.eval(*[x for x in job.result if x is not None])
         self._counters.prompt_time += time.perf_counter() - tic
@@ -375,13 +375,31 @@ class BatchGenerator:
         if self._decoding() >= self.completion_batch_size:
             return prompt_responses, generation_responses
         self._admit()
-        # One call while rows are decoding; with none decoding, prefill until a batch
-        # joins or a segment ends (the caller may extract the cache there).
+        # While rows decode, a step's prefill calls feed up to ``prefill_tokens_per_step``
+        # prompt tokens (rows x columns); unbounded, its first call is a whole chunk and
+        # further calls fill up to ``prefill_step_size``, so short prompts that prefill
+        # alone (rows continuing a cached prefix) start several per step instead of one
+        # per decode step. With none decoding, prefill until a batch joins or a segment
+        # ends (the caller may extract the cache there).
+        limit = self.options.prefill_tokens_per_step
+        step_budget, spent = limit or self.options.prefill_step_size, 0
         while self._prefills:
-            chunk = self._prefill_call()
+            decoding, job = self._decoding(), self._prefills[0].job
+            before = sum(job.fed) + job.padding_tokens  # rows x columns computed
+            call_budget = (step_budget - spent) if decoding and (spent or limit) else None
+            chunk = self._prefill_call(call_budget)
             prompt_responses.extend(chunk)
-            if self._decoding() or any(r.end_of_segment for r in chunk):
+            if any(r.end_of_segment for r in chunk):
                 break
+            if not decoding:
+                if self._decoding():
+                    break
+                continue
+            spent += max(1, sum(job.fed) + job.padding_tokens - before)
+            if spent >= step_budget or self._decoding() >= self.completion_batch_size:
+                break
+            if job.done:
+                self._admit()  # its rows joined decoding: room for the next queued rows
         return prompt_responses, generation_responses
 
     def next(self):

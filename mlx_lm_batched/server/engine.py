@@ -468,4 +468,5 @@ class Engine:
             kv_reserved_bytes=self.admission.reserved,
             kv_budget_bytes=self.config.max_kv_bytes or 0,
             kv_waiting_requests=len(self.admission.waiting), prefix_cache_bytes=self.prefix.nbytes,
-            memory_active_bytes=mx.get_active_memory(), **self.prefix.gauges())
+            memory_active_bytes=mx.get_active_memory(), memory_peak_bytes=mx.get_peak_memory(),
+            **self.prefix.gauges())

@@ -25,6 +25,7 @@ class Metrics:
         self.cached_tokens = 0
         self.gauges = {"running_rows": 0, "waiting_rows": 0, "waiting_requests": 0,
                        "kv_cache_bytes": 0, "prefix_cache_bytes": 0, "memory_active_bytes": 0,
+                       "memory_peak_bytes": 0,
                        "kv_reserved_bytes": 0, "kv_budget_bytes": 0, "kv_waiting_requests": 0}
         self._queue_counts = [0] * (len(QUEUE_BUCKETS) + 1)
         self._queue_sum = 0.0
@@ -109,6 +110,8 @@ class Metrics:
                    [("", g["prefix_cache_bytes"])])
             metric("memory_active_bytes", "gauge", "MLX active memory.",
                    [("", g["memory_active_bytes"])])
+            metric("memory_peak_bytes", "gauge", "MLX peak active memory since the start.",
+                   [("", g["memory_peak_bytes"])])
             lines.extend(block_store_lines(g))
             buckets, acc = [], 0
             for bound, count in zip(QUEUE_BUCKETS + ("+Inf",), self._queue_counts):
