@@ -52,6 +52,17 @@ def generate(model, prompt, n=8, cache=None, prefix=None, **options):
                 return tokens, np.stack(logprobs), r.prompt_cache, r.all_tokens
 
 
+def dense_copy(cache):
+    """Layer caches holding ``cache``'s slots in dense arrays of their own."""
+    out = []
+    for layer in cache:
+        k, v = layer.state
+        own = KVCache()
+        own.state = [mx.array(k), mx.array(v)]
+        out.append(own)
+    return out
+
+
 def test_chain_keys_name_content_and_past():
     fp = b"model-a"
     store = BlockStore(fp, block_size=4)
@@ -230,12 +241,7 @@ def test_a_finished_row_keeps_its_head_and_stores_only_its_own_blocks(smol):
         (block,) = c.blocks
         assert block.head[0][0] is store._blocks[first_block.key].keys[layer]
         assert block.keys.shape[2] == c.size - 8 * B  # its own slots, no copy of the head
-    dense = []
-    for c in done:
-        k, v = c.state
-        d = KVCache()
-        d.state = [mx.array(k), mx.array(v)]
-        dense.append(d)
+    dense = dense_copy(done)
     other = BlockStore(store.fingerprint, B)
     keys = store.chain(held)
     assert store.insert(held, done) == len(keys) - 8 and other.insert(held, dense) == len(keys)
@@ -316,16 +322,7 @@ def test_rows_on_one_prefix_read_its_blocks_in_place(smol):
     for head_keys, _ in heads:
         assert len(head_keys) == 8 and head_keys[0] is first_block.keys[0]
     assert own_slots < 3 * 8 * B  # the rows' own buffers hold no copy of the prefix
-    dense = []
-    for c, _ in fetched:  # the same prefix, each row a dense copy of its own
-        d = []
-        for layer in c:
-            k, v = layer.state
-            own = KVCache()
-            own.state = [mx.array(k), mx.array(v)]
-            d.append(own)
-        dense.append(d)
-    alone, _ = run(dense)
+    alone, _ = run([dense_copy(c) for c, _ in fetched])  # each row a dense prefix of its own
     for (t1, lp1), (t2, lp2) in zip(shared, alone):
         assert t1 == t2
         np.testing.assert_array_equal(np.stack(lp1), np.stack(lp2))
