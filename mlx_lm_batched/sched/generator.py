@@ -377,10 +377,9 @@ class BatchGenerator:
         self._admit()
         # While rows decode, a step's prefill calls feed up to ``prefill_tokens_per_step``
         # prompt tokens (rows x columns); unbounded, its first call is a whole chunk and
-        # further calls fill up to ``prefill_step_size``, so short prompts that prefill
-        # alone (rows continuing a cached prefix) start several per step instead of one
-        # per decode step. With none decoding, prefill until a batch joins or a segment
-        # ends (the caller may extract the cache there).
+        # further calls fill up to ``prefill_step_size``. A call that ends a segment (a
+        # prompt's last token is a segment of its own) ends the step, as does, with none
+        # decoding, a batch that joins (the caller may extract the cache there).
         limit = self.options.prefill_tokens_per_step
         step_budget, spent = limit or self.options.prefill_step_size, 0
         while self._prefills:
