@@ -144,3 +144,48 @@ def test_mistral4_args_built_with_rope_parameters_scale_attention_as_mlx_lm():
     got = ours.Model(built).layers[0].self_attn.scale
     want = theirs.Model(theirs.ModelArgs(**fields)).layers[0].self_attn.scale
     assert got == pytest.approx(want, rel=1e-6) and got > 32 ** -0.5
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba"])
+def test_mamba_ssm_step_matches_mlx_lm(model_type):
+    """``MambaBlock.ssm_step`` (mlx-lm's one-position scan, Falcon-Mamba's weightless
+    dt/B/C norms included) gives mlx-lm's outputs and states over several steps from
+    the same weights, and the steps equal this package's whole-sequence mixer."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import mamba as theirs
+
+    from mlx_lm_batched.models import mamba as ours
+
+    fields = dict(model_type=model_type, vocab_size=32, hidden_size=8, num_hidden_layers=1,
+                  state_size=4, intermediate_size=16, time_step_rank=2, conv_kernel=4,
+                  use_bias=False, use_conv_bias=True)
+    want_block = theirs.MambaBlock(theirs.ModelArgs(**fields))
+    got_block = ours.MambaBlock(ours.ModelArgs(**fields))
+    keys = iter(mx.random.split(mx.random.key(5), 8))
+    shared = {k: mx.random.normal(v.shape, key=next(keys)) * 0.5
+              for k, v in tree_flatten(want_block.parameters())
+              if k.split(".")[0] in ("x_proj", "dt_proj", "D", "A_log")}
+    want_block.load_weights(list(shared.items()), strict=False)
+    got_block.mixer.load_weights(list(shared.items()), strict=False)
+    A = -mx.exp(shared["A_log"])
+    xs = nn.silu(mx.random.normal((2, 3, 16), key=mx.random.key(6)))
+    want_state = got_state = None
+    steps = []
+    for t in range(3):
+        want, want_state = want_block.ssm_step(xs[:, t], A, want_state)
+        got, got_state = got_block.ssm_step(xs[:, t], A, got_state)
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(np.array(got_state), np.array(want_state), rtol=1e-4,
+                                   atol=1e-5)
+        steps.append(got)
+    # the steps are the scan the mixer runs over a sequence (before gate and projection)
+    from mlx_lm_batched.layers.ssm import selective_scan
+
+    mixer = got_block.mixer
+    D, N, R = mixer.sizes
+    dt, Bm, Cm = mixer._norm_bcdt(*mx.split(mixer.x_proj(xs), [R, R + N], axis=-1))
+    y, _ = selective_scan(xs, nn.softplus(mixer.dt_proj(dt)), A, Bm, Cm, mixer.D, None,
+                          mx.ones((2, 3), mx.bool_))
+    np.testing.assert_allclose(np.array(mx.stack(steps, axis=1)), np.array(y), rtol=1e-5,
+                               atol=1e-6)

@@ -81,9 +81,9 @@ class CausalConv1d(nn.Module):
 
 
 def weightless_rms_norm(x, eps):
-    """RMS normalisation without a weight (Falcon-Mamba's B, C and dt norms)."""
-    x32 = x.astype(mx.float32)
-    return (x32 * mx.rsqrt(mx.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+    """RMS normalisation without a weight (Falcon-Mamba's B, C and dt norms); the
+    fused kernel accumulates in float32 whatever ``x``'s dtype."""
+    return mx.fast.rms_norm(x, weight=None, eps=eps)
 
 
 def selective_scan(x, dt, A, Bm, Cm, D, state, valid):

@@ -87,6 +87,18 @@ class MambaMixer(nn.Module):
             return self.dt_layernorm(dt), self.b_layernorm(Bm), self.c_layernorm(Cm)
         return dt, Bm, Cm
 
+    def ssm_step(self, x, A, state=None):
+        """One step of the selective scan for ``x`` ``(B, D)`` (the convolved, activated
+        input of one position): ``(y (B, D), state (B, D, N))``, where ``A`` is
+        ``-exp(A_log)`` and ``state`` the previous one (None: zeros). The gate and the
+        output projection are not applied (mlx-lm's ``MambaBlock.ssm_step``)."""
+        D, N, R = self.sizes
+        dt, Bm, Cm = self._norm_bcdt(*mx.split(self.x_proj(x), [R, R + N], axis=-1))
+        dt = nn.softplus(self.dt_proj(dt))
+        every = mx.array([[True]])  # one real column per row
+        y, state = selective_scan(x[:, None], dt[:, None], A, Bm[:, None], Cm[:, None],
+                                  self.D, state, every)
+        return y[:, 0].astype(x.dtype), state
 
     def __call__(self, x, mask, offset, cache=None, attention=None):
         """``mask``/``attention`` are unused (the mixers share attention's signature)."""
@@ -110,6 +122,8 @@ class MambaMixer(nn.Module):
 
 
 class MambaBlock(nn.Module):
+    """A pre-norm residual block around one mixer."""
+
     def __init__(self, args, mixer=MambaMixer.from_args):
         super().__init__()
         self.norm = RMSNorm(args.hidden_size, eps=args.layer_norm_epsilon)
@@ -117,6 +131,10 @@ class MambaBlock(nn.Module):
 
     def __call__(self, x, offset, cache=None):
         return x + self.mixer(self.norm(x), None, offset, cache)
+
+    def ssm_step(self, x, A, state=None):
+        """The mixer's one-step scan (mlx-lm's ``MambaBlock`` is the mixer itself)."""
+        return self.mixer.ssm_step(x, A, state)
 
 
 class Backbone(nn.Module):
