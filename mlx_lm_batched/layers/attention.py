@@ -81,6 +81,8 @@ def heads_first(t, heads):
 class Attention(nn.Module):
     """Multi-head attention with GQA, optional QK-norm, RoPE and soft-capping."""
 
+    has_kv = True  # projects its own keys and values (mlx-lm's Gemma attribute)
+
     def __init__(
         self,
         hidden_size,

@@ -105,6 +105,8 @@ class SharedKVAttention(Attention):
     the source's :class:`KVShare`. Parameters: ``q_proj``, the query norm,
     ``o_proj`` (tensor parallelism shards them like the source's query side)."""
 
+    has_kv = False  # no k_proj, v_proj or key norm: checkpoints may omit them
+
     def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, rope=None, bias=False,
                  scale=None, qk_norm=None, qk_norm_names=("q_norm", "k_norm"),
                  qk_norm_after_rope=False):

@@ -16,7 +16,7 @@ from ..models import get_model_module, resolve_model_type
 from .adapters import load_adapters
 from .config_checks import check_config_fields
 from .dequantize import cast_floats, dequantize_dtype, dequantize_for_device, dequantize_model
-from .mlx_lm_layout import from_mlx_lm_weights
+from .mlx_lm_layout import from_mlx_lm_weights, module_quantization
 from .quant_formats import compressed_tensors_quantization
 from .remote_code import model_file_classes
 
@@ -234,7 +234,7 @@ def model_from_weights(config, weights, strict=True, lazy=False, source="config.
         weights = from_mlx_lm_weights(config.get("model_type"), weights)
         qconfig = quantization_config(config)
         if qconfig is not None:
-            quantize_like(model, weights, qconfig)
+            quantize_like(model, weights, module_quantization(config.get("model_type"), qconfig))
     except (ValueError, TypeError, KeyError, IndexError) as e:
         raise ModelLoadError(f"{weights_source or source}: weights do not fit the config: "
                              f"{type(e).__name__}: {_one_line(e)}") from None

@@ -167,3 +167,28 @@ def from_mlx_lm_weights(model_type, weights):
     if model_type in _SWITCH_GLU_EXPERTS:
         weights = {_SWITCH_GLU.sub(r".experts.\1.", k): v for k, v in weights.items()}
     return weights
+
+
+def _module_path(model_type, name):
+    """This package's path of the module mlx-lm's checkpoint names ``name``."""
+    if name.startswith("language_model."):  # mlx-lm's multimodal models hold the text
+        name = name[len("language_model."):]  # model under it; transformers 5 nests it
+        name = name if name.startswith(("model.", "lm_head")) else f"model.{name}"
+    elif name.startswith("model.language_model."):
+        name = "model." + name[len("model.language_model."):]
+    name = _SWITCH_GLU.sub(r".experts.\1.", name + ".")[:-1]
+    for ours, theirs in _RENAMED_MODULES.get(model_type, ()):
+        name = name.replace(theirs, ours)
+    return name
+
+
+def module_quantization(model_type, qconfig):
+    """``qconfig`` (mlx-lm's ``quantization``) with each per-module entry also under
+    this package's path of that module, so a mixed-bit checkpoint's overrides keyed by
+    mlx-lm's names (``language_model.model.*``, ``experts.switch_glu.*``) reach the
+    modules they name here; an entry already under this package's path wins."""
+    out = dict(qconfig)
+    for name, value in qconfig.items():
+        if isinstance(value, dict) or value is False:
+            out.setdefault(_module_path(model_type, name), value)
+    return out

@@ -230,6 +230,13 @@ class Stack(DecoderStack):
         return self.norm(h)
 
 
+def Gemma4TextModel(args: ModelArgs):
+    """mlx-lm's name for the text stack (``Model(args).model``: the embeddings with
+    their ``embed_scale``, the blocks and the final norm, under the same parameter
+    names); it is called as this package's stacks are, by :class:`Model`."""
+    return Model(args).model
+
+
 class Model(CausalLM):
     """``layer_windows`` and the cache list cover the layers that own keys and values
     (all but the last ``num_kv_shared_layers``); the others use their source's."""

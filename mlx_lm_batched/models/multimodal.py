@@ -58,11 +58,16 @@ def language_model_weights(weights):
 
 class TextConfigArgs:
     """Mixin for a ``ModelArgs`` dataclass: ``from_dict`` reads ``text_config``
-    (decorate the dataclass with :func:`accepts_text_config` for the constructor)."""
+    (decorate the dataclass with :func:`accepts_text_config` for the constructor).
+    The built args keep the nested dict as ``text_config`` (mlx-lm's attribute, which
+    code writing a config back reads); the flattened fields are what the model uses."""
 
     @classmethod
     def from_dict(cls, params):
-        return super().from_dict(text_config(params))
+        args = super().from_dict(text_config(params))
+        nested = params.get("text_config")
+        args.text_config = dict(nested) if isinstance(nested, dict) else None
+        return args
 
 
 def accepts_text_config(cls):
