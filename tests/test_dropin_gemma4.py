@@ -129,3 +129,34 @@ def test_mixed_bit_checkpoint_by_mlx_lm_loads_its_per_module_bits(tmp_path):
     want, _ = mlx_lm_utils.load_model(tmp_path)
     tokens = mx.array([[1, 5, 7, 9, 11, 3]])
     np.testing.assert_allclose(np.array(got(tokens)), np.array(want(tokens)), atol=1e-3)
+
+
+def test_embeddings_alone_and_explicit_per_layer_inputs_match_mlx_lm():
+    """``model(None, input_embeddings=...)`` recovers the ids for the per-layer inputs
+    (mlx-lm's logits, and the tokens' own, also with a quantized embedding table);
+    ``per_layer_inputs=`` replaces their token part as in mlx-lm."""
+    from mlx_lm.models import gemma4_text as theirs
+
+    from mlx_lm_batched.models import gemma4_text as ours
+
+    want = theirs.Model(theirs.ModelArgs(**TEXT))
+    got = ours.Model(ours.ModelArgs.from_dict(TEXT))
+    weights = random_weights(want, 3)
+    want.load_weights(list(weights.items()))
+    got.load_weights(list(got.sanitize(dict(weights)).items()))
+    tokens = mx.array([[1, 5, 7, 9, 11], [63, 0, 2, 2, 40]])
+    embeddings = got.model.embed_tokens(tokens)
+    direct = got(tokens)
+    check = lambda a, b: np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-4)  # noqa: E731
+    check(got(None, input_embeddings=embeddings), direct)
+    check(got(None, input_embeddings=embeddings), want(None, input_embeddings=embeddings))
+    other = want.model._get_per_layer_inputs(tokens[:, ::-1])
+    check(got.model._get_per_layer_inputs(tokens[:, ::-1]), other)
+    mixed = got(None, input_embeddings=embeddings, per_layer_inputs=other)
+    check(mixed, want(None, input_embeddings=embeddings, per_layer_inputs=other))
+    assert not np.allclose(np.array(mixed), np.array(direct), atol=1e-3)
+    nn.quantize(got.model, group_size=32, bits=8,
+                class_predicate=lambda path, m: path == "embed_tokens")
+    embeddings = got.model.embed_tokens(tokens)
+    assert mx.array_equal(got.model.token_ids(embeddings), tokens).item()
+    check(got(None, input_embeddings=embeddings), got(tokens))

@@ -88,18 +88,19 @@ class CausalLM(nn.Module):
     logit_scale = None  # a factor on the final logits (Cohere, Granite)
 
     def __call__(self, inputs, mask=None, offset=None, cache=None, input_embeddings=None,
-                 attention=None):
+                 attention=None, **stack_inputs):
         """Logits ``(B, L, vocab)`` for ``inputs`` ``(B, L)``.
 
         ``offset``: ``(B,)`` position of each row's first column (negative for left
         padding); ``mask``: one boolean array, a list per layer, or None to build
         the masks from ``offset`` and ``cache``; ``attention``: the driver's
-        per-step :class:`~.base.StepAttention` (decode row groups), or None.
+        per-step :class:`~.base.StepAttention` (decode row groups), or None;
+        ``stack_inputs``: further inputs the family's stack takes by keyword.
         """
         offset = resolve_offset(inputs, offset, cache)
         masks = resolve_masks(mask, cache, self.layer_windows, inputs.shape[1], offset,
                               self.get("layer_chunks"), self.get("layer_block_sparse"))
-        h = self.model(inputs, masks, offset, cache, input_embeddings, attention)
+        h = self.model(inputs, masks, offset, cache, input_embeddings, attention, **stack_inputs)
         if hasattr(self, "lm_head"):
             out = cpu_ops.linear(self.lm_head, h)
         else:

@@ -208,22 +208,49 @@ class Stack(DecoderStack):
         self.placeholder_ids = tuple(placeholder_ids)
         self.pad_token_id = args.pad_token_id or 0
 
-    def per_layer_inputs(self, inputs, h):
-        """``(B, L, layers, per_layer_dims)``: the per-layer token embedding and a
-        normed projection of the (scaled) embeddings, averaged by ``2**-0.5``."""
-        shape = (*inputs.shape, len(self.layers), self.per_layer_dims)
-        tokens = self.embed_tokens_per_layer(inputs) * self.per_layer_dims**0.5
-        proj = self.per_layer_model_projection(h) * h.shape[-1] ** -0.5
-        proj = self.per_layer_projection_norm(proj.reshape(shape))
-        return (proj + tokens.reshape(shape)) * 2**-0.5
+    def token_ids(self, input_embeddings):
+        """``(B, L)`` ids whose embedding rows are nearest ``input_embeddings`` (as
+        mlx-lm and transformers recover them when only embeddings are given, to look up
+        the per-layer inputs). Costs a ``(B, L, vocab)`` distance array."""
+        table = self.embed_tokens
+        if isinstance(table, nn.QuantizedEmbedding):
+            table = mx.dequantize(table.weight, table.scales, table.get("biases"),
+                                  table.group_size, table.bits, mode=table.mode)
+        else:
+            table = table.weight
+        # |e - x|^2 up to |x|^2, which is the same for every row of the table
+        distance = mx.square(table).sum(-1) - 2 * self.embed_tokens.as_linear(input_embeddings)
+        return mx.stop_gradient(mx.argmin(distance, axis=-1))
 
-    def __call__(self, inputs, masks, offset, cache, input_embeddings=None, attention=None):
+    def _get_per_layer_inputs(self, inputs, input_embeddings=None):
+        """The token part of the per-layer inputs, ``(B, L, layers, per_layer_dims)``
+        (mlx-lm's name); ``inputs`` None: the ids nearest ``input_embeddings``."""
+        if inputs is None:
+            inputs = self.token_ids(input_embeddings)
+        tokens = self.embed_tokens_per_layer(inputs) * self.per_layer_dims**0.5
+        return tokens.reshape(*inputs.shape, len(self.layers), self.per_layer_dims)
+
+    def project_per_layer_inputs(self, tokens, h):
+        """``(B, L, layers, per_layer_dims)``: the per-layer token part ``tokens`` and
+        a normed projection of the (scaled) embeddings, averaged by ``2**-0.5``."""
+        proj = self.per_layer_model_projection(h) * h.shape[-1] ** -0.5
+        proj = self.per_layer_projection_norm(proj.reshape(tokens.shape))
+        return (proj + tokens) * 2**-0.5
+
+    def __call__(self, inputs, masks, offset, cache, input_embeddings=None, attention=None,
+                 per_layer_inputs=None):
+        """``per_layer_inputs``: the token part of the per-layer inputs (mlx-lm's
+        keyword; default: looked up from ``inputs``)."""
         if self.placeholder_ids:
             hit = (inputs[..., None] == mx.array(self.placeholder_ids)).any(axis=-1)
             inputs = mx.where(hit, self.pad_token_id, inputs)
         h = self.embed_tokens(inputs) if input_embeddings is None else input_embeddings
         h = h * self.embed_scale  # a Python float: stays in the compute dtype
-        per_layer = self.per_layer_inputs(inputs, h) if self.per_layer_dims else None
+        per_layer = None
+        if self.per_layer_dims:
+            if per_layer_inputs is None:
+                per_layer_inputs = self._get_per_layer_inputs(inputs)
+            per_layer = self.project_per_layer_inputs(per_layer_inputs, h)
         inputs_per_layer = layer_inputs(self.sources, cache, masks)
         for i, (layer, (m, c)) in enumerate(zip(self.layers, inputs_per_layer)):
             h = layer(h, m, offset, c, attention, None if per_layer is None else per_layer[:, :, i])
@@ -271,6 +298,20 @@ class Model(CausalLM):
         self.final_logit_softcap = args.final_logit_softcapping
         owners = len(layers) - args.num_kv_shared_layers
         self.layer_windows = type_windows(args.layer_types[:owners], args.sliding_window)
+
+    def __call__(self, inputs, mask=None, offset=None, cache=None, input_embeddings=None,
+                 attention=None, per_layer_inputs=None):
+        """Logits, as every model's; ``inputs`` may be None when ``input_embeddings``
+        are given (the ids are then those nearest the embeddings, as mlx-lm reads
+        them), and ``per_layer_inputs`` (mlx-lm's keyword) replaces the per-layer
+        inputs' token part."""
+        if inputs is None:
+            if input_embeddings is None:
+                raise ValueError(f"{self.model_type}: pass inputs or input_embeddings")
+            inputs = self.model.token_ids(input_embeddings)
+        stack_inputs = {} if per_layer_inputs is None else {"per_layer_inputs": per_layer_inputs}
+        return super().__call__(inputs, mask, offset, cache, input_embeddings, attention,
+                                **stack_inputs)
 
     def placeholder_ids(self, args):
         """Token ids embedded as padding (none in the text model)."""
