@@ -29,7 +29,8 @@ class MlxLmPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if rel is None or (rel not in module_table.REFUSED
                            and module_table.sources(rel) is None):
             return None
-        return importlib.util.spec_from_loader(fullname, self, origin=ORIGIN)
+        return importlib.util.spec_from_loader(fullname, self, origin=ORIGIN,
+                                               is_package=rel in module_table.PACKAGES)
 
     def create_module(self, spec):
         return None  # a plain module object
@@ -45,7 +46,8 @@ class MlxLmPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 sys.exit(message)
             raise ImportError(message)
         modules = ", ".join(f"``{m}``" for m in module_table.sources(rel))
-        module.__doc__ = f"mlx-lm's ``mlx_lm.{rel}``: names defined in {modules}."
+        module.__doc__ = (f"mlx-lm's ``mlx_lm.{rel}``: names defined in {modules}." if modules
+                          else f"mlx-lm's package ``mlx_lm.{rel}``: its modules only.")
         module.__all__ = export_names(vars(module))
 
     def get_code(self, fullname):

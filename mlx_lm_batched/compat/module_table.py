@@ -10,6 +10,8 @@ modules of this package that define them (``compat/reexport.py`` fills one in).
 - :data:`COMMAND_MODULES`: the paths of :data:`MODULES` that ``python -m`` also runs
   (``generate``, ``chat`` ...): files of their own at the package's top, which call into
   ``cli/`` and fill their names from here (runpy runs a file).
+- :data:`PACKAGES`: mlx-lm's packages whose modules are all rows of :data:`MODULES`
+  (``chat_templates``); importing one gives an empty package.
 - :data:`REFUSED`: mlx-lm's modules this package does not have -> the one line that
   says what to use instead (importing one raises ImportError with it; ``python -m``
   prints it and exits 1).
@@ -228,6 +230,12 @@ MODULES = {
             "apply_yarn_mscale", "initialize_rope"
         ),
     },
+    "models.pipeline": {
+        "compat.models_pipeline": ("PipelineMixin",),
+    },
+    "chat_templates.muse_spark": {
+        "compat.response_formats": ("RESPONSE_FORMAT=MUSE_SPARK_RESPONSE_FORMAT",),
+    },
     "models.mla": {
         "layers.mla": (
             "LATENT_NORM_EPS", "MultiHeadLatentAttention", "merge_absorbed_kv_b",
@@ -253,6 +261,9 @@ for _module, _families in TOOL_PARSER_MODULES.items():
         _row = {"compat.tool_call_families": _markers}
         _row[_module] = _row.get(_module, ()) + (f"parse_tool_call={_family}_parse_tool_call",)
         MODULES[f"tool_parsers.{_family}"] = _row
+
+# mlx-lm's packages that hold only rows of this table (their modules are rows).
+PACKAGES = ("chat_templates",)
 
 COMMAND_MODULES = ("benchmark", "cache_prompt", "chat", "convert", "fuse", "generate",
                    "perplexity", "run_batch")
@@ -291,4 +302,6 @@ def model_alias_sources(path):
 def sources(path):
     """``{module: names}`` of the mlx-lm path ``path`` (relative to the package), or None
     when it is not one of this table's."""
+    if path in PACKAGES:
+        return {}
     return MODULES.get(path) or model_alias_sources(path)

@@ -33,6 +33,7 @@ RESIDUAL_GATE_EPS = 1e-3
 @dataclass
 class ModelArgs(TextConfigArgs, DecoderArgs):
     vocab_size: int = 202048
+    intermediate_size: int = 16384  # transformers' MuseSparkTextConfig default (dense layers)
     num_key_value_heads: Optional[int] = 16
     head_dim: Optional[int] = 64
     max_position_embeddings: Optional[int] = 1048576
@@ -55,6 +56,11 @@ class ModelArgs(TextConfigArgs, DecoderArgs):
     routed_scaling_factor: float = 1.0
     num_shared_experts: int = 0
     text_model_type: Optional[str] = None
+
+    @property
+    def text(self):
+        """mlx-lm's nested text args: the text fields are these args' own."""
+        return self
 
     def __post_init__(self):
         super().__post_init__()
