@@ -189,3 +189,28 @@ def test_mamba_ssm_step_matches_mlx_lm(model_type):
                           mx.ones((2, 3), mx.bool_))
     np.testing.assert_allclose(np.array(mx.stack(steps, axis=1)), np.array(y), rtol=1e-5,
                                atol=1e-6)
+
+
+def test_spark2_5_layers_say_which_slide_as_mlx_lm():
+    """``layer.is_sliding`` per layer is mlx-lm's, and the sliding layers are the ones
+    ``make_cache`` gives a ring of the window (mlx-lm's caches by type)."""
+    from mlx_lm.models import spark2_5 as theirs
+
+    from mlx_lm_batched.models import spark2_5 as ours
+
+    fields = dict(model_type="spark2_5", hidden_size=32, num_hidden_layers=6,
+                  intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
+                  head_dim=16, vocab_size=50, sliding_window=8,
+                  rope_parameters={"sliding_attention": {"rope_theta": 1e4},
+                                   "full_attention": {"rope_theta": 1e6,
+                                                      "partial_rotary_factor": 0.25}},
+                  layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                               "sliding_attention", "full_attention", "sliding_attention"])
+    got, want = ours.Model(ours.ModelArgs(**fields)), theirs.Model(theirs.ModelArgs(**fields))
+    assert ([layer.is_sliding for layer in got.layers]
+            == [layer.is_sliding for layer in want.layers]
+            == [t == "sliding_attention" for t in fields["layer_types"]])
+    assert ([type(c).__name__ for c in got.make_cache()]
+            == [type(c).__name__ for c in want.make_cache()])
+    assert [getattr(c, "max_size", None) for c in got.make_cache()] == [
+        8 if sliding else None for sliding in (layer.is_sliding for layer in got.layers)]

@@ -64,6 +64,8 @@ class Model(CausalLM):
         ]
         init_causal_lm(self, args, layers, norm(),
                        type_windows(args.layer_types, args.sliding_window))
+        for layer, kind in zip(layers, args.layer_types):
+            layer.is_sliding = kind == "sliding_attention"  # mlx-lm's attribute
 
     def sanitize(self, weights):
         out = {}
