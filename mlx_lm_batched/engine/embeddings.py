@@ -81,7 +81,7 @@ def pool(h, pooling: Pooling):
     return v
 
 
-def embed(model, prompts, pooling: Pooling, max_tokens=8192, chunk=2048):
+def embed(model, prompts, pooling: Pooling, max_tokens=8192, max_rows=64, chunk=2048):
     """Vectors of token lists ``prompts`` (float32 numpy rows, in order).
 
     Each prompt runs as a row of its own: no padding and no other row in any of its
@@ -89,13 +89,14 @@ def embed(model, prompts, pooling: Pooling, max_tokens=8192, chunk=2048):
     it has for the prompt alone, and its vector is the same bits whatever else the
     request holds (a left-padded batch is not: padded key slots change attention's sum
     order and the BLAS rounds a row by the number of rows). Prompts are queued lazily
-    and evaluated together, up to ``max_tokens`` tokens at a time; ``chunk``: see
+    and evaluated together, up to ``max_tokens`` tokens or ``max_rows`` prompts at a time
+    (bounds the graph and the activations held at once); ``chunk``: see
     :func:`hidden_states`."""
     out, queued, tokens = [], [], 0
     for prompt in prompts:
         queued.append(pool(hidden_states(model, prompt, chunk), pooling))
         tokens += len(prompt)
-        if tokens >= max_tokens:
+        if tokens >= max_tokens or len(queued) == max_rows:
             mx.eval(queued)
             out += queued
             queued, tokens = [], 0
