@@ -1,8 +1,9 @@
 """``/v1/embeddings`` with the official ``openai`` client on real SmolLM2 (float32), and
-``/tokenizer_info``: each vector equals the text embedded alone and transformers' hidden
-states pooled the same way; token-id inputs, base64, ``dimensions`` (refused without
-Matryoshka dimensions, cut and renormalized with them), a sentence-transformers pooling
-config (last token), errors as OpenAI's error object."""
+``/tokenizer_info``: each vector is the same bits as the text embedded alone (in any
+batch) and equals transformers' hidden states pooled the same way; token-id inputs,
+base64, ``dimensions`` (refused without Matryoshka dimensions, cut and renormalized with
+them), a sentence-transformers pooling config (last token), errors as OpenAI's error
+object."""
 
 import base64
 import concurrent.futures as futures
@@ -19,9 +20,6 @@ from server_harness import ServerProcess
 
 TEXTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "a",
          "Embeddings are vectors that represent text; similar texts have nearby vectors."]
-# A row of a padded batch against the same text alone: the CPU BLAS picks its GEMM kernel
-# by row count (README, "How batching stays exact"), about 1e-6 relative on hidden states.
-BATCH_TOL = 1e-5
 HF_TOL = 1e-5  # against transformers in float32
 
 
@@ -83,11 +81,20 @@ def test_batch_equals_alone_and_transformers(client, server, hf):
     for text, got in zip(TEXTS, vectors(together)):
         alone = vectors(client.embeddings.create(model=model, input=text, encoding_format="float"))[0]
         assert got.shape == (576,) and abs(np.linalg.norm(got) - 1) < 1e-5
-        assert np.abs(got - alone).max() <= BATCH_TOL, text
+        assert np.array_equal(got, alone), text  # the same bits as the text alone
         assert np.abs(got - unit(hidden(hf, text).mean(axis=0))).max() <= HF_TOL, text
     # The same request twice: the same bits.
     again = client.embeddings.create(model=model, input=TEXTS, encoding_format="float")
     assert all(np.array_equal(a, b) for a, b in zip(vectors(together), vectors(again)))
+    # Other batches (another order, other counts, a longer text among them): each row is
+    # still the bits of its text alone.
+    longer = TEXTS[3] * 4
+    solo = dict(zip(TEXTS, vectors(together)))
+    solo[longer] = vectors(client.embeddings.create(model=model, input=longer,
+                                                    encoding_format="float"))[0]
+    for batch in ([TEXTS[2], longer, TEXTS[0]], TEXTS[::-1] + [TEXTS[1]]):
+        got = vectors(client.embeddings.create(model=model, input=batch, encoding_format="float"))
+        assert all(np.array_equal(v, solo[text]) for text, v in zip(batch, got)), batch
 
 
 def test_token_ids_and_base64(client, hf):

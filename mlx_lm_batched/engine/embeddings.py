@@ -1,8 +1,7 @@
-"""Embeddings: the decoder stack's last hidden states (after its final norm) over a
-left-padded batch, pooled per row.
+"""Embeddings: the decoder stack's last hidden states (after its final norm), pooled.
 
-Rows are left-padded and their positions start at 0 (``offset`` is minus the padding),
-so the one mask path hides the padding and every row equals the sequence run alone.
+Each text runs as a row of its own, so its vector is the same bits as the text embedded
+alone whatever else is embedded with it (see :func:`embed`).
 """
 
 from dataclasses import dataclass
@@ -45,22 +44,28 @@ def embedding_support(model):
     return None
 
 
-def hidden_states(model, prompts):
-    """``(B, L, hidden)`` last hidden states of token lists ``prompts``, left-padded to
-    the longest, and the padding of each row."""
-    width = max(len(p) for p in prompts)
-    pads = [width - len(p) for p in prompts]
-    inputs = mx.array([[0] * pad + list(p) for p, pad in zip(prompts, pads)], dtype=mx.int32)
-    offset = mx.array([-pad for pad in pads], dtype=mx.int32)
-    masks = resolve_masks(None, None, model.layer_windows, width, offset,
-                          model.get("layer_chunks"), model.get("layer_block_sparse"))
-    return model.model(inputs, masks, offset, None), pads
+def hidden_states(model, prompt, chunk=2048):
+    """``(L, hidden)`` last hidden states of the token list ``prompt`` run as one row of
+    its own (lazy). A prompt longer than ``chunk`` goes in chunks of ``chunk`` columns
+    through the model's caches, as a prefill does, so a long text's activations stay
+    bounded; how a prompt is cut depends on its length alone."""
+    caches = model.make_cache() if len(prompt) > chunk else None
+    windows = model.layer_windows
+    parts = []
+    for start in range(0, len(prompt), chunk):
+        ids = mx.array([prompt[start:start + chunk]], dtype=mx.int32)
+        offset = mx.array([start], dtype=mx.int32)
+        masks = resolve_masks(None, caches, windows, ids.shape[1], offset,
+                              model.get("layer_chunks"), model.get("layer_block_sparse"))
+        parts.append(model.model(ids, masks, offset, caches)[0])
+        if caches is not None:
+            mx.eval(parts[-1])  # one chunk at a time: its activations go before the next
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
 
 
-def pool(h, pad, pooling: Pooling):
-    """One row's vector (float32 numpy) from its hidden states ``h`` ``(L, hidden)``
-    whose first ``pad`` columns are padding."""
-    real = h[pad:].astype(mx.float32)
+def pool(h, pooling: Pooling):
+    """One row's vector (lazy, float32) from its hidden states ``h`` ``(L, hidden)``."""
+    real = h.astype(mx.float32)
     if pooling.mode == "mean":
         v = real.mean(axis=0)
     elif pooling.mode == "last":
@@ -73,24 +78,27 @@ def pool(h, pad, pooling: Pooling):
         v = v[: pooling.dimensions]
     if pooling.normalize:
         v = v / mx.maximum(mx.sqrt((v * v).sum()), 1e-12)
-    return np.array(v, dtype=np.float32)
+    return v
 
 
-def embed(model, prompts, pooling: Pooling, max_rows=16, max_tokens=8192):
-    """Vectors of token lists ``prompts`` (float32 numpy rows, in order). Rows run in
-    batches of at most ``max_rows`` rows and ``max_tokens`` padded tokens, shortest
-    first (less padding; a row's vector does not depend on its batch)."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    out = [None] * len(prompts)
-    batch = []
-    for i in order + [None]:
-        wide = i is not None and (len(batch) + 1) * len(prompts[i]) > max_tokens
-        if batch and (i is None or len(batch) == max_rows or wide):
-            h, pads = hidden_states(model, [prompts[j] for j in batch])
-            mx.eval(h)
-            for row, (j, pad) in enumerate(zip(batch, pads)):
-                out[j] = pool(h[row], pad, pooling)
-            batch = []
-        if i is not None:
-            batch.append(i)
-    return out
+def embed(model, prompts, pooling: Pooling, max_tokens=8192, max_rows=64, chunk=2048):
+    """Vectors of token lists ``prompts`` (float32 numpy rows, in order).
+
+    Each prompt runs as a row of its own: no padding and no other row in any of its
+    model calls, so every matmul, attention sum and norm it goes through has the shape
+    it has for the prompt alone, and its vector is the same bits whatever else the
+    request holds (a left-padded batch is not: padded key slots change attention's sum
+    order and the BLAS rounds a row by the number of rows). Prompts are queued lazily
+    and evaluated together, up to ``max_tokens`` tokens or ``max_rows`` prompts at a time
+    (bounds the graph and the activations held at once); ``chunk``: see
+    :func:`hidden_states`."""
+    out, queued, tokens = [], [], 0
+    for prompt in prompts:
+        queued.append(pool(hidden_states(model, prompt, chunk), pooling))
+        tokens += len(prompt)
+        if tokens >= max_tokens or len(queued) == max_rows:
+            mx.eval(queued)
+            out += queued
+            queued, tokens = [], 0
+    mx.eval(queued)
+    return [np.array(v, dtype=np.float32) for v in out + queued]

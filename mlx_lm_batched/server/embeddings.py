@@ -8,8 +8,8 @@ normalized. Pooling follows the checkpoint's sentence-transformers files
 (``modules.json``, ``1_Pooling/config.json``, a ``Normalize`` module) when present:
 last-token for Qwen3-Embedding-style decoders; otherwise the mean over the real tokens,
 normalized (OpenAI returns unit vectors). The vectors are computed on the engine thread
-(``Engine.run``), between batch steps: left-padded batches of a request's inputs
-(``engine/embeddings.py``).
+(``Engine.run``), between batch steps, each input as a row of its own, so a vector is
+the same bits as the input embedded alone (``engine/embeddings.py``).
 """
 
 import asyncio
