@@ -70,7 +70,9 @@ def test_suspended_rows_resume_with_the_tokens_they_give_alone(smol, row_invaria
     """Rows suspended mid-decode and mid-prefill and resumed later, recomputing what they
     held: each row's tokens and log-probabilities are those of its request alone."""
     model, ids = smol
-    makes = requests(ids) + [lambda: Request.of(ids[500:700], max_tokens=N)]
+    makes = requests(ids) + [
+        lambda: Request.of(ids[500:700], max_tokens=N, seed=3, sampler=make_sampler(temp=1.0)),
+        lambda: Request.of(ids[800:950], max_tokens=N)]
     expected = [alone(model, m) for m in makes]
     gen = BatchGenerator(model, prefill_tokens_per_step=32)
     uids = gen.insert_requests([m() for m in makes[:3]])
@@ -78,9 +80,9 @@ def test_suspended_rows_resume_with_the_tokens_they_give_alone(smol, row_invaria
 
     def preempt(step):
         responses = []
-        if step == 2:  # a long prompt joins: 32 tokens a step while the others decode
-            uids.extend(gen.insert_requests([makes[3]()]))
-        if step == 4:  # rows 0 and 2 decode, row 3 is mid-prefill
+        if step == 2:  # two long prompts join, one prefill: 32 tokens a step
+            uids.extend(gen.insert_requests([makes[3](), makes[4]()]))
+        if step == 4:  # rows 0 and 2 decode, row 3 is mid-prefill beside row 4
             got, caches = gen.suspend([uids[0], uids[2], uids[3]])
             responses += got
             held.update(caches)
@@ -173,3 +175,26 @@ def test_a_removed_suspended_row_is_gone(smol):
         gen.resume(uids[0])
     out = run(gen, [uids[1]])
     assert len(out[uids[1]][0]) == 8
+
+
+def test_a_sampled_row_recomputed_beside_a_fresh_prompt_keeps_its_key_stream(smol):
+    """A seeded sampling row suspended twice mid-decode and resumed by recomputing,
+    in one prefill with a fresh prompt: its tokens are those it samples alone."""
+    model, ids = smol
+    make = lambda: Request.of(ids[100:141], max_tokens=24, seed=11,  # noqa: E731
+                              sampler=make_sampler(temp=0.8))
+    expected, _ = alone(model, make)
+    gen = BatchGenerator(model)
+    (uid,) = gen.insert_requests([make()])
+    uids = [uid]
+
+    def preempt(step):
+        if step in (3, 9):
+            return gen.suspend([uid])[0]
+        if step in (4, 10):
+            gen.resume(uid)
+            uids.extend(gen.insert_requests([Request.of(ids[200 + step:260], max_tokens=4)]))
+        return []
+
+    got = run(gen, uids, on_step=preempt)
+    assert got[uid][0] == expected

@@ -16,6 +16,7 @@ from collections import deque
 
 import mlx.core as mx
 
+from ..engine.sampling import RowSampler
 from ..engine.speculative import SpeculativeEngine
 
 
@@ -27,7 +28,7 @@ def suspend(gen, uids):
     (the caller may keep their blocks for the resume; the generator drops them)."""
     responses, caches, taken = [], {}, set()
     batch = gen._decode
-    if batch is not None and isinstance(batch.engine, SpeculativeEngine):
+    if any(isinstance(b.engine, SpeculativeEngine) for b in [*gen._prefills, batch] if b):
         raise ValueError("rows of a speculative batch cannot be suspended")
     for uid in uids:
         row = gen._rows.get(uid)
@@ -43,6 +44,9 @@ def suspend(gen, uids):
             batch.dead.add(uid)
         elif where is not None:  # in a prefill: it starts over
             where.dead.add(uid)
+            # The prefill still samples a first token for every row of its group: not
+            # from this row's sampler, whose key stream must wait for its resume.
+            where.engine.sampling.rows[i] = RowSampler()
             row.tokens = row.tokens[: len(row.tokens) - row.done]
             row.done = 0
         taken.add(uid)
