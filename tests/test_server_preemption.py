@@ -60,14 +60,14 @@ def test_streams_preempted_for_memory_keep_their_text(float_dirs):
     stream's text is the one it gets alone."""
     d = float_dirs["smollm2"]
     full = kv_bytes_per_token(d) * (64 + MAX_TOKENS)  # chat prompts are under 64 tokens
-    srv = ServerProcess(d, "--max-kv-bytes", 2 * full, "--prompt-cache-bytes", 50_000_000,
+    srv = ServerProcess(d, "--max-kv-bytes", full + full // 4, "--prompt-cache-bytes", 50_000_000,
                         "--kv-growth-tokens", 8, "--kv-block-size", 16)
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
 
     def chat(i):
         stream = client.chat.completions.create(
-            model="default", stream=True, max_tokens=MAX_TOKENS, temperature=0,
-            messages=[{"role": "user", "content": f"Count from {i} upwards, in words."}])
+            model=str(d), stream=True, max_tokens=MAX_TOKENS, temperature=0,
+            messages=[{"role": "user", "content": f"Write a long story about the number {i}."}])
         return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
 
     try:
