@@ -22,6 +22,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ..cache.factory import make_prompt_cache
+from ..cache.row_caches import copy_cache
 from ..cache.kv_blocks import DEFAULT_BLOCK_SIZE, BlockStore, block_cacheable
 from ..cache.kv_disk import DiskTier
 from .prefix_cache import LRUPromptCache
@@ -57,6 +58,17 @@ def model_fingerprint(model):
         h.update(f"{name}:{tuple(x.shape)}:{x.dtype};".encode())
         h.update(_sample(x))
     return h.digest()
+
+
+@dataclasses.dataclass
+class ParkedRow:
+    """What :meth:`BlockPrefixCache.park` keeps of a preempted row beside its stored
+    blocks: the tokens its cache held, how many of them full blocks hold, and per layer
+    the ``(keys, values)`` of the rest."""
+
+    tokens: list
+    full: int
+    tail: list
 
 
 class BlockCache(list):
@@ -124,6 +136,38 @@ class BlockPrefixCache:
         """Tokens of ``prompt`` a fetch now would take from blocks in memory, which a row
         reads in place (not its own memory)."""
         return self.store.held_tokens(prompt, adapter)
+
+    def park(self, model, tokens, cache, adapter=0):
+        """Keep a preempted row's ``cache`` of ``tokens`` for :meth:`unpark`: its full blocks
+        go to the store (memory, then the disk tier, shared like any prefix), and the slots
+        past the last full block, less than a block, stay with the returned
+        :class:`ParkedRow`, so that a resume recomputes nothing it held."""
+        tokens = list(tokens)
+        self.insert_cache(model, tokens, cache, adapter=adapter)
+        full = len(tokens) // self.store.block_size * self.store.block_size
+        tail = []
+        for layer in cache:
+            keys, values = layer.state
+            # Copies: a slice would keep the row's whole buffer alive.
+            tail.append((mx.array(keys[..., full:, :]), mx.array(values[..., full:, :])))
+        mx.eval(tail)
+        return ParkedRow(tokens, full, tail)
+
+    def unpark(self, model, parked, tokens, adapter=0):
+        """``(cache, tokens it holds)`` to resume a row whose tokens are now ``tokens``
+        (what it held when parked, then the token it had sampled): the stored blocks plus
+        the parked slots when every block is still found, else the blocks found (the row
+        recomputes the rest). ``(None, 0)`` when nothing is found."""
+        cache, rest = self.fetch_nearest_cache(model, tokens, adapter)
+        held = len(tokens) - len(rest)
+        if parked is None or held != parked.full or list(tokens[:len(parked.tokens)]) != parked.tokens:
+            return cache, held
+        own = BlockCache(copy_cache(cache) if cache is not None else make_prompt_cache(model))
+        own.keys = cache.keys if cache is not None else ()
+        for layer, (keys, values) in zip(own, parked.tail):
+            if keys.shape[2]:
+                layer.update_and_fetch(keys, values)
+        return own, len(parked.tokens)
 
     def close(self):
         """Wait until the disk tier's queued blocks are written (server shutdown)."""

@@ -36,6 +36,7 @@ from ..engine.speculative import SpeculativeEngine, make_drafter
 from ..layers.lora import adapter_slot_count
 from ..sampling.samplers import greedy_sampler
 from ..sampling.stop_sequences import StopSequences
+from . import suspension
 from .admission import build_rows, requests_from_lists
 from .options import GeneratorOptions
 from .batch_rows import Batch, PromptResponse, Response
@@ -101,6 +102,7 @@ class BatchGenerator:
         self._queue = deque()  # rows waiting for prefill
         self._prefills = []  # Batch per admission, first in first out
         self._decode = None  # the decode Batch
+        self._suspended = {}  # uid -> Row taken out by ``suspend``, until ``resume``
         self._counters = BatchCounters()
 
     @property
@@ -202,6 +204,8 @@ class BatchGenerator:
     def remove(self, uids, return_prompt_caches=False):
         """Drop rows wherever they are; returns ``extract_cache(uids)`` when asked, else {}."""
         caches = self.extract_cache(uids) if return_prompt_caches else {}
+        for uid in uids:  # a suspended row is dropped where it waits
+            self._suspended.pop(uid, None)
         gone = {uid for uid in uids if uid in self._rows}
         self._queue = deque(r for r in self._queue if r.uid not in gone)
         for uid in gone:
@@ -213,6 +217,22 @@ class BatchGenerator:
         if self._decode is not None and not self._decode.live:
             self._decode = None
         return caches
+
+    def suspend(self, uids):
+        """Take rows out of the batch, keeping what they need to go on later with the same
+        tokens (``sched/suspension.py``): returns ``(responses, caches)``, the token each
+        decoding row had already sampled (handle them as ``next()``'s) and ``{uid: (prompt
+        cache, tokens in it)}`` of the suspended decoding rows. Not for speculative batches."""
+        return suspension.suspend(self, uids)
+
+    def resume(self, uid, cache=None, cached_tokens=0):
+        """Queue suspended row ``uid`` again (first); ``cache`` holds the first
+        ``cached_tokens`` of :meth:`suspended_tokens` and the row prefills the rest."""
+        suspension.resume(self, uid, cache, cached_tokens)
+
+    def suspended_tokens(self, uid):
+        """Every token suspended row ``uid`` holds: what a cache for its resume may hold."""
+        return suspension.suspended_tokens(self, uid)
 
     @property
     def prompt_cache_nbytes(self):

@@ -171,6 +171,16 @@ class LRUPromptCache:
         while self._entries and (len(self._entries) > n_sequences or self._nbytes > n_bytes):
             self._evict_one()
 
+    def park(self, model, tokens, cache, adapter=0):
+        """Keep a preempted row's ``cache`` of ``tokens`` (as an entry) for :meth:`unpark`."""
+        self.insert_cache(model, list(tokens), cache, adapter=adapter)
+
+    def unpark(self, model, parked, tokens, adapter=0):
+        """``(cache, tokens it holds)`` to resume a row whose tokens are now ``tokens``:
+        the nearest entry (the parked one, unless evicted), or ``(None, 0)``."""
+        cache, rest = self.fetch_nearest_cache(model, tokens, adapter)
+        return cache, len(tokens) - len(rest)
+
     def hold(self, uid, cache):
         """Row ``uid`` was inserted with ``cache``: nothing to pin (a fetch is a copy)."""
 

@@ -95,6 +95,11 @@ def build_parser():
                    "with plain KV caches); default 1 GiB beside the default KV bound, or a "
                    "quarter of an explicit --kv-memory / --max-kv-bytes (at most 1 GiB), "
                    "which then bounds both")
+    p.add_argument("--kv-growth-tokens", type=_positive(int, zero_ok=True), default=256,
+                   help="KV slots a running row reserves ahead of what it holds (default "
+                   "256); when the KV bound has none left, the newest request is preempted "
+                   "and resumes later with the same tokens. 0: reserve prompt + max_tokens "
+                   "up front and never preempt")
     p.add_argument("--kv-block-size", type=_positive(int), default=32,
                    help="tokens per shared KV block of the prefix cache (default 32)")
     p.add_argument("--kv-disk-dir", default=None,
@@ -280,6 +285,7 @@ def _serve(argv):
         kv_block_size=args.kv_block_size, kv_disk_dir=args.kv_disk_dir,
         kv_disk_bytes=args.kv_disk_bytes,
         kv_group_size=args.kv_group_size, quantized_kv_start=args.quantized_kv_start,
+        kv_growth_tokens=args.kv_growth_tokens,
         num_draft_tokens=args.num_draft_tokens, prompt_lookup=args.prompt_lookup)
     # A tensor-parallel engine that loses its group stops the HTTP server (made below,
     # before the engine thread starts).

@@ -28,6 +28,8 @@ class DistributedEngine(Engine):
     watchdog ends the process (a follower stalled).
     """
 
+    preempts = False  # followers replay inserts and removals, not suspensions
+
     # What the followers' replay cannot do is refused by the capability table.
     serving_features = frozenset({"distributed_serving"})
     embeds = False  # the model spans the ranks: rank 0 cannot run it alone

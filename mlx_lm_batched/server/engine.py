@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 import traceback
+from dataclasses import replace
 
 import mlx.core as mx
 
@@ -26,6 +27,7 @@ from ..sched.block_prefix import make_prefix_cache
 from ..sched.request import Request
 from .errors import APIError
 from .events import Delta, EngineConfig, Failed, Finished, Job, Started
+from .engine_preemption import EnginePreemption
 from .job_prep import prepare_prompts
 from .kv_admission import KVAdmission
 from .prefix_leaders import PrefixLeaders
@@ -36,7 +38,7 @@ from .sampling import SamplerFactory, row_processors, row_stops
 log = logging.getLogger("mlx_lm_batched.server")
 
 
-class Engine:
+class Engine(EnginePreemption):
     """Owns generation; :meth:`submit` and :meth:`cancel` are safe from any thread."""
 
     # How this engine serves, in capability-table features (requests are checked against).
@@ -64,7 +66,11 @@ class Engine:
         self.leaders = PrefixLeaders(self.prefix)  # cold prompts that share a prefix
         self.samplers = SamplerFactory()
         # The KV memory bound (sized in warm_up); cached prefix blocks are not reserved.
-        self.admission = KVAdmission(self.config, self._reused_tokens)
+        # Rows reserve --kv-growth-tokens ahead and are preempted when the bound is
+        # reached, except on speculative batches (whose rows cannot be suspended).
+        growth = c.kv_growth_tokens if self.preempts and not self.speculative else 0
+        self.admission = KVAdmission(self.config, self._reused_tokens, growth,
+                                     self._resume_grants)
         self._commands = queue.Queue()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # guards _waiting_jobs (read by the event loop)
@@ -284,9 +290,13 @@ class Engine:
         self._start_followers(self.leaders.done(row.uid))
 
     def _start_memory_waiting(self):
-        """Start the jobs waiting for KV memory, in arrival order, while theirs is free."""
+        """Start the jobs waiting for KV memory (preempted ones first, then in arrival
+        order) while theirs is free."""
         for job, prompts, max_tokens in self.admission.ready():
-            self._for_this_job_only(job, self._insert_rows, job, prompts, max_tokens)
+            if prompts is None:
+                self._resume(job)
+            else:
+                self._for_this_job_only(job, self._insert_rows, job, prompts, max_tokens)
 
     def _insert_rows(self, job, prompts, max_tokens):
         """Insert the rows of a job whose KV memory is reserved: one :class:`Request`
@@ -317,7 +327,9 @@ class Engine:
                     given = job.spec.prompts[i]
                     echo = (given if isinstance(given, str) else self.tokenizer.decode(prompt),
                             prompt)
-                states.append(RowState(job, index, self.tokenizer, params, echo))
+                states.append(RowState(job, index, self.tokenizer, params, echo,
+                                       max(1, max_tokens[i]), replace(job.grants[i])
+                                       if job.grants else None))
         uids = self.gen.insert_requests(requests)
         for k, (uid, state, request) in enumerate(zip(uids, states, requests)):
             state.uid = uid
@@ -356,6 +368,7 @@ class Engine:
 
     def _cancel_job(self, job):
         job.cancelled = True
+        self._drop_suspended(job)
         live = [r.uid for r in job.rows if r.uid in self._rows]
         if live:
             self.gen.remove(live)
@@ -393,6 +406,7 @@ class Engine:
             self._mark_started(row, now)
             self._on_token(row, r)
         self.metrics.add_tokens(generation=gen_tokens)
+        self._grow_reservations()
 
     def _mark_started(self, row, now):
         if row.started:
@@ -425,6 +439,7 @@ class Engine:
         """Send an echo row's prompt (and its scores); end it there for max_tokens 0."""
         job = row.job
         text, tokens = row.echo
+        row.echo = None  # sent once (a resumed row ends its prompt again)
         entries = prompt_logprobs(self.tokenizer, tokens, scores) if scores is not None else []
         job.send(Delta(row.index, text, entries))
         if job.spec.params.max_tokens == 0:
@@ -447,6 +462,12 @@ class Engine:
 
     def _fail_all(self, message):
         jobs = {id(r.job): r.job for r in self._rows.values()}
+        # Preempted jobs waiting to resume had their rows in the failed batch too.
+        preempted = [w for w in self.admission.waiting if w[1] is None]
+        for entry in preempted:
+            self.admission.waiting.remove(entry)
+            jobs[id(entry[0])] = entry[0]
+            entry[0].suspended = []
         for uid in self._rows:
             self.prefix.release(uid)
         self._rows.clear()

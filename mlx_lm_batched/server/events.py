@@ -30,6 +30,7 @@ class EngineConfig:
     kv_bits: Optional[int] = None  # quantized KV caches (None: float)
     kv_group_size: int = 64
     quantized_kv_start: int = 0  # slots after which a batch's caches are quantized
+    kv_growth_tokens: int = 256  # slots a row reserves ahead (0: prompt + max_tokens, no preemption)
     num_draft_tokens: int = 3  # speculative decoding (with a draft model or prompt_lookup)
     prompt_lookup: bool = False  # draft from n-grams of each row's own tokens
 
@@ -69,9 +70,18 @@ class Job:
     id: int = 0
     arrival: float = field(default_factory=time.monotonic)
     rows: List[RowState] = field(default_factory=list)
-    reserved: int = 0
+    reserved: int = 0  # KV bytes its rows reserve (server/kv_admission.py)
+    grants: list = field(default_factory=list)  # their KVGrants: per prompt, then per row
+    suspended: List[RowState] = field(default_factory=list)  # rows preempted, to resume
     waiting: bool = True
     cancelled: bool = False
+
+    @property
+    def preemptible(self):
+        """False for a request scoring its prompt (echo with logprobs): a resume would
+        prefill tokens the scores were already sent for, so it reserves all it needs."""
+        params = self.spec.params
+        return not (getattr(params, "echo", False) and getattr(params, "logprobs", None))
 
     def send(self, event):
         try:

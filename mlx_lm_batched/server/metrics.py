@@ -23,6 +23,7 @@ class Metrics:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.cached_tokens = 0
+        self.preemptions = 0
         self.gauges = {"running_rows": 0, "waiting_rows": 0, "waiting_requests": 0,
                        "kv_cache_bytes": 0, "prefix_cache_bytes": 0, "memory_active_bytes": 0,
                        "memory_peak_bytes": 0,
@@ -38,6 +39,11 @@ class Metrics:
             self.generation_tokens += generation
             self.cached_tokens += cached
             self._events.append((time.monotonic(), prompt, generation))
+
+    def count_preemption(self):
+        """A request's rows left the batch for KV memory (they resume later)."""
+        with self._lock:
+            self.preemptions += 1
 
     def set_gauges(self, **values):
         """Set gauges by name (see ``self.gauges``)."""
@@ -89,6 +95,9 @@ class Metrics:
                    [("", self.cached_tokens)])
             metric("generation_tokens_total", "counter", "Tokens generated.",
                    [("", self.generation_tokens)])
+            metric("preemptions_total", "counter",
+                   "Requests whose rows left the batch for KV memory, to resume later.",
+                   [("", self.preemptions)])
             metric("prompt_tokens_per_second", "gauge",
                    f"Prompt tokens prefilled per second over the last {self.window:g} s.",
                    [("", round(prompt_rate, 3))])
@@ -98,7 +107,7 @@ class Metrics:
             metric("kv_cache_bytes", "gauge", "Bytes of KV cache held by running and waiting rows.",
                    [("", g["kv_cache_bytes"])])
             metric("kv_reserved_bytes", "gauge",
-                   "KV bytes reserved by admitted requests (prompt + max_tokens), for admission.",
+                   "KV bytes reserved by running requests (their tokens and the next --kv-growth-tokens).",
                    [("", g["kv_reserved_bytes"])])
             metric("kv_budget_bytes", "gauge",
                    "KV bytes admitted requests may reserve in all (--kv-memory; 0: no bound).",

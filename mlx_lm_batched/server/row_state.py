@@ -9,10 +9,13 @@ from ..sched.row_text import RowText
 class RowState:
     """One choice of one request while it is in the batch."""
 
-    def __init__(self, job, index, tokenizer, params, echo=None):
+    def __init__(self, job, index, tokenizer, params, echo=None, max_tokens=None, kv=None):
         self.job = job
         self.index = index  # the choice index in the response
         self.uid = None
+        self.max_tokens = max_tokens  # tokens it may generate in all
+        self.kv = kv  # its KV reservation (server.kv_admission.KVGrant), None: unbounded
+        self.parked = None  # its KV while preempted (the prefix cache's park)
         skip = getattr(tokenizer, "all_special_ids", ()) if params.skip_special_tokens else ()
         self.text = RowText(tokenizer, params.stop, params.include_stop_str, skip)
         self.echo = echo  # (prompt text, its tokens) of an echo row, sent once it is prefilled
