@@ -242,7 +242,12 @@ def attention(q, k, v, scale, mask=None, softcap=None):
             k_block, v_block, m = k[:, :, keys], v[:, :, keys], m[..., rows, keys]
         elif m is not None and m.ndim >= 2 and m.shape[-2] == L:
             m = m[..., rows, :]
-        outs.append(_attention(q[:, :, rows], k_block, v_block, scale, m, softcap))
+        q_block = q[:, :, rows]
+        if outs:
+            # Block by block: MLX evaluates independent branches breadth first (up to
+            # 20 at once), which would hold that many blocks' scores at a time.
+            q_block = mx.depends(q_block, outs[-1])
+        outs.append(_attention(q_block, k_block, v_block, scale, m, softcap))
     return mx.concatenate(outs, axis=2)
 
 
