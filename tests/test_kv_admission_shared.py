@@ -8,13 +8,12 @@ from types import SimpleNamespace
 from conftest import model_dir
 from mlx_lm_batched import load
 from mlx_lm_batched.server.engine import Engine
-from mlx_lm_batched.server.events import EngineConfig
+from mlx_lm_batched.server.events import EngineConfig, Job
 from test_kv_blocks import B, generate, smol, text  # noqa: F401  (smol: the fixture)
 
 
 def job(**params):
-    return SimpleNamespace(spec=SimpleNamespace(params=SimpleNamespace(n=1, **params), adapter=0),
-                           reserved=0)
+    return Job(SimpleNamespace(params=SimpleNamespace(n=1, **params), adapter=0), None, None)
 
 
 def test_cached_prefix_blocks_are_not_reserved(smol):  # noqa: F811

@@ -28,6 +28,7 @@ from ..sched.request import Request
 from .errors import APIError
 from .events import Delta, EngineConfig, Failed, Finished, Job, Started
 from .engine_preemption import EnginePreemption
+from .engine_prefix import EnginePrefix
 from .job_prep import prepare_prompts
 from .kv_admission import KVAdmission
 from .prefix_leaders import PrefixLeaders
@@ -38,7 +39,7 @@ from .sampling import SamplerFactory, row_processors, row_stops
 log = logging.getLogger("mlx_lm_batched.server")
 
 
-class Engine(EnginePreemption):
+class Engine(EnginePrefix, EnginePreemption):
     """Owns generation; :meth:`submit` and :meth:`cancel` are safe from any thread."""
 
     # How this engine serves, in capability-table features (requests are checked against).
@@ -274,21 +275,6 @@ class Engine(EnginePreemption):
         if self.admission.admit(job, prompts, max_tokens):
             self._insert_rows(job, prompts, max_tokens)
 
-    def _start_followers(self, items):
-        """Start the requests that waited for a leading row (``server/prefix_leaders.py``)."""
-        for job, prompts, max_tokens in items:
-            if job.cancelled:
-                self._unwait(job)
-            else:
-                self._for_this_job_only(job, self._admit, job, prompts, max_tokens)
-
-    def _lead_done(self, row):
-        """A leading row has prefilled its prompt: store its blocks, start its followers."""
-        cache = self.gen.extract_cache([row.uid]).get(row.uid)
-        if cache is not None:
-            self._store_prefix(row.uid, cache[1], cache[0], row.job.spec.adapter)
-        self._start_followers(self.leaders.done(row.uid))
-
     def _start_memory_waiting(self):
         """Start the jobs waiting for KV memory (preempted ones first, then in arrival
         order) while theirs is free."""
@@ -350,21 +336,6 @@ class Engine(EnginePreemption):
         found = capabilities.conflict(self.features | asked)
         if found is not None:
             raise APIError(400, found.message("http") + ".", found.param, found.code)
-
-    def _reused_tokens(self, job, prompt):
-        """Tokens of ``prompt`` that ``job``'s rows will read from shared KV blocks held in
-        memory (a row fetches them right after its reservation, on this thread)."""
-        params = job.spec.params
-        if not self.config.prompt_cache_size or \
-                (getattr(params, "echo", False) and getattr(params, "logprobs", None)):
-            return 0
-        return self.prefix.reused_tokens(prompt, getattr(job.spec, "adapter", 0))
-
-    def _fetch_prefix(self, prompt, adapter=0):
-        """(cache copy or None, tokens still to prefill) of a row on adapter slot ``adapter``."""
-        if not self.config.prompt_cache_size:
-            return None, list(prompt)
-        return self.prefix.fetch_nearest_cache(self.model, prompt, adapter)
 
     def _cancel_job(self, job):
         job.cancelled = True
@@ -453,12 +424,6 @@ class Engine(EnginePreemption):
         row.job.send(Finished(row.index, reason, row.generated))
         if all(x.uid not in self._rows for x in row.job.rows):
             self._end_job(row.job)
-
-    def _store_prefix(self, uid, tokens, cache, adapter=0):
-        """Keep row ``uid``'s cache of ``tokens`` (made on adapter slot ``adapter``) for
-        later prompts on that adapter that share a prefix."""
-        if self.config.prompt_cache_size and tokens:
-            self.prefix.insert_cache(self.model, tokens, cache, adapter=adapter)
 
     def _fail_all(self, message):
         jobs = {id(r.job): r.job for r in self._rows.values()}
