@@ -209,6 +209,9 @@ class BatchGenerator:
             if batch is not None:
                 batch.dead.add(uid)
             del self._rows[uid]
+        for batch in self._prefills:
+            if not batch.live:
+                batch.job.close()  # frees its caches now, not at the next cycle collection
         self._prefills = [b for b in self._prefills if b.live]
         if self._decode is not None and not self._decode.live:
             self._decode = None
