@@ -194,6 +194,21 @@ def test_removing_rows_mid_prefill_frees_their_caches_at_once(float_models):
     assert tokens == solo(model, short, 4)[0]
 
 
+def test_caches_are_free_when_the_last_rows_finish(float_models):
+    """When a step's tokens end every row, the step queued for their caches has run by
+    the time ``next`` returns: MLX active memory is back to what it was before the rows
+    (a server reads it once no row runs)."""
+    model, tok = float_models["smollm2"]
+    gen = BatchGenerator(model, prefill_step_size=64)
+    gc.collect()
+    base = mx.get_active_memory()
+    gen.insert(corpus_prompts(tok, [40, 25, 60, 33]), max_tokens=[3, 5, 4, 5])
+    finished = 0
+    while finished < 4:
+        finished += sum(r.finish_reason is not None for r in gen.next()[1])
+    assert mx.get_active_memory() <= base + (64 << 10)
+
+
 @pytest.mark.parametrize("name, first_lengths", [("smollm2", [60, 9]), ("gemma3", [530, 30])])
 def test_second_turn_continues_returned_caches(float_models, name, first_lengths):
     """Turn 1 batches a long and a short (padded) row; their caches, from a finished
