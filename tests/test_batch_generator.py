@@ -1,6 +1,8 @@
 """BatchGenerator (continuous batching) on real models: every row, whenever it joins,
 generates what its prompt generates alone (``generate_step`` on the 1-D prompt)."""
 
+import gc
+
 import mlx.core as mx
 import pytest
 
@@ -151,6 +153,59 @@ def test_max_tokens_stop_sequences_remove_and_stats(float_models):
     assert stats.prompt_time > 0 and stats.decode_time > 0
     assert stats.wall_time >= stats.prompt_time + stats.decode_time
     assert gen.next() == ([], [])  # nothing left
+
+
+def test_removing_rows_mid_prefill_frees_their_caches_at_once(float_models):
+    """A prefill whose rows are all removed before it ends releases its caches when
+    ``remove`` returns, without waiting for Python's cycle collector (a server reads MLX
+    active memory between steps: held caches would read as leaked); the row left
+    generates what it generates alone."""
+    model, tok = float_models["smollm2"]
+    long, short = corpus_prompts(tok, [300, 20])
+    gen = BatchGenerator(model, prefill_step_size=64)
+    tokens = []
+
+    def step():
+        prompt_responses, responses = gen.next()
+        tokens.extend(r.token for r in responses)
+        return prompt_responses, bool(responses)
+
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        gen.insert([short], max_tokens=[4])
+        while not step()[1]:
+            pass  # until the short row decodes
+        held = mx.get_active_memory()
+        (gone,) = gen.insert([long], max_tokens=[4])
+        prompt_responses, _ = step()  # one chunk of the long prompt
+        assert [p.progress[0] for p in prompt_responses if p.uid == gone] == [64]
+        assert mx.get_active_memory() > held + (1 << 20)  # its chunk's keys and values
+        gen.remove([gone])
+        assert mx.get_active_memory() <= held
+        while any(step()):
+            pass  # until nothing is left
+        gen.close()
+    finally:
+        if enabled:
+            gc.enable()
+    assert tokens == solo(model, short, 4)[0]
+
+
+def test_caches_are_free_when_the_last_rows_finish(float_models):
+    """When a step's tokens end every row, the step queued for their caches has run by
+    the time ``next`` returns: MLX active memory is back to what it was before the rows
+    (a server reads it once no row runs)."""
+    model, tok = float_models["smollm2"]
+    gen = BatchGenerator(model, prefill_step_size=64)
+    gc.collect()
+    base = mx.get_active_memory()
+    gen.insert(corpus_prompts(tok, [40, 25, 60, 33]), max_tokens=[3, 5, 4, 5])
+    finished = 0
+    while finished < 4:
+        finished += sum(r.finish_reason is not None for r in gen.next()[1])
+    assert mx.get_active_memory() <= base + (64 << 10)
 
 
 @pytest.mark.parametrize("name, first_lengths", [("smollm2", [60, 9]), ("gemma3", [530, 30])])

@@ -69,6 +69,12 @@ class PrefillJob:
                 self.done, self.result = True, stop.value
         return self.done
 
+    def close(self):
+        """Stop a job that will not be advanced again (its rows were removed): its
+        suspended model-call loop refers to the job, a reference cycle that would keep
+        the job's caches alive until Python's cycle collector runs."""
+        self._steps.close()
+
     def run(self, progress=None):
         """Feed the whole prompt; ``progress(done, total)`` after every chunk."""
         while not self.advance():

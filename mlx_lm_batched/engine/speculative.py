@@ -234,6 +234,12 @@ class SpeculativePrefill:
                 progress(*self.target.progress)
         return self.result
 
+    def close(self):
+        """Stop both jobs (``PrefillJob.close``: rows removed mid-prefill)."""
+        self.target.close()
+        if self.draft is not None:
+            self.draft.close()
+
     fed = property(lambda self: self.target.fed)
     calls = property(lambda self: self.target.calls)
     progress = property(lambda self: self.target.progress)

@@ -213,9 +213,12 @@ class BatchGenerator:
             if batch is not None:
                 batch.dead.add(uid)
             del self._rows[uid]
+        for batch in self._prefills:
+            if not batch.live:
+                batch.job.close()  # frees its caches now, not at the next cycle collection
         self._prefills = [b for b in self._prefills if b.live]
         if self._decode is not None and not self._decode.live:
-            self._decode = None
+            self._retire_decode()
         return caches
 
     def suspend(self, uids):
@@ -370,6 +373,15 @@ class BatchGenerator:
         del self._rows[uid]
         return Response(uid, t, lp, finish, cache, list(r.tokens))
 
+    def _retire_decode(self):
+        """Drop the decode batch, its rows all gone. The step it queued last (for the
+        caches of rows that ended with it) still holds the batch's caches while it runs:
+        wait for it, so that memory is free when this step returns (the stream would run
+        it before any later work anyway)."""
+        pending, self._decode = self._decode.pending, None
+        if pending is not None:
+            mx.eval(*[x for x in pending if isinstance(x, mx.array)])
+
     def _compact(self):
         """Drop the decode batch's dead rows once the steps they would still cost reach
         one step of the whole batch (the filter copies the caches: about one step)."""
@@ -377,7 +389,7 @@ class BatchGenerator:
         if not batch.dead:
             return
         if not batch.live:
-            self._decode = None
+            self._retire_decode()
             return
         remaining = max(self._rows[u].max_tokens - self._rows[u].generated
                         for u in batch.uids if u not in batch.dead)
