@@ -53,12 +53,15 @@ def suspend(gen, uids):
     gen._queue = deque(r for r in gen._queue if r.uid not in taken)
     for uid in taken:
         gen._suspended[uid] = gen._rows.pop(uid)
+    for prefill in gen._prefills:
+        if not prefill.live:
+            prefill.job.close()  # frees its caches now, not at the next cycle collection
     gen._prefills = [b for b in gen._prefills if b.live]
     if batch is not None and batch.dead:  # free the rows' memory now, not when it pays
         if batch.live:
             batch.pending = None if batch.pending is None else batch.drop_dead(batch.pending)
         else:
-            gen._decode = None
+            gen._retire_decode()
     return responses, caches
 
 
