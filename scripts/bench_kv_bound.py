@@ -2,21 +2,23 @@
 """Many distinct long requests at once against a KV memory bound: all answered, memory bounded.
 
     python scripts/bench_kv_bound.py --model DIR [--requests 64] [--prompt-tokens 1500]
-        [--max-tokens 16] [--kv-memory 0.5] [--check 8] [--json out.json] [-- SERVER ARGS...]
+        [--max-tokens 16] [--stop TEXT] [--kv-memory 0.5] [--check 8] [--json out.json]
+        [-- SERVER ARGS...]
 
 Starts ``python -m mlx_lm_batched.server --kv-memory GB`` (whatever ``PYTHONPATH``
 imports) on 127.0.0.1, sends one short warm-up request, then every request at once (one
 thread each, the official ``openai`` client with no retries, streamed greedy
 ``/v1/completions`` on token-id prompts of exactly ``--prompt-tokens``, each the corpus
-read from its own start, so no two share a cached block). The bound admits a few at a
-time; the others wait their turn.
+read from its own start, so no two share a cached block; ``--stop`` ends each at a stop
+string, as chat answers end long before a generous ``max_tokens``). The bound admits a few
+at a time; the others wait their turn.
 
 Reported: the status of every request (the target: all 200, none 429 or 5xx), the
 server's peak resident memory above its warm RSS (sampled every 20 ms) against
 ``--kv-memory`` plus 0.3 GB, MLX's active memory above its warm value (the arrays alone:
 RSS also holds the freed heap that ``mlx_lm_batched._malloc`` keeps mapped, up to 1 GiB),
 the most requests seen waiting for KV memory and the other gauges' peaks (``/metrics``,
-every 0.25 s),
+every 0.25 s), the preemptions (``/metrics`` ``preemptions_total``),
 time to first token p50/p95/max and wall time; then the ``--check`` requests that
 started last (the longest queued) are sent again one at a time, alone, and their greedy
 tokens compared with the concurrent run's, token for token. ``$BENCH_SERVER_LOG``: a
@@ -96,15 +98,17 @@ def run(args):
         gauges.start()
         start = time.monotonic()
         with futures.ThreadPoolExecutor(args.requests) as pool:
-            results = list(pool.map(lambda p: stream_completion(client, p, args.max_tokens),
-                                    prompts))
+            results = list(pool.map(
+                lambda p: stream_completion(client, p, args.max_tokens, args.stop), prompts))
         wall = time.monotonic() - start
+        preemptions = metrics(port).get(PREFIX + "preemptions_total", 0.0)
         rss.stop()
         gauges.stop()
         ok = [i for i, r in enumerate(results) if r["status"] == 200]
         # The requests that started last waited longest: compare them with themselves alone.
         latest = sorted(ok, key=lambda i: results[i]["first"] or results[i]["end"])[-args.check:]
-        alone = {i: stream_completion(client, prompts[i], args.max_tokens) for i in latest}
+        alone = {i: stream_completion(client, prompts[i], args.max_tokens, args.stop)
+                 for i in latest}
     finally:
         stop_server(proc)
     statuses = {}
@@ -116,7 +120,7 @@ def run(args):
     equal = [i for i in latest if alone[i]["tokens"] == results[i]["tokens"]]
     return {
         **machine(), "model": str(args.model), "requests": args.requests,
-        "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
+        "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens, "stop": args.stop,
         "kv_memory_gb": args.kv_memory, "server_args": args.server_args,
         "kv_budget_bytes": budget, "prefix_cache_bound_bytes": prefix_bound,
         "statuses": statuses, "all_200": statuses == {"200": args.requests},
@@ -125,7 +129,7 @@ def run(args):
         "memory_within_target": 0 < peak_above <= kv_memory + MARGIN_BYTES,
         "warm_active_bytes": warm_active,
         "peak_active_above_warm_bytes": gauges.peaks["memory_active_bytes"] - warm_active,
-        "metrics_peaks": gauges.peaks,
+        "metrics_peaks": gauges.peaks, "preemptions": preemptions,
         "ttft_s": {"p50": round(pct(ttft, 0.5), 3), "p95": round(pct(ttft, 0.95), 3),
                    "max": round(max(ttft), 3)} if ttft else None,
         "generated_tokens": sum(r.get("completion_tokens", 0) for r in results),
@@ -143,6 +147,7 @@ def main():
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=1500)
     p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--stop", action="append", help="a stop string of every request (repeatable)")
     p.add_argument("--kv-memory", type=float, default=0.5, help="the server's --kv-memory, GB")
     p.add_argument("--check", type=int, default=8,
                    help="requests (those that started last) sent again alone and compared")

@@ -166,17 +166,18 @@ def stream_chat(client, messages, max_tokens):
         usage.prompt_tokens, _cached(usage)
 
 
-def stream_completion(client, prompt, max_tokens):
-    """One streamed greedy ``/v1/completions`` request on a token-id prompt: a dict of its
-    status (200, or the error's status), generated tokens (``logprobs``' token strings),
-    text, times (sent, first token and end, monotonic) and usage."""
+def stream_completion(client, prompt, max_tokens, stop=None):
+    """One streamed greedy ``/v1/completions`` request on a token-id prompt (ending at a
+    ``stop`` string, if given): a dict of its status (200, or the error's status),
+    generated tokens (``logprobs``' token strings), text, times (sent, first token and end,
+    monotonic) and usage."""
     import openai
 
     sent = time.monotonic()
     out = {"status": 200, "sent": sent, "first": None, "tokens": [], "text": ""}
     try:
         stream = client.completions.create(model="m", prompt=prompt, max_tokens=max_tokens,
-                                           temperature=0, logprobs=0, stream=True,
+                                           temperature=0, logprobs=0, stream=True, stop=stop,
                                            stream_options={"include_usage": True})
         for chunk in stream:
             if chunk.usage is not None:
