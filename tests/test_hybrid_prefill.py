@@ -154,6 +154,7 @@ def test_server_warm_up_counts_state_per_row_not_per_token(float_dirs, tmp_path)
     from mlx_lm_batched import load
     from mlx_lm_batched.server.engine import Engine, EngineConfig
     from mlx_lm_batched.server.errors import APIError
+    from mlx_lm_batched.server.events import Job
 
     tok_dir = float_dirs["smollm2"]
     vocab = json.loads((tok_dir / "config.json").read_text())["vocab_size"]
@@ -178,7 +179,7 @@ def test_server_warm_up_counts_state_per_row_not_per_token(float_dirs, tmp_path)
     assert engine.admission.state_bytes_per_row == linear * (conv + hv * dk * dv) * 4
     # A request reserves both: n rows of (prompt + max_tokens) slots and one state each.
     need = 2 * ((10 + 5) * engine.admission.kv_bytes_per_token + engine.admission.state_bytes_per_row)
-    job = SimpleNamespace(spec=SimpleNamespace(params=SimpleNamespace(n=2)), reserved=0)
+    job = Job(SimpleNamespace(params=SimpleNamespace(n=2)), None, None)
     engine.config.max_kv_bytes = need - 1
     with pytest.raises(APIError):
         engine.admission.reserve(job, [[1] * 10], [5])
