@@ -213,13 +213,18 @@ class BatchGenerator:
             if batch is not None:
                 batch.dead.add(uid)
             del self._rows[uid]
-        for batch in self._prefills:
-            if not batch.live:
-                batch.job.close()  # frees its caches now, not at the next cycle collection
-        self._prefills = [b for b in self._prefills if b.live]
+        self._close_empty_prefills()
         if self._decode is not None and not self._decode.live:
             self._retire_decode()
         return caches
+
+    def _close_empty_prefills(self):
+        """Drop the prefills whose rows are all gone, closing each: its suspended call loop
+        refers to it, so its caches would wait for Python's cycle collector."""
+        for batch in self._prefills:
+            if not batch.live:
+                batch.job.close()
+        self._prefills = [b for b in self._prefills if b.live]
 
     def suspend(self, uids):
         """Take rows out of the batch, keeping what they need to go on later with the same

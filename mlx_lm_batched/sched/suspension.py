@@ -53,10 +53,7 @@ def suspend(gen, uids):
     gen._queue = deque(r for r in gen._queue if r.uid not in taken)
     for uid in taken:
         gen._suspended[uid] = gen._rows.pop(uid)
-    for prefill in gen._prefills:
-        if not prefill.live:
-            prefill.job.close()  # frees its caches now, not at the next cycle collection
-    gen._prefills = [b for b in gen._prefills if b.live]
+    gen._close_empty_prefills()
     if batch is not None and batch.dead:  # free the rows' memory now, not when it pays
         if batch.live:
             batch.pending = None if batch.pending is None else batch.drop_dead(batch.pending)
@@ -81,13 +78,10 @@ def _take_decoding(gen, batch, i, row):
 def resume(gen, uid, cache=None, cached_tokens=0):
     """Queue suspended row ``uid`` again, first in the queue; ``cache`` (or None) holds the
     first ``cached_tokens`` of its tokens, and the row prefills the rest."""
-    row = gen._suspended.pop(uid, None)
-    if row is None:
-        raise KeyError(f"row {uid} is not suspended")
-    full = list(row.tokens) + list(row.prompt[row.done:])
+    full = suspended_tokens(gen, uid)
     if not 0 <= cached_tokens < len(full):
-        gen._suspended[uid] = row
         raise ValueError(f"cached_tokens must be in [0, {len(full)}), got {cached_tokens}")
+    row = gen._suspended.pop(uid)
     prompt = full[cached_tokens:]
     row.prompt, row.tokens, row.done = prompt, full[:cached_tokens], 0
     # The last token starts generation: a segment of its own, as when first inserted.
@@ -100,5 +94,7 @@ def resume(gen, uid, cache=None, cached_tokens=0):
 
 def suspended_tokens(gen, uid):
     """Every token of suspended row ``uid`` (prompt, earlier turns, what it generated)."""
-    row = gen._suspended[uid]
+    row = gen._suspended.get(uid)
+    if row is None:
+        raise KeyError(f"row {uid} is not suspended")
     return list(row.tokens) + list(row.prompt[row.done:])

@@ -24,9 +24,7 @@ class EnginePrefix:
     def _reused_tokens(self, job, prompt):
         """Tokens of ``prompt`` that ``job``'s rows will read from shared KV blocks held in
         memory (a row fetches them right after its reservation, on this thread)."""
-        params = job.spec.params
-        if not self.config.prompt_cache_size or \
-                (getattr(params, "echo", False) and getattr(params, "logprobs", None)):
+        if not self.config.prompt_cache_size or job.scores_prompt:
             return 0
         return self.prefix.reused_tokens(prompt, getattr(job.spec, "adapter", 0))
 

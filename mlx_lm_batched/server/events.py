@@ -77,11 +77,17 @@ class Job:
     cancelled: bool = False
 
     @property
-    def preemptible(self):
-        """False for a request scoring its prompt (echo with logprobs): a resume would
-        prefill tokens the scores were already sent for, so it reserves all it needs."""
+    def scores_prompt(self):
+        """Echo with logprobs: its rows prefill the whole prompt for its scores (no
+        prefix reuse)."""
         params = self.spec.params
-        return not (getattr(params, "echo", False) and getattr(params, "logprobs", None))
+        return bool(getattr(params, "echo", False) and getattr(params, "logprobs", None))
+
+    @property
+    def preemptible(self):
+        """False for a request scoring its prompt: a resume would prefill tokens the
+        scores were already sent for, so it reserves all it needs."""
+        return not self.scores_prompt
 
     def send(self, event):
         try:
