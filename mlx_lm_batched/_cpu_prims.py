@@ -107,8 +107,9 @@ def _build():
 def _import(path):
     spec = importlib.util.spec_from_file_location(
         MODULE, path, loader=importlib.machinery.ExtensionFileLoader(MODULE, path))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with _native_build.sleeping_openmp_threads():  # it may be the first to bring libgomp
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
     return module
 
 

@@ -41,6 +41,33 @@ def cache_dirs():
             os.path.join(tempfile.gettempdir(), "mlx_lm_batched")]
 
 
+WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
+
+
+@contextlib.contextmanager
+def sleeping_openmp_threads():
+    """Load a kernel library inside this block so that the OpenMP runtime it brings
+    (libgomp, read once when it loads) lets idle threads sleep instead of spinning.
+
+    Our kernels open a parallel region per matmul (hundreds per decode step). With
+    libgomp's default, a thread that finished its share spins for its partner; when the
+    cores are shared (two processes, a busy machine) the partner is often descheduled
+    and the spinning takes the core it needs: two processes each decoding 8 rows on
+    this 2-core machine took 90 s instead of 39 s, while one process alone ran as fast
+    sleeping as spinning (20.8 vs 22.7 s; ``scripts/bench_openmp_wait.py``). A value the
+    user set is kept; the variable is restored afterwards, so other OpenMP runtimes
+    loaded later (torch's) and child processes see the environment they had.
+    """
+    if os.environ.get(WAIT_POLICY_ENV):
+        yield
+        return
+    os.environ[WAIT_POLICY_ENV] = "passive"
+    try:
+        yield
+    finally:
+        os.environ.pop(WAIT_POLICY_ENV, None)
+
+
 def find_compiler(env, default):
     """Full path of the compiler named by ``$env`` (else ``default``), or None."""
     return shutil.which(os.environ.get(env, default))

@@ -140,7 +140,9 @@ def install():
     if not requested() or not sys.platform.startswith("linux") or "mlx.core" in sys.modules:
         return False
     try:
-        _lib = ctypes.CDLL(build(), mode=ctypes.RTLD_GLOBAL)
+        path = build()
+        with _native_build.sleeping_openmp_threads():
+            _lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     except (OSError, subprocess.SubprocessError) as e:
         problem = str(e)
         return False

@@ -41,3 +41,32 @@ def test_a_failed_build_is_remembered_until_the_source_changes(tmp_path, monkeyp
     assert _native_build.cached_build("k", "test kernel", cc, [str(source)], ["-O2"]) == path
     assert runs(tmp_path) == 2
     assert os.path.dirname(path) == str(tmp_path / "cache" / "mlx_lm_batched" / "native")
+
+
+WAIT_POLICY_PROBE = """
+import ctypes, os, sys
+import mlx_lm_batched, mlx.core as mx
+from mlx_lm_batched import _small_gemm
+if not _small_gemm.max_rows:
+    sys.exit("no kernel: " + str(_small_gemm.problem))
+x = mx.random.normal((4, 64)); mx.eval(x @ x.T)  # a matmul through the kernel
+ctypes.CDLL("libgomp.so.1").omp_display_env(0)  # libgomp's settings, on stderr
+print(os.environ.get("OMP_WAIT_POLICY"))
+"""
+
+
+@pytest.mark.parametrize("user_value, expected", [(None, "PASSIVE"), ("active", "ACTIVE")])
+def test_kernel_threads_sleep_when_idle_unless_the_user_says_otherwise(user_value, expected):
+    """The kernels' OpenMP runtime loads with passive waiting (two processes on shared
+    cores ran 2.5x slower spinning), the variable is not left in the environment for
+    child processes, and a value the user set wins."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    if user_value:
+        env["OMP_WAIT_POLICY"] = user_value
+    done = subprocess.run([sys.executable, "-c", WAIT_POLICY_PROBE], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"OMP_WAIT_POLICY = '{expected}'" in done.stderr
+    assert done.stdout.strip() == str(user_value)
