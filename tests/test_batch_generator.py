@@ -89,8 +89,8 @@ def test_rows_joining_mid_decode_match_solo(float_models, name, lengths, joins):
 
 
 def test_prefill_tokens_per_step_bounds_calls_while_rows_decode(float_models):
-    """``prefill_tokens_per_step``: while rows decode, a step's prefill call feeds at most
-    that many prompt tokens over all its rows (whole chunks when nothing decodes), and
+    """``prefill_tokens_per_step``: while rows decode, a step's prefill calls feed at most
+    that many prompt tokens over all their rows (whole chunks when nothing decodes), and
     every row still generates what its prompt generates alone."""
     model, tok = float_models["smollm2"]
     n, budget = 12, 96
@@ -112,8 +112,9 @@ def test_prefill_tokens_per_step_bounds_calls_while_rows_decode(float_models):
         elif decoding and prompt_responses:
             assert fed <= budget
             bounded_calls += 1
-    # 440 tokens of the group (padded to 3 x 200) at most 32 columns per call.
-    assert bounded_calls >= 600 // budget
+    # The group's 440 prompt tokens, at most ``budget`` per step (a step may run several
+    # calls, of this prefill or the next, while its budget lasts): at least 5 steps.
+    assert bounded_calls >= -(-440 // budget)
 
 
 def test_max_tokens_stop_sequences_remove_and_stats(float_models):

@@ -251,6 +251,39 @@ def test_a_finished_row_keeps_its_head_and_stores_only_its_own_blocks(smol):
             assert a.shape == b.shape and mx.array_equal(a, b).item()
 
 
+def test_rows_on_a_cached_prefix_start_several_per_step(smol, row_invariant_matmuls):
+    """While a row decodes, rows continued from stored blocks (each prefilled alone) start
+    several in one step, within the step's prefill budget, and each gives the tokens and
+    logprob bits it gives alone."""
+    model, ids = smol
+    _, _, cache, tokens = generate(model, text(ids, 8 * B + 5, 300), n=1)
+    prefix = make_prefix_cache(model, block_size=B)
+    prefix.insert_cache(model, tokens, cache)
+    follows = [tokens[:8 * B] + text(ids, 20 + 3 * i, 1200 + 40 * i) for i in range(5)]
+    gen = BatchGenerator(model)
+    first = gen.insert([text(ids, 40, 2000)], max_tokens=[12])
+    while not gen.next()[1]:
+        pass  # until the first row decodes
+    fetched = [prefix.fetch_nearest_cache(model, f) for f in follows]
+    uids = gen.insert([rest for _, rest in fetched], max_tokens=[6] * 5,
+                      caches=[c for c, _ in fetched], all_tokens=[f[:8 * B] for f in follows])
+    out = {u: ([], []) for u in uids + first}
+    started_per_step = []
+    while any(len(t) < 6 for u, (t, _) in out.items() if u in uids):
+        prompt_responses, responses = gen.next()
+        started_per_step.append(sum(p.end_of_prompt for p in prompt_responses))
+        for r in responses:
+            out[r.uid][0].append(r.token)
+            out[r.uid][1].append(np.array(r.logprobs))
+    gen.close()
+    assert max(started_per_step) >= 2, started_per_step  # several rows started in one step
+    for f, (c, rest), u in zip(follows, fetched, uids):
+        alone, lp, _, _ = generate(model, rest, n=6, cache=prefix.fetch_nearest_cache(model, f)[0],
+                                   prefix=f[:8 * B])
+        assert out[u][0] == alone
+        np.testing.assert_array_equal(np.stack(out[u][1]), lp)
+
+
 def test_rows_on_one_prefix_read_its_blocks_in_place(smol):
     """Three conversations continued from one stored 8-block prefix decode together: each
     row's layer caches hold the store's own block arrays (the same objects, no copy) and

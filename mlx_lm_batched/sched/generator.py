@@ -425,7 +425,11 @@ class BatchGenerator:
             call_budget = (step_budget - spent) if decoding and (spent or limit) else None
             chunk = self._prefill_call(call_budget)
             prompt_responses.extend(chunk)
-            if any(r.end_of_segment for r in chunk):
+            # A segment end the caller asked for (``insert_segments``) ends the step, so it
+            # may extract the cache there; while rows decode, a prompt's own last-token
+            # split does not.
+            if any(r.end_of_segment and (not decoding or self._rows[r.uid].cut_at_segments)
+                   for r in chunk):
                 break
             if not decoding:
                 if self._decoding():
