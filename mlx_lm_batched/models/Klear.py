@@ -11,6 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.moe import SparseMoE, combine_experts, softmax_topk, stack_experts
@@ -59,7 +60,8 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                          args.head_dim, rope, bias=args.attention_bias, qk_norm=norm),
+                          args.head_dim, rope, qk_norm=QKNorm(norm),
+                          projections=Projections(bias=args.attention_bias)),
                 KlearMoE(args) if args.is_moe_layer(i) else
                 MLP(args.hidden_size, args.intermediate_size),
                 norm,

@@ -14,6 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP, activation
 from ..layers.moe import SparseMoE, SwitchGLU, stack_experts, topk_indices
@@ -171,17 +172,19 @@ class Model(CausalLM):
 
     @staticmethod
     def qk_norm(args, norm):
-        """The shared attention's keywords for Bailing's optional per-head QK-norm."""
-        return (dict(qk_norm=norm, qk_norm_names=("query_layernorm", "key_layernorm"))
-                if args.use_qk_norm else {})
+        """Bailing's optional per-head QK-norm (a :class:`QKNorm`, or None)."""
+        return (QKNorm(norm, names=("query_layernorm", "key_layernorm"))
+                if args.use_qk_norm else None)
 
     def mixer(self, args, i, norm):
         """Layer ``i``'s token mixer (here always softmax attention; Bailing Linear
         overrides it)."""
         rotary = args.rotary_dim or int(args.head_dim * args.partial_rotary_factor)
         return Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                         args.head_dim, config_rope(args, rotary), bias=args.use_qkv_bias,
-                         o_bias=args.use_bias, fused_qkv=True, **self.qk_norm(args, norm))
+                         args.head_dim, config_rope(args, rotary),
+                         qk_norm=self.qk_norm(args, norm),
+                         projections=Projections(bias=args.use_qkv_bias, o_bias=args.use_bias,
+                                                 fused_qkv=True))
 
     def sanitize(self, weights):
         n = self.args.num_hidden_layers

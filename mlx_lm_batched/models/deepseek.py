@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.moe import SparseMoE, stack_experts
@@ -49,7 +50,7 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                          args.head_dim, rope, bias=args.attention_bias),
+                          args.head_dim, rope, projections=Projections(bias=args.attention_bias)),
                 mlp(i), norm,
             )
             for i in range(args.num_hidden_layers)

@@ -10,6 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP, activation
 from ..layers.moe import SparseMoE, softmax_topk, stack_experts
@@ -78,7 +79,7 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                          args.head_dim, rope, bias=args.use_bias),
+                          args.head_dim, rope, projections=Projections(bias=args.use_bias)),
                 ErnieMoE(args) if args.is_moe_layer(i) else
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act, args.use_bias),
                 norm,

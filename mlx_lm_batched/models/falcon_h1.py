@@ -14,6 +14,7 @@ from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers import masks as masks_lib
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.mlp import activation
 from ..layers.norms import RMSNorm
 from ..layers.ssm import CausalConv1d
@@ -113,8 +114,8 @@ class DecoderLayer(nn.Module):
         a = args
         self.self_attn = KeyScaledAttention(a.hidden_size, a.num_attention_heads,
                                             a.num_key_value_heads, a.head_dim, rope,
-                                            bias=a.attention_bias,
-                                            key_multiplier=a.key_multiplier)
+                                            key_multiplier=a.key_multiplier,
+                                            projections=Projections(bias=a.attention_bias))
         self.mamba = Mamba2Mixer(a.hidden_size, a.mamba_n_heads, a.mamba_d_head, a.mamba_d_state,
                                  a.mamba_n_groups, a.mamba_d_conv, a.rms_norm_eps,
                                  a.mamba_proj_bias, a.mamba_conv_bias, a.time_step_limit,

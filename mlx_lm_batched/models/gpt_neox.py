@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import ParallelBlock, PreNormBlock
 from ..layers.mlp import DenseMLP
 from ..layers.norms import LayerNorm
@@ -71,7 +72,8 @@ class Model(CausalLM):
         block = ParallelBlock if args.use_parallel_residual else PreNormBlock
         layers = [
             block(
-                Attention(d, h, h, head_dim, rope, bias=args.attention_bias, fused_qkv=True),
+                Attention(d, h, h, head_dim, rope,
+                          projections=Projections(bias=args.attention_bias, fused_qkv=True)),
                 DenseMLP(d, args.intermediate_size, args.hidden_act,
                          names=("dense_h_to_4h", "dense_4h_to_h")),
                 norm,

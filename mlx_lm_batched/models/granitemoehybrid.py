@@ -13,6 +13,7 @@ from ..cache.kv import KVCache
 from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, Scores
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
 from ..layers.ssm import CausalConv1d
@@ -60,8 +61,8 @@ class Block(nn.Module):
         else:
             n_kv, head_dim = attention_dims(args)
             self.self_attn = Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim,
-                                       rope, bias=args.attention_bias,
-                                       scale=args.attention_multiplier)
+                                       rope, projections=Projections(bias=args.attention_bias),
+                                       scores=Scores(scale=args.attention_multiplier))
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         if args.num_local_experts:

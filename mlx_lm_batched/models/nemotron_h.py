@@ -12,6 +12,7 @@ from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers import masks as masks_lib
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.mlp import DenseMLP, activation
 from ..layers.moe import SwitchMLP, combine_experts, stack_experts
 from ..layers.norms import RMSNorm
@@ -120,7 +121,7 @@ class Block(nn.Module):
         elif kind == "attention":
             self.mixer = Attention(args.hidden_size, args.num_attention_heads,
                                    args.num_key_value_heads, args.head_dim, None,
-                                   bias=args.attention_bias)
+                                   projections=Projections(bias=args.attention_bias))
         elif kind == "mlp":
             self.mixer = DenseMLP(args.hidden_size, args.intermediate_size,
                                   activation(args.mlp_hidden_act), bias=args.mlp_bias)

@@ -19,6 +19,7 @@ from ..cache.kv import KVCache
 from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import SandwichBlock
 from ..layers.gated_delta import GatedDeltaNet
 from ..layers.mlp import MLP
@@ -86,7 +87,8 @@ class Model(CausalLM):
             else:
                 attn = Attention(args.hidden_size, args.num_attention_heads,
                                  args.num_key_value_heads, args.head_dim, rope,
-                                 bias=args.attention_bias, qk_norm=norm, qk_norm_full=True)
+                                 qk_norm=QKNorm(norm, full=True),
+                                 projections=Projections(bias=args.attention_bias))
                 layers.append(SandwichBlock(attn, mlp, norm, norm_names=POST_NORMS))
         init_causal_lm(self, args, layers, norm())
 

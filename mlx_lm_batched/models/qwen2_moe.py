@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP, activation
 from ..layers.moe import SparseMoE, stack_experts
@@ -59,7 +60,8 @@ class Model(CausalLM):
         rope = config_rope(args, args.head_dim)
         layer_ropes = layer_ropes or [rope] * args.num_hidden_layers
         norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps)
-        attention_kwargs = attention_kwargs or dict(bias=True, o_bias=False)
+        attention_kwargs = attention_kwargs or dict(
+            projections=Projections(bias=True, o_bias=False))
         act = activation(args.hidden_act)
 
         def mlp(i):

@@ -12,6 +12,7 @@ from ..cache.kv import KVCache
 from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers.attention import Attention, scaled_dot_product_attention
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.gated_delta import GatedDeltaNet
 from ..layers.mlp import MLP, activation
 from ..layers.moe import SparseMoE, stack_experts
@@ -54,7 +55,8 @@ class GatedAttention(Attention):
     query then its gate, and the heads' output is scaled by ``sigmoid(gate)``."""
 
     def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, rope, norm, bias=False):
-        super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, rope, bias=bias, qk_norm=norm)
+        super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, rope, qk_norm=QKNorm(norm),
+                         projections=Projections(bias=bias))
         self.q_proj = nn.Linear(hidden_size, 2 * n_heads * head_dim, bias=bias)
 
 
