@@ -14,7 +14,7 @@ from ..layers.attention import Attention
 from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
-from ..layers.moe import SparseMoE, combine_experts, softmax_topk, stack_experts
+from ..layers.moe import SharedExpert, SparseMoE, combine_experts, softmax_topk, stack_experts
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM
 from . import qwen2_moe
@@ -36,7 +36,7 @@ class KlearMoE(SparseMoE):
         shared = MLP(args.hidden_size, args.moe_intermediate_size * args.n_shared_experts)
         super().__init__(args.hidden_size, args.moe_intermediate_size, args.num_experts,
                          args.num_experts_per_tok, normalize=args.norm_topk_prob,
-                         shared=shared, shared_name="shared_experts")
+                         shared=SharedExpert(shared, "shared_experts"))
         self.coefficient = nn.Linear(args.hidden_size, 2)
         self.expert_bias = mx.zeros((args.num_experts,))
 

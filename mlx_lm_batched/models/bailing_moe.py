@@ -17,7 +17,7 @@ from ..layers.attention import Attention
 from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP, activation
-from ..layers.moe import SparseMoE, SwitchGLU, stack_experts, topk_indices
+from ..layers.moe import SharedExpert, SparseMoE, SwitchGLU, stack_experts, topk_indices
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM
 from .args import require_values
@@ -132,12 +132,12 @@ class BailingMoE(SparseMoE):
         act = activation(args.hidden_act)
         shared = None
         if args.num_shared_experts > 0 and args.moe_router_enable_shared_expert:
-            shared = MLP(args.hidden_size, args.shared_experts_size(), act, args.use_bias)
+            shared = SharedExpert(MLP(args.hidden_size, args.shared_experts_size(), act,
+                                      args.use_bias), "shared_experts")
         switch = SwitchGLU(args.hidden_size, args.moe_intermediate_size, args.num_experts, act,
                            bias=args.use_bias)
         super().__init__(args.hidden_size, args.moe_intermediate_size, args.num_experts,
-                         args.num_experts_per_tok, shared=shared, shared_name="shared_experts",
-                         switch=switch)
+                         args.num_experts_per_tok, shared=shared, switch=switch)
         self.gate = GroupLimitedGate(args)
 
     def route(self, x):

@@ -9,7 +9,7 @@ from ..layers.attention import Attention
 from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
-from ..layers.moe import SparseMoE, stack_experts
+from ..layers.moe import SharedExpert, SparseMoE, stack_experts
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM
 from .common import DecoderArgs, config_rope, init_causal_lm
@@ -42,10 +42,11 @@ class Model(CausalLM):
                 return MLP(args.hidden_size, args.intermediate_size, args.hidden_act)
             shared = None
             if args.n_shared_experts:
-                shared = MLP(args.hidden_size, args.moe_intermediate_size * args.n_shared_experts,
-                             args.hidden_act)
+                shared = SharedExpert(MLP(args.hidden_size,
+                                          args.moe_intermediate_size * args.n_shared_experts,
+                                          args.hidden_act), "shared_experts")
             return SparseMoE(args.hidden_size, args.moe_intermediate_size, args.n_routed_experts,
-                             args.num_experts_per_tok, shared=shared, shared_name="shared_experts")
+                             args.num_experts_per_tok, shared=shared)
 
         layers = [
             PreNormBlock(

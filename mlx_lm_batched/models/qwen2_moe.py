@@ -9,7 +9,7 @@ from ..layers.attention import Attention
 from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP, activation
-from ..layers.moe import SparseMoE, stack_experts
+from ..layers.moe import SharedExpert, SparseMoE, stack_experts
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM
 from .common import DecoderArgs, config_rope, init_causal_lm, type_windows
@@ -69,10 +69,11 @@ class Model(CausalLM):
                 return MLP(args.hidden_size, args.intermediate_size, act)
             shared = None
             if shared_expert and args.shared_expert_intermediate_size:
-                shared = MLP(args.hidden_size, args.shared_expert_intermediate_size, act)
+                shared = SharedExpert(
+                    MLP(args.hidden_size, args.shared_expert_intermediate_size, act), gated=True)
             return SparseMoE(args.hidden_size, args.moe_intermediate_size, args.num_experts,
                              args.num_experts_per_tok, act, normalize=args.norm_topk_prob,
-                             shared=shared, shared_gate=shared is not None)
+                             shared=shared)
 
         layers = [
             PreNormBlock(
