@@ -5,8 +5,8 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_lm_batched.layers.attention import Attention
-from mlx_lm_batched.layers.attention_options import Projections, QKNorm, Scores
+from mlx_lm_batched.layers.attention import Attention, OutputGatedAttention
+from mlx_lm_batched.layers.attention_options import OutputGate, Projections, QKNorm, Scores
 from mlx_lm_batched.layers.kv_sharing import SharedKVAttention
 from mlx_lm_batched.layers.norms import RMSNorm
 
@@ -30,6 +30,9 @@ def shapes(module):
     (lambda: Attention(64, 4, 2, 16, scores=0.5), "scores must be a Scores"),
     (lambda: SharedKVAttention(64, 4, 2, 16, projections=Projections(fused_qkv=True)),
      "projects queries only"),
+    (lambda: OutputGate("tanh"), "unknown attention output gate 'tanh'"),
+    (lambda: OutputGate(name=""), "OutputGate name must be a name"),
+    (lambda: OutputGatedAttention(64, 4, 2, 16, None, "softplus"), "must be an OutputGate"),
 ])
 def test_a_bad_part_is_one_clear_value_error(make, message):
     with pytest.raises(ValueError, match=message):
@@ -58,6 +61,10 @@ def test_each_switch_builds_the_names_it_stands_for():
     per_head = shapes(Attention(64, 4, 2, 16, qk_norm=QKNorm(RMSNorm)))
     assert per_head["q_norm.weight"] == per_head["k_norm.weight"] == (16,)
     assert shapes(Attention(64, 4, 2, 16, scores=Scores(sinks=True)))["sinks"] == (4,)
+    gated = shapes(OutputGatedAttention(64, 4, 2, 16, None,
+                                        OutputGate(per_head=True, name="g_proj", bias=True)))
+    assert gated["g_proj.weight"] == (4, 64) and gated["g_proj.bias"] == (4,)
+    assert shapes(OutputGatedAttention(64, 4, 2, 16, None))["gate_proj.weight"] == (64, 64)
 
 
 def test_scores_scale_and_softcap_change_the_output():

@@ -7,7 +7,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import cpu_ops
-from .attention_options import Projections, QKNorm, Scores
+from .attention_options import OutputGate, Projections, QKNorm, Scores
 from .quantized_attention import quantized_attention
 from ..cache.kv import update_kv
 from ..cache.row_blocks import KVSegments
@@ -229,21 +229,21 @@ class Attention(nn.Module):
 
 
 class OutputGatedAttention(Attention):
-    """The shared attention with an output gate from its own projection of ``x``: the
-    heads' output is scaled by ``sigmoid`` (AFMoE) or ``softplus`` (Laguna) of it
-    before ``o_proj``; ``per_head``: one gate per head (broadcast over its features)
-    instead of one per feature. ``gate_name``: the checkpoint's name of the projection."""
+    """The shared attention with an output gate from its own projection of ``x``
+    (:class:`OutputGate`: which function, per head or per feature, its name) scaling
+    the heads' output before ``o_proj``."""
 
-    GATES = ("sigmoid", "softplus")
-
-    def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, rope, gate="sigmoid",
-                 per_head=False, gate_name="gate_proj", gate_bias=False, **kwargs):
+    def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, rope,
+                 output_gate=OutputGate(), **kwargs):
+        """``kwargs``: :class:`Attention`'s parts (``qk_norm``, ``projections``,
+        ``scores``)."""
+        if not isinstance(output_gate, OutputGate):
+            raise ValueError(f"output_gate must be an OutputGate, got {output_gate!r}")
         super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, rope, **kwargs)
-        if gate not in self.GATES:
-            raise ValueError(f"unknown attention output gate '{gate}' (known: {self.GATES})")
-        self.gate, self.per_head, self.gate_name = gate, per_head, gate_name
-        setattr(self, gate_name, nn.Linear(hidden_size, n_heads * (1 if per_head else head_dim),
-                                           bias=gate_bias))
+        g = output_gate
+        self.gate, self.per_head, self.gate_name = g.kind, g.per_head, g.name
+        setattr(self, g.name, nn.Linear(hidden_size, n_heads * (1 if g.per_head else head_dim),
+                                        bias=g.bias))
 
     def __call__(self, x, mask, offset, cache=None, attention=None):
         g = getattr(self, self.gate_name)(x)

@@ -1,8 +1,9 @@
 """The variant switches of the shared :class:`~.attention.Attention`, in three named
 parts, each checked once when it is made: how queries and keys are normed
 (:class:`QKNorm`), how q, k, v and the output are projected (:class:`Projections`),
-and how the attention scores are formed (:class:`Scores`). A model passes only the
-parts it changes; the defaults are plain multi-head attention."""
+and how the attention scores are formed (:class:`Scores`); and the gate of
+:class:`~.attention.OutputGatedAttention` (:class:`OutputGate`). A model passes only
+the parts it changes; the defaults are plain multi-head attention."""
 
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -22,7 +23,8 @@ class QKNorm:
 
     def __post_init__(self):
         if not callable(self.factory):
-            raise ValueError(f"QKNorm factory must be callable (dims -> norm), got {self.factory!r}")
+            raise ValueError(f"QKNorm factory must be callable (dims -> norm), got "
+                             f"{self.factory!r}")
         if self.full and self.after_rope:
             raise ValueError("QKNorm: full (whole projection) and after_rope (rotated heads) "
                              "exclude each other")
@@ -78,3 +80,25 @@ class Scores:
         if self.position_scale is not None and not callable(self.position_scale):
             raise ValueError(f"Scores position_scale must be callable, got "
                              f"{self.position_scale!r}")
+
+
+@dataclass(frozen=True)
+class OutputGate:
+    """The output gate of :class:`~.attention.OutputGatedAttention`: the heads' output
+    times ``kind`` (``"sigmoid"``, AFMoE; ``"softplus"``, Laguna) of a projection of
+    ``x`` named ``name`` (with a bias when ``bias``); ``per_head``: one gate per head,
+    broadcast over its features, instead of one per feature."""
+
+    KINDS = ("sigmoid", "softplus")
+
+    kind: str = "sigmoid"
+    per_head: bool = False
+    name: str = "gate_proj"
+    bias: bool = False
+
+    def __post_init__(self):
+        if self.kind not in self.KINDS:
+            raise ValueError(f"unknown attention output gate '{self.kind}' "
+                             f"(known: {self.KINDS})")
+        if not (isinstance(self.name, str) and self.name):
+            raise ValueError(f"OutputGate name must be a name, got {self.name!r}")
