@@ -20,7 +20,7 @@ from ..layers.ssm import CausalConv1d
 from ..layers.stack import CausalLM
 from . import granitemoe
 from .common import attention_dims, config_rope, init_causal_lm
-from .mamba2 import Mamba2Mixer
+from .mamba2 import Mamba2Mixer, SSDDims
 
 _KINDS = {"linear_attention": "mamba", "full_attention": "attention"}
 
@@ -54,10 +54,11 @@ class Block(nn.Module):
         super().__init__()
         self.kind = kind
         if kind == "mamba":
-            self.mamba = Mamba2Mixer(args.hidden_size, args.mamba_n_heads, args.mamba_d_head,
-                                     args.mamba_d_state, args.mamba_n_groups, args.mamba_d_conv,
-                                     args.rms_norm_eps, args.mamba_proj_bias,
-                                     args.mamba_conv_bias, args.time_step_limit)
+            dims = SSDDims(args.mamba_n_heads, args.mamba_d_head, args.mamba_d_state,
+                           args.mamba_n_groups, args.mamba_d_conv)
+            self.mamba = Mamba2Mixer(args.hidden_size, dims, args.rms_norm_eps,
+                                     args.mamba_proj_bias, args.mamba_conv_bias,
+                                     args.time_step_limit)
         else:
             n_kv, head_dim = attention_dims(args)
             self.self_attn = Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim,

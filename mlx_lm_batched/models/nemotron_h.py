@@ -20,7 +20,7 @@ from ..layers.ssm import CausalConv1d
 from ..layers.step import resolve_offset
 from .args import BaseModelArgs
 from .deepseek_v3 import SigmoidGate
-from .mamba2 import Mamba2Mixer
+from .mamba2 import Mamba2Mixer, SSDDims
 
 # hybrid_override_pattern letters (hub configs) -> layers_block_type names
 _PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
@@ -114,9 +114,10 @@ class Block(nn.Module):
         self.kind = kind
         self.norm = RMSNorm(args.hidden_size, args.layer_norm_epsilon)
         if kind == "mamba":
-            self.mixer = Mamba2Mixer(args.hidden_size, args.mamba_num_heads, args.mamba_head_dim,
-                                     args.ssm_state_size, args.n_groups, args.conv_kernel,
-                                     args.layer_norm_epsilon, args.use_bias, args.use_conv_bias,
+            dims = SSDDims(args.mamba_num_heads, args.mamba_head_dim, args.ssm_state_size,
+                           args.n_groups, args.conv_kernel)
+            self.mixer = Mamba2Mixer(args.hidden_size, dims, args.layer_norm_epsilon,
+                                     args.use_bias, args.use_conv_bias,
                                      (args.time_step_min, float("inf")))
         elif kind == "attention":
             self.mixer = Attention(args.hidden_size, args.num_attention_heads,

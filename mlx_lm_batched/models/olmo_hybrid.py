@@ -21,7 +21,7 @@ from ..cache.state import StateCache
 from ..layers.attention import Attention
 from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import SandwichBlock
-from ..layers.gated_delta import GatedDeltaNet
+from ..layers.gated_delta import DeltaHeads, GatedDeltaNet
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
 from ..layers.ssm import CausalConv1d, HybridBlock
@@ -76,9 +76,9 @@ class Model(CausalLM):
         for kind in args.layer_types:
             mlp = MLP(args.hidden_size, args.intermediate_size, args.hidden_act)
             if kind == "linear_attention":
-                mixer = GatedDeltaNet(args.hidden_size, args.linear_num_key_heads,
-                                      args.linear_num_value_heads, args.linear_key_head_dim,
-                                      args.linear_value_head_dim, args.linear_conv_kernel_dim,
+                heads = DeltaHeads(args.linear_num_key_heads, args.linear_num_value_heads,
+                                   args.linear_key_head_dim, args.linear_value_head_dim)
+                mixer = GatedDeltaNet(args.hidden_size, heads, args.linear_conv_kernel_dim,
                                       args.layer_norm_epsilon, fused=False,
                                       beta_scale=2.0 if args.linear_allow_neg_eigval else 1.0)
                 layers.append(HybridBlock(mixer, mlp, norm, ("linear_attn", "mlp",
