@@ -27,7 +27,7 @@ _RENAMES = [
 
 def per_head_qkv_to_fused(v, n_heads):
     """Rows ordered ``(head, q/k/v, dim)`` -> ``(q/k/v, head, dim)``: the layout of
-    ``Attention(fused_qkv=True)``. Works on weights, biases and quantized tensors."""
+    ``Projections(fused_qkv=True)``. Works on weights, biases and quantized tensors."""
     return v.reshape(n_heads, 3, -1, *v.shape[1:]).swapaxes(0, 1).reshape(v.shape)
 
 
