@@ -113,7 +113,9 @@ class SharedKVAttention(Attention):
         """As :class:`~.attention.Attention`'s; ``projections`` may not name how keys and
         values are projected or normed (fused, values from keys, ``v_norm``): the
         source layer does that."""
-        if projections.fused_qkv or projections.values_from_keys or projections.v_norm:
+        if isinstance(projections, Projections) and (
+                projections.fused_qkv or projections.values_from_keys
+                or projections.v_norm is not None):
             raise ValueError("SharedKVAttention projects queries only: no fused_qkv, "
                              "values_from_keys or v_norm")
         super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, rope, qk_norm=qk_norm,
