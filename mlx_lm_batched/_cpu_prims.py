@@ -97,11 +97,11 @@ def _build():
         raise OSError("no C++ compiler (c++) to build the CPU primitives")
     sources = SOURCES + [os.path.join(nb_dir, "src", "nb_combined.cpp")]
     return _native_build.cached_build(
-        "cpu_prims", "CPU primitives", compiler, sources, flags,
-        suffix=sysconfig.get_config_var("EXT_SUFFIX") or ".so", headers=HEADERS,
-        # The binary links this environment's libmlx by path (rpath): another venv
-        # with the same versions must build its own, or two MLX libraries would load.
-        key_parts=[mx.__version__, nanobind.__version__, sys.version, mlx_dir, nb_dir])
+        "cpu_prims", "CPU primitives", compiler, sources, flags, _native_build.BuildOptions(
+            suffix=sysconfig.get_config_var("EXT_SUFFIX") or ".so", headers=tuple(HEADERS),
+            # The binary links this environment's libmlx by path (rpath): another venv
+            # with the same versions must build its own, or two MLX libraries would load.
+            key_parts=(mx.__version__, nanobind.__version__, sys.version, mlx_dir, nb_dir)))
 
 
 def _import(path):

@@ -15,6 +15,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 
 try:
     import fcntl
@@ -114,17 +115,30 @@ def _remember_failure(path, message):
             f.write(message + "\n")
 
 
-def cached_build(name, what, compiler, sources, flags, suffix=".so", headers=(),
-                 key_parts=(), timeout=300):
+@dataclass(frozen=True)
+class BuildOptions:
+    """What a build needs beyond its compile command: the binary's file ``suffix``,
+    the ``headers`` its sources include and the ``key_parts`` (other strings it
+    depends on, such as library versions) that both enter the cache key, and the
+    compiler's ``timeout`` in seconds."""
+
+    suffix: str = ".so"
+    headers: tuple = ()
+    key_parts: tuple = ()
+    timeout: float = 300
+
+
+def cached_build(name, what, compiler, sources, flags, options=BuildOptions()):
     """Path of ``name-<key><suffix>`` built by ``compiler sources flags -o out`` (link
     options go last in ``flags``), building it when no cache directory holds it.
 
     ``compiler``: a full path (callers say which compiler is missing, by language);
-    ``what`` names the kernel in errors; ``headers``: files the sources include;
-    ``key_parts``: other strings the binary depends on. Raises OSError (compile error,
-    also the one a previous build under the same key met; no writable directory).
+    ``what`` names the kernel in errors; ``options``: a :class:`BuildOptions`. Raises
+    OSError (compile error, also the one a previous build under the same key met; no
+    writable directory).
     """
-    parts = [_identity(compiler), " ".join(flags), cpu_signature(), *key_parts]
+    suffix, headers, timeout = options.suffix, options.headers, options.timeout
+    parts = [_identity(compiler), " ".join(flags), cpu_signature(), *options.key_parts]
     contents = []
     for source in [*sources, *headers]:
         with open(source, "rb") as f:

@@ -123,8 +123,9 @@ def build():
     compiler = _native_build.find_compiler("CC", "cc")
     if compiler is None:
         raise OSError("no C compiler (cc) to build the small-matmul kernel")
-    return _native_build.cached_build("small_gemm", "small-matmul kernel", compiler,
-                                      [SOURCE], FLAGS, headers=[LANES], timeout=120)
+    return _native_build.cached_build(
+        "small_gemm", "small-matmul kernel", compiler, [SOURCE], FLAGS,
+        _native_build.BuildOptions(headers=(LANES,), timeout=120))
 
 
 def install():

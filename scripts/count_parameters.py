@@ -3,10 +3,11 @@ parameters, read from the source with ``ast`` (nothing is imported).
 
 A parameter is a named one (positional or keyword-only; ``self`` / ``cls`` of a method
 and ``*args`` / ``**kwargs`` not counted). Public: the name and its class's name do not
-start with ``_`` (``__init__`` of a public class counts: it is the class's call). Left
-out: mlx-lm's own signatures, kept as its callers know them (``MLX_LM_SIGNATURES``), and
-the constructors of model and layer classes (``CONSTRUCTOR_DIRS``: their arguments mirror
-a model's config file).
+start with ``_`` (``__init__`` of a public class counts: it is the class's call, model
+and layer classes included: their variant switches come in named parts such as
+``layers/attention_options.py``'s). Left out: mlx-lm's own signatures, kept as its
+callers know them (``MLX_LM_SIGNATURES``; ``YarnRoPE`` is ``mlx_lm.models.rope_utils``'s
+class).
 
 ``python scripts/count_parameters.py`` prints one line per function
 (``parameters path:line qualified.name``) and the count last; ``--count`` prints the
@@ -31,9 +32,8 @@ MLX_LM_SIGNATURES = {
     "loading/convert.py": {"convert"},
     "compat/models_gated_delta.py": {"gated_delta_update"},
     "compat/models_ssm.py": {"ssm_attn", "ssm_update", "ssm_update_kernel"},
+    "layers/rope_classes.py": {"YarnRoPE.__init__"},
 }
-# Folders whose classes' constructors take one argument per config key of a model.
-CONSTRUCTOR_DIRS = ("models", "layers")
 
 
 def parameter_count(fn, method):
@@ -67,12 +67,9 @@ def long_signatures(package=PACKAGE, bound=8):
     for path in sorted(package.rglob("*.py")):
         rel = path.relative_to(package).as_posix()
         kept = MLX_LM_SIGNATURES.get(rel, set())
-        config_constructors = rel.split("/")[0] in CONSTRUCTOR_DIRS
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         for name, node, method in public_functions(tree):
             n = parameter_count(node, method)
-            if config_constructors and name.endswith(".__init__"):
-                continue
             if n > bound and name not in kept:
                 found.append((n, rel, node.lineno, name))
     return sorted(found, key=lambda f: (f[1], f[2]))

@@ -22,6 +22,7 @@ from mlx_lm_batched.engine.batch_engine import BatchEngine
 from mlx_lm_batched.engine.prefill_plan import left_pad
 from mlx_lm_batched.models import gemma3n_text, gemma4_text
 from mlx_lm_batched.models.cache import load_prompt_cache, save_prompt_cache
+from mlx_lm_batched.layers.attention_options import QKNorm
 from mlx_lm_batched.layers.kv_sharing import KVShare, SharedKVAttention, layer_inputs
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -175,7 +176,7 @@ def test_tensor_parallel_kv_shared_attention_keeps_its_query_heads_and_gemma3n_i
     from mlx_lm_batched.layers.norms import RMSNorm
 
     holder = nn.Module()
-    holder.attn = SharedKVAttention(64, 4, 2, 16, qk_norm=lambda d: RMSNorm(d))
+    holder.attn = SharedKVAttention(64, 4, 2, 16, qk_norm=QKNorm(lambda d: RMSNorm(d)))
     shard_model(holder, _RankZeroOfTwo())
     assert holder.attn.q_proj.weight.shape == (32, 64) and "k_proj" not in holder.attn
     assert "k_norm" not in holder.attn and holder.attn.q_norm.weight.shape == (16,)

@@ -78,15 +78,15 @@ def _kimi_one_head():
 
 
 def _mamba2_one_head():
-    from mlx_lm_batched.models.mamba2 import Mamba2Mixer
+    from mlx_lm_batched.models.mamba2 import Mamba2Mixer, SSDDims
 
-    return _one_layer("mixer", Mamba2Mixer(64, 1, 16, 8, 1, 4, 1e-6))
+    return _one_layer("mixer", Mamba2Mixer(64, SSDDims(1, 16, 8, 1, 4), 1e-6))
 
 
 def _gated_delta_4bit():
-    from mlx_lm_batched.layers.gated_delta import GatedDeltaNet
+    from mlx_lm_batched.layers.gated_delta import DeltaHeads, GatedDeltaNet
 
-    return _quantized(_one_layer("linear_attn", GatedDeltaNet(64, 2, 4, 8, 8, 4, 1e-6)))
+    return _quantized(_one_layer("linear_attn", GatedDeltaNet(64, DeltaHeads(2, 4, 8, 8), 4, 1e-6)))
 
 
 def _short_conv_4bit():
@@ -117,10 +117,10 @@ def test_quantized_mamba2_mixer_shards_in_whole_groups():
     import mlx.nn as nn
 
     from mlx_lm_batched.parallel.shard import shard_model
-    from mlx_lm_batched.models.mamba2 import Mamba2Mixer
+    from mlx_lm_batched.models.mamba2 import Mamba2Mixer, SSDDims
     from mlx_lm_batched.parallel.sharded_layers import QuantizedShardedToAllLinear
 
-    model = _quantized(_one_layer("mixer", Mamba2Mixer(64, 8, 16, 8, 2, 4, 1e-6)))
+    model = _quantized(_one_layer("mixer", Mamba2Mixer(64, SSDDims(8, 16, 8, 2, 4), 1e-6)))
     shard_model(model, TwoRanks())
     mixer = model.layers[0].mixer
     assert mixer.sizes == (64, 8, 1, 4, 16)  # channels, state, groups, heads, head size

@@ -238,7 +238,7 @@ MODULES = {
     },
     "models.mla": {
         "layers.mla": (
-            "LATENT_NORM_EPS", "MultiHeadLatentAttention", "merge_absorbed_kv_b",
+            "LATENT_NORM_EPS", "LatentDims", "MultiHeadLatentAttention", "merge_absorbed_kv_b",
             "mla_softmax_scale"
         ),
         "layers.multi_linear": ("MultiLinear", "QuantizedMultiLinear"),

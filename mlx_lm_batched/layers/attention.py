@@ -1,11 +1,13 @@
 """The shared attention layer: GQA, QK-norm variants, RoPE, soft-capping, sinks, and
 decode attention by row groups. Parameter names follow Hugging Face checkpoints
-(``self_attn.q_proj`` ...)."""
+(``self_attn.q_proj`` ...). A model states its variant in three named parts
+(``attention_options.py``: :class:`QKNorm`, :class:`Projections`, :class:`Scores`)."""
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from . import cpu_ops
+from .attention_options import OutputGate, Projections, QKNorm, Scores
 from .quantized_attention import quantized_attention
 from ..cache.kv import update_kv
 from ..cache.row_blocks import KVSegments
@@ -83,70 +85,49 @@ class Attention(nn.Module):
 
     has_kv = True  # projects its own keys and values (mlx-lm's Gemma attribute)
 
-    def __init__(
-        self,
-        hidden_size,
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        rope=None,
-        bias=False,
-        o_bias=None,
-        scale=None,
-        qk_norm=None,
-        softcap=None,
-        qk_norm_full=False,
-        qk_norm_after_rope=False,
-        qk_norm_names=("q_norm", "k_norm"),
-        fused_qkv=False,
-        sinks=False,
-        clip_qkv=None,
-        position_scale=None,
-        v_norm=None,
-        values_from_keys=False,
-        qkv_name="qkv_proj",
-    ):
-        """``qk_norm_full``: norm the whole q/k projection, not each head (OLMo 2).
-        ``qk_norm_after_rope``: norm the rotated q/k (Hunyuan). ``qk_norm_names``:
-        the checkpoint's names for the two norms. ``fused_qkv``: one projection holding
-        q, k then v (Phi 3; sanitize maps other fused layouts to it), named ``qkv_name``
-        (Baichuan's ``W_pack``).
-        ``clip_qkv``: clamp the q/k/v projections to ``[-clip, clip]`` (OLMo, DBRX).
-        ``position_scale``: ``f(positions (B, L)) -> (B, L)`` factors on the rotated
-        queries (Llama 4's and Ministral 3's long-context temperature).
-        ``v_norm``: a function on the per-head values ``(B, L, heads, head_dim)`` (Gemma
-        3n's and 4's RMS norm without weight). ``values_from_keys``: no ``v_proj``; the
-        values are the key projection before its norm and RoPE (Gemma 4's
-        ``attention_k_eq_v``). Attention over another layer's keys and values (KV
+    def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, rope=None, qk_norm=None,
+                 projections=Projections(), scores=Scores()):
+        """``qk_norm``: a :class:`QKNorm` (None: no norm); ``projections``: a
+        :class:`Projections`; ``scores``: a :class:`Scores` (``attention_options.py``
+        says what each holds). Attention over another layer's keys and values (KV
         sharing) is :class:`~.kv_sharing.SharedKVAttention`."""
         super().__init__()
+        if qk_norm is not None and not isinstance(qk_norm, QKNorm):
+            raise ValueError(f"qk_norm must be a QKNorm or None, got {qk_norm!r}")
+        if not isinstance(projections, Projections):
+            raise ValueError(f"projections must be a Projections, got {projections!r}")
+        if not isinstance(scores, Scores):
+            raise ValueError(f"scores must be a Scores, got {scores!r}")
+        p = projections
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.fused_qkv, self.qkv_name = fused_qkv, qkv_name
-        if fused_qkv:
-            setattr(self, qkv_name,
-                    nn.Linear(hidden_size, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias))
+        self.fused_qkv, self.qkv_name = p.fused_qkv, p.qkv_name
+        if p.fused_qkv:
+            setattr(self, p.qkv_name,
+                    nn.Linear(hidden_size, (n_heads + 2 * n_kv_heads) * head_dim, bias=p.bias))
         else:
-            self.q_proj = nn.Linear(hidden_size, n_heads * head_dim, bias=bias)
-            self.k_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
-            if not values_from_keys:
-                self.v_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(n_heads * head_dim, hidden_size, bias=bias if o_bias is None else o_bias)
-        self.qk_norm_names = qk_norm_names
-        if qk_norm is not None:  # a factory: qk_norm(dims) -> norm module
-            q_dims, k_dims = (n_heads * head_dim, n_kv_heads * head_dim) if qk_norm_full else (head_dim,) * 2
-            setattr(self, qk_norm_names[0], qk_norm(q_dims))
-            setattr(self, qk_norm_names[1], qk_norm(k_dims))
+            self.q_proj = nn.Linear(hidden_size, n_heads * head_dim, bias=p.bias)
+            self.k_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=p.bias)
+            if not p.values_from_keys:
+                self.v_proj = nn.Linear(hidden_size, n_kv_heads * head_dim, bias=p.bias)
+        self.o_proj = nn.Linear(n_heads * head_dim, hidden_size,
+                                bias=p.bias if p.o_bias is None else p.o_bias)
         self.has_qk_norm = qk_norm is not None
-        self.qk_norm_full = qk_norm_full
-        self.qk_norm_after_rope = qk_norm_after_rope
+        self.qk_norm_names = qk_norm.names if self.has_qk_norm else QKNorm.names
+        self.qk_norm_full = self.has_qk_norm and qk_norm.full
+        self.qk_norm_after_rope = self.has_qk_norm and qk_norm.after_rope
+        if self.has_qk_norm:
+            q_dims, k_dims = ((n_heads * head_dim, n_kv_heads * head_dim) if qk_norm.full
+                              else (head_dim,) * 2)
+            setattr(self, qk_norm.names[0], qk_norm.factory(q_dims))
+            setattr(self, qk_norm.names[1], qk_norm.factory(k_dims))
         self.rope = rope
-        self.scale = scale if scale is not None else head_dim**-0.5
-        self.softcap = softcap
-        self.clip_qkv = clip_qkv
-        self.position_scale = position_scale
-        self.v_norm = v_norm
-        self.values_from_keys = values_from_keys
-        if sinks:  # per-head attention-sink logits (GPT-OSS)
+        self.scale = scores.scale if scores.scale is not None else head_dim**-0.5
+        self.softcap = scores.softcap
+        self.clip_qkv = p.clip
+        self.position_scale = scores.position_scale
+        self.v_norm = p.v_norm
+        self.values_from_keys = p.values_from_keys
+        if scores.sinks:  # per-head attention-sink logits (GPT-OSS)
             self.sinks = mx.zeros((n_heads,))
 
     def __call__(self, x, mask, offset, cache=None, attention=None, output_gate=None):
@@ -248,21 +229,21 @@ class Attention(nn.Module):
 
 
 class OutputGatedAttention(Attention):
-    """The shared attention with an output gate from its own projection of ``x``: the
-    heads' output is scaled by ``sigmoid`` (AFMoE) or ``softplus`` (Laguna) of it
-    before ``o_proj``; ``per_head``: one gate per head (broadcast over its features)
-    instead of one per feature. ``gate_name``: the checkpoint's name of the projection."""
+    """The shared attention with an output gate from its own projection of ``x``
+    (:class:`OutputGate`: which function, per head or per feature, its name) scaling
+    the heads' output before ``o_proj``."""
 
-    GATES = ("sigmoid", "softplus")
-
-    def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, rope, gate="sigmoid",
-                 per_head=False, gate_name="gate_proj", gate_bias=False, **kwargs):
+    def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, rope,
+                 output_gate=OutputGate(), **kwargs):
+        """``kwargs``: :class:`Attention`'s parts (``qk_norm``, ``projections``,
+        ``scores``)."""
+        if not isinstance(output_gate, OutputGate):
+            raise ValueError(f"output_gate must be an OutputGate, got {output_gate!r}")
         super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, rope, **kwargs)
-        if gate not in self.GATES:
-            raise ValueError(f"unknown attention output gate '{gate}' (known: {self.GATES})")
-        self.gate, self.per_head, self.gate_name = gate, per_head, gate_name
-        setattr(self, gate_name, nn.Linear(hidden_size, n_heads * (1 if per_head else head_dim),
-                                           bias=gate_bias))
+        g = output_gate
+        self.gate, self.per_head, self.gate_name = g.kind, g.per_head, g.name
+        setattr(self, g.name, nn.Linear(hidden_size, n_heads * (1 if g.per_head else head_dim),
+                                        bias=g.bias))
 
     def __call__(self, x, mask, offset, cache=None, attention=None):
         g = getattr(self, self.gate_name)(x)

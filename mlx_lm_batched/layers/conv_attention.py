@@ -9,6 +9,7 @@ and padding columns are zeroed and skipped exactly as in the state-space layers
 import mlx.core as mx
 
 from .attention import Attention
+from .attention_options import Projections, QKNorm
 from .ssm import CausalConv1d, base_cache, causal_conv, column_validity
 
 
@@ -58,8 +59,8 @@ class ConvKVGatedMixer(Attention):
     parallelism: ``parallel.recurrent``)."""
 
     def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, kernel, bias, qk_norm):
-        super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, None, bias=bias,
-                         qk_norm=qk_norm)
+        super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, None,
+                         qk_norm=QKNorm(qk_norm), projections=Projections(bias=bias))
         self.key_conv = CausalConv1d(n_kv_heads * head_dim, kernel, bias=bias)
         self.value_conv = CausalConv1d(n_kv_heads * head_dim, kernel, bias=bias)
 

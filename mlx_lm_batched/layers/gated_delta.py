@@ -6,6 +6,8 @@ column gets ``g = 0`` and ``beta = 0``: ``S`` is unchanged (the identity step). 
 causal convolution over q, k and v precedes it, with its own state (``ssm.causal_conv``).
 """
 
+from dataclasses import dataclass
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -45,6 +47,28 @@ def gated_delta_rule(q, k, v, g, beta, state, valid):
     return mx.stack(outs, axis=1), S
 
 
+@dataclass(frozen=True)
+class DeltaHeads:
+    """The heads of gated delta-rule attention: ``n_k_heads`` query/key heads of
+    ``k_dim`` features, ``n_v_heads`` value heads of ``v_dim`` (each key head serves
+    ``n_v_heads // n_k_heads`` value heads)."""
+
+    n_k_heads: int
+    n_v_heads: int
+    k_dim: int
+    v_dim: int
+
+    def __post_init__(self):
+        for name, value in vars(self).items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"DeltaHeads {name} must be a positive integer, got {value!r}")
+
+    @property
+    def sizes(self):
+        """``(n_k_heads, n_v_heads, k_dim, v_dim)``."""
+        return (self.n_k_heads, self.n_v_heads, self.k_dim, self.v_dim)
+
+
 class GatedDeltaNet(nn.Module):
     """Qwen3-Next's and Qwen3.5's linear-attention layer: projections, conv, gated
     delta rule, gated RMS norm per value head, output projection. Its ``StateCache``
@@ -55,11 +79,15 @@ class GatedDeltaNet(nn.Module):
     ``beta_scale``: ``beta = beta_scale * sigmoid(b)`` (OLMo hybrid's negative
     eigenvalues: 2, beta in [0, 2])."""
 
-    def __init__(self, hidden_size, n_k_heads, n_v_heads, k_dim, v_dim, kernel, eps, fused=True,
-                 beta_scale=1.0):
+    def __init__(self, hidden_size, heads, kernel, eps, fused=True, beta_scale=1.0):
+        """``heads``: the :class:`DeltaHeads`; ``kernel``: the convolution's width;
+        ``eps``: the gated norm's."""
         super().__init__()
+        if not isinstance(heads, DeltaHeads):
+            raise ValueError(f"GatedDeltaNet heads must be a DeltaHeads, got {heads!r}")
+        n_k_heads, n_v_heads, k_dim, v_dim = heads.sizes
         self.beta_scale = beta_scale
-        self.sizes = (n_k_heads, n_v_heads, k_dim, v_dim)
+        self.sizes = heads.sizes
         self.fused = fused
         key_dim, value_dim = n_k_heads * k_dim, n_v_heads * v_dim
         if fused:

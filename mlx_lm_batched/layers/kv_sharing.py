@@ -17,6 +17,7 @@ the masks cover those), :func:`layer_inputs` in its layer loop and
 
 from ..cache.kv import update_kv
 from .attention import Attention
+from .attention_options import Projections, Scores
 
 
 def kv_sources(layer_types, num_shared):
@@ -107,13 +108,19 @@ class SharedKVAttention(Attention):
 
     has_kv = False  # no k_proj, v_proj or key norm: checkpoints may omit them
 
-    def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, rope=None, bias=False,
-                 scale=None, qk_norm=None, qk_norm_names=("q_norm", "k_norm"),
-                 qk_norm_after_rope=False):
-        super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, rope, bias=bias, scale=scale,
-                         qk_norm=qk_norm, qk_norm_names=qk_norm_names,
-                         qk_norm_after_rope=qk_norm_after_rope)
-        for name in ("k_proj", "v_proj", qk_norm_names[1]):
+    def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, rope=None, qk_norm=None,
+                 projections=Projections(), scores=Scores()):
+        """As :class:`~.attention.Attention`'s; ``projections`` may not name how keys and
+        values are projected or normed (fused, values from keys, ``v_norm``): the
+        source layer does that."""
+        if isinstance(projections, Projections) and (
+                projections.fused_qkv or projections.values_from_keys
+                or projections.v_norm is not None):
+            raise ValueError("SharedKVAttention projects queries only: no fused_qkv, "
+                             "values_from_keys or v_norm")
+        super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, rope, qk_norm=qk_norm,
+                         projections=projections, scores=scores)
+        for name in ("k_proj", "v_proj", self.qk_norm_names[1]):
             if name in self:
                 del self[name]
 

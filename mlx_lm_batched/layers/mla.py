@@ -11,6 +11,8 @@ head dim may differ from the keys'), so masks, caches and batching work unchange
 """
 
 import math
+from dataclasses import dataclass
+from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -43,27 +45,51 @@ def mla_softmax_scale(qk_head_dim, rope_scaling=None):
     return scale
 
 
+@dataclass(frozen=True)
+class LatentDims:
+    """The widths of multi-head latent attention: each query/key head's non-rotary
+    (``qk_nope_head_dim``) and rotary (``qk_rope_head_dim``) features, each value
+    head's (``v_head_dim``), the key/value latent's (``kv_lora_rank``) and the
+    low-rank query's (``q_lora_rank``; None: a full query projection)."""
+
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    kv_lora_rank: int
+    q_lora_rank: Optional[int] = None
+
+    def __post_init__(self):
+        for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank",
+                     "q_lora_rank"):
+            value = getattr(self, name)
+            if value is None and name == "q_lora_rank":
+                continue
+            least = 0 if name == "qk_nope_head_dim" else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"LatentDims {name} must be an integer >= {least}, "
+                                 f"got {value!r}")
+
+    @classmethod
+    def from_args(cls, args):
+        """The widths a DeepSeek-style config names (the same five keys)."""
+        return cls(args.qk_nope_head_dim, args.qk_rope_head_dim, args.v_head_dim,
+                   args.kv_lora_rank, args.q_lora_rank)
+
+
 class MultiHeadLatentAttention(nn.Module):
-    def __init__(
-        self,
-        hidden_size,
-        n_heads,
-        qk_nope_head_dim,
-        qk_rope_head_dim,
-        v_head_dim,
-        kv_lora_rank,
-        q_lora_rank=None,
-        rope=None,
-        scale=None,
-        bias=False,
-        output_gate=False,
-        position_scale=None,
-    ):
-        """``output_gate``: scale each head's output by ``sigmoid(g_proj(x))``, one
-        gate per head (Bailing V3; ``True`` or ``"head"``) or one per output feature
-        (Kimi K3; ``"feature"``). ``position_scale``: ``f(positions (B, L)) -> (B, L)``
+    def __init__(self, hidden_size, n_heads, dims, rope=None, scale=None, bias=False,
+                 output_gate=False, position_scale=None):
+        """``dims``: the :class:`LatentDims`; ``scale``: of the logits (default
+        ``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5``); ``bias``: of ``q_a_proj``,
+        ``kv_a_proj_with_mqa`` and ``o_proj``. ``output_gate``: scale each head's output
+        by ``sigmoid(g_proj(x))``, one gate per head (Bailing V3; ``True`` or ``"head"``)
+        or one per output feature (Kimi K3; ``"feature"``). ``position_scale``: ``f(positions (B, L)) -> (B, L)``
         factors on the queries (Mistral 4's Llama-4 long-context temperature)."""
         super().__init__()
+        if not isinstance(dims, LatentDims):
+            raise ValueError(f"MultiHeadLatentAttention dims must be a LatentDims, got {dims!r}")
+        qk_nope_head_dim, qk_rope_head_dim = dims.qk_nope_head_dim, dims.qk_rope_head_dim
+        v_head_dim, kv_lora_rank, q_lora_rank = dims.v_head_dim, dims.kv_lora_rank, dims.q_lora_rank
         self.n_heads = n_heads
         self.qk_nope_head_dim = qk_nope_head_dim
         self.qk_rope_head_dim = qk_rope_head_dim

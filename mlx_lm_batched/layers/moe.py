@@ -20,10 +20,12 @@ Public API (kept stable; other families import it):
 - ``topk_indices(scores, k)``: the k largest scores' indices (unordered);
   ``softmax_topk(logits, k, normalize, choice_bias, norm_min)``: the usual router;
   ``combine_experts(y, weights, dtype)``: the weighted sum over the k experts.
-- ``SparseMoE``: gate + switch_mlp (+ optional shared expert), softmax-routed.
+- ``SparseMoE``: gate + switch_mlp (+ an optional ``SharedExpert``), softmax-routed.
 - ``InputScaledMoE``: router + experts + shared_expert, the sigmoid score of each
   chosen expert scaling its input (Llama 4).
 """
+
+from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -272,26 +274,44 @@ def combine_experts(y, weights, dtype):
     return (y * weights[..., None]).sum(axis=-2).astype(dtype)
 
 
+@dataclass(frozen=True, eq=False)
+class SharedExpert:
+    """An always-on MLP beside the routed experts: ``mlp``, named ``name`` in the
+    checkpoint; ``gated``: its output scaled by ``sigmoid(shared_expert_gate(x))``
+    (Qwen 2 MoE)."""
+
+    mlp: nn.Module
+    name: str = "shared_expert"
+    gated: bool = False
+
+    def __post_init__(self):
+        if not callable(self.mlp):
+            raise ValueError(f"SharedExpert mlp must be a module, got {self.mlp!r}")
+        if not (isinstance(self.name, str) and self.name):
+            raise ValueError(f"SharedExpert name must be a name, got {self.name!r}")
+
+
 class SparseMoE(nn.Module):
-    """Softmax top-k routed experts (``gate``, ``switch_mlp``), optionally plus an
-    always-on shared MLP named ``shared_name``, scaled by ``sigmoid(shared_expert_gate(x))``
-    when ``shared_gate`` (Qwen 2 MoE). Subclasses change the routing by overriding
+    """Softmax top-k routed experts (``gate``, ``switch_mlp``), optionally plus a
+    :class:`SharedExpert`. Subclasses change the routing by overriding
     ``route(x) -> (indices, weights)``."""
 
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k, activation="silu",
-                 normalize=False, shared=None, shared_name="shared_expert", shared_gate=False,
-                 switch=None):
-        """``switch``: the expert layer (default: gated ``SwitchGLU`` experts)."""
+                 normalize=False, shared=None, switch=None):
+        """``shared``: a :class:`SharedExpert` (None: none); ``switch``: the expert
+        layer (default: gated ``SwitchGLU`` experts)."""
         super().__init__()
+        if shared is not None and not isinstance(shared, SharedExpert):
+            raise ValueError(f"SparseMoE shared must be a SharedExpert or None, got {shared!r}")
         self.gate = nn.Linear(hidden_size, num_experts, bias=False)
         self.switch_mlp = switch or SwitchGLU(hidden_size, intermediate_size, num_experts,
                                               activation)
         self.top_k = top_k
         self.normalize = normalize
-        self.shared_name = shared_name if shared is not None else None
+        self.shared_name = shared.name if shared is not None else None
         if shared is not None:
-            setattr(self, shared_name, shared)
-        if shared_gate:
+            setattr(self, shared.name, shared.mlp)
+        if shared is not None and shared.gated:
             self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
 
     def route(self, x):

@@ -54,7 +54,7 @@ class LayerNorm(nn.Module):
 
 class HeadwiseLayerNorm(nn.Module):
     """LayerNorm of each head of a ``(..., heads * head_dim)`` projection with its own
-    ``(heads, head_dim)`` weight (Cohere, StableLM QK-norm; use ``qk_norm_full``)."""
+    ``(heads, head_dim)`` weight (Cohere, StableLM QK-norm; use ``QKNorm(full=True)``)."""
 
     def __init__(self, heads, head_dim, eps=1e-5, bias=False):
         super().__init__()

@@ -11,9 +11,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
-from ..layers.moe import SparseMoE, combine_experts, softmax_topk, stack_experts
+from ..layers.moe import SharedExpert, SparseMoE, combine_experts, softmax_topk, stack_experts
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM
 from . import qwen2_moe
@@ -35,7 +36,7 @@ class KlearMoE(SparseMoE):
         shared = MLP(args.hidden_size, args.moe_intermediate_size * args.n_shared_experts)
         super().__init__(args.hidden_size, args.moe_intermediate_size, args.num_experts,
                          args.num_experts_per_tok, normalize=args.norm_topk_prob,
-                         shared=shared, shared_name="shared_experts")
+                         shared=SharedExpert(shared, "shared_experts"))
         self.coefficient = nn.Linear(args.hidden_size, 2)
         self.expert_bias = mx.zeros((args.num_experts,))
 
@@ -59,7 +60,8 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                          args.head_dim, rope, bias=args.attention_bias, qk_norm=norm),
+                          args.head_dim, rope, qk_norm=QKNorm(norm),
+                          projections=Projections(bias=args.attention_bias)),
                 KlearMoE(args) if args.is_moe_layer(i) else
                 MLP(args.hidden_size, args.intermediate_size),
                 norm,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import PreNormBlock
 from ..layers.kv_sharing import SharedKVAttention, layer_inputs
 from ..layers.mlp import MLP
@@ -97,9 +98,9 @@ class Model(CausalLM):
         layers = []
         for i in range(args.num_layers):
             kind = QuantizedKVAttention if i < regular else SharedKVAttention
-            extra = {"fused_qkv": True} if i < regular else {}
-            attn = kind(d, heads, kv, head_dim, rope, qk_norm=qk_norm, qk_norm_after_rope=True,
-                        **extra)
+            projections = Projections(fused_qkv=i < regular)
+            attn = kind(d, heads, kv, head_dim, rope, qk_norm=QKNorm(qk_norm, after_rope=True),
+                        projections=projections)
             layers.append(PreNormBlock(attn, MLP(d, int(d * args.hidden_dim_scale_factor)), norm))
         self.model = KVReuseStack(args.vocab_size, d, layers, norm(), sources=sources)
         self.layer_windows = [None] * regular

@@ -13,6 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..layers.attention import OutputGatedAttention
+from ..layers.attention_options import QKNorm
 from ..layers.blocks import SandwichBlock
 from ..layers.mlp import MLP
 from ..layers.moe import SwitchGLU, combine_experts, stack_experts, topk_indices
@@ -105,8 +106,8 @@ class Model(CausalLM):
         layers = [
             SandwichBlock(
                 OutputGatedAttention(args.hidden_size, args.num_attention_heads,
-                                     args.num_key_value_heads, args.head_dim,
-                                     rope if w else None, qk_norm=norm),
+                                     args.num_key_value_heads, args.head_dim, rope if w else None,
+                                     qk_norm=QKNorm(norm)),
                 AfmoeMoE(args) if i >= args.num_dense_layers else
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act),
                 norm,

@@ -9,6 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import activation
 from ..layers.norms import RMSNorm
@@ -69,7 +70,7 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                          bias=args.attention_bias, qk_norm=norm),
+                          qk_norm=QKNorm(norm), projections=Projections(bias=args.attention_bias)),
                 ApertusMLP(args.hidden_size, args.intermediate_size, args.hidden_act),
                 norm,
                 norm_names=("attention_layernorm", "feedforward_layernorm"),

@@ -17,6 +17,7 @@ from ..cache.kv import KVCache
 from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers import masks as masks_lib
+from ..layers.attention_options import Projections
 from ..layers.conv_attention import ConvKVAttention
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -52,8 +53,8 @@ class DecoderLayer(nn.Module):
                     else args.num_key_value_heads)
         head_dim = args.hidden_size // heads
         self.self_attn = ConvKVAttention(args.hidden_size, heads, kv_heads, head_dim,
-                                         config_rope(args, head_dim), fused_qkv=True,
-                                         qkv_name="W_pack", conv_window=args.conv_window)
+                                         config_rope(args, head_dim), conv_window=args.conv_window,
+                                         projections=Projections(fused_qkv=True, qkv_name="W_pack"))
         self.mlp = MLP(args.hidden_size, args.intermediate_size, args.hidden_act)
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)

@@ -5,7 +5,8 @@ Linear's lightning-attention layers with multi-head latent attention (DeepSeek's
 from dataclasses import dataclass
 from typing import Optional
 
-from ..layers.mla import MultiHeadLatentAttention, merge_absorbed_kv_b, mla_softmax_scale
+from ..layers.mla import (LatentDims, MultiHeadLatentAttention, merge_absorbed_kv_b,
+                          mla_softmax_scale)
 from ..layers.rope import make_rope
 from . import bailing_moe_linear
 
@@ -48,8 +49,7 @@ class Model(bailing_moe_linear.Model):
         scale = mla_softmax_scale(args.qk_nope_head_dim + args.qk_rope_head_dim,
                                   args.rope_scaling)
         return MultiHeadLatentAttention(
-            args.hidden_size, args.num_attention_heads, args.qk_nope_head_dim,
-            args.qk_rope_head_dim, args.v_head_dim, args.kv_lora_rank, args.q_lora_rank,
+            args.hidden_size, args.num_attention_heads, LatentDims.from_args(args),
             rope, scale, args.use_qkv_bias)
 
     def sanitize(self, weights):

@@ -14,9 +14,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP, activation
-from ..layers.moe import SparseMoE, SwitchGLU, stack_experts, topk_indices
+from ..layers.moe import SharedExpert, SparseMoE, SwitchGLU, stack_experts, topk_indices
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM
 from .args import require_values
@@ -131,12 +132,12 @@ class BailingMoE(SparseMoE):
         act = activation(args.hidden_act)
         shared = None
         if args.num_shared_experts > 0 and args.moe_router_enable_shared_expert:
-            shared = MLP(args.hidden_size, args.shared_experts_size(), act, args.use_bias)
+            shared = SharedExpert(MLP(args.hidden_size, args.shared_experts_size(), act,
+                                      args.use_bias), "shared_experts")
         switch = SwitchGLU(args.hidden_size, args.moe_intermediate_size, args.num_experts, act,
                            bias=args.use_bias)
         super().__init__(args.hidden_size, args.moe_intermediate_size, args.num_experts,
-                         args.num_experts_per_tok, shared=shared, shared_name="shared_experts",
-                         switch=switch)
+                         args.num_experts_per_tok, shared=shared, switch=switch)
         self.gate = GroupLimitedGate(args)
 
     def route(self, x):
@@ -171,17 +172,19 @@ class Model(CausalLM):
 
     @staticmethod
     def qk_norm(args, norm):
-        """The shared attention's keywords for Bailing's optional per-head QK-norm."""
-        return (dict(qk_norm=norm, qk_norm_names=("query_layernorm", "key_layernorm"))
-                if args.use_qk_norm else {})
+        """Bailing's optional per-head QK-norm (a :class:`QKNorm`, or None)."""
+        return (QKNorm(norm, names=("query_layernorm", "key_layernorm"))
+                if args.use_qk_norm else None)
 
     def mixer(self, args, i, norm):
         """Layer ``i``'s token mixer (here always softmax attention; Bailing Linear
         overrides it)."""
         rotary = args.rotary_dim or int(args.head_dim * args.partial_rotary_factor)
         return Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                         args.head_dim, config_rope(args, rotary), bias=args.use_qkv_bias,
-                         o_bias=args.use_bias, fused_qkv=True, **self.qk_norm(args, norm))
+                         args.head_dim, config_rope(args, rotary),
+                         qk_norm=self.qk_norm(args, norm),
+                         projections=Projections(bias=args.use_qkv_bias, o_bias=args.use_bias,
+                                                 fused_qkv=True))
 
     def sanitize(self, weights):
         n = self.args.num_hidden_layers

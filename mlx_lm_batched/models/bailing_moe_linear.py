@@ -16,6 +16,7 @@ import mlx.nn as nn
 
 from ..cache.state import StateCache
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.lightning import lightning_attention
 from ..layers.ssm import GatedRMSNorm, base_cache, column_validity
 from . import bailing_moe
@@ -61,8 +62,9 @@ class LinearAttention(Attention):
 
     def __init__(self, args, head_dim, slopes, rope, qk_norm):
         heads = args.num_attention_heads
-        super().__init__(args.hidden_size, heads, heads, head_dim, rope,
-                         bias=args.use_qkv_bias, o_bias=args.use_bias, fused_qkv=True, **qk_norm)
+        super().__init__(args.hidden_size, heads, heads, head_dim, rope, qk_norm=qk_norm,
+                         projections=Projections(bias=args.use_qkv_bias, o_bias=args.use_bias,
+                                                 fused_qkv=True))
         self.g_proj = nn.Linear(args.hidden_size, heads * head_dim, bias=False)
         self.g_norm = GatedRMSNorm(heads * head_dim, args.group_norm_size, args.rms_norm_eps,
                                    norm_before_gate=True, gate_act="sigmoid")

@@ -16,7 +16,8 @@ import mlx.nn as nn
 
 from ..cache.state import StateCache
 from ..layers.gated_delta import gated_delta_rule, l2_normalize
-from ..layers.mla import MultiHeadLatentAttention, merge_absorbed_kv_b, mla_softmax_scale
+from ..layers.mla import (LatentDims, MultiHeadLatentAttention, merge_absorbed_kv_b,
+                          mla_softmax_scale)
 from ..layers.rope import make_rope
 from ..layers.ssm import CausalConv1d, GatedRMSNorm, base_cache, column_validity
 from . import bailing_moe
@@ -136,8 +137,7 @@ class Model(bailing_moe.Model):
         scale = mla_softmax_scale(args.qk_nope_head_dim + args.qk_rope_head_dim,
                                   args.rope_scaling)
         return MultiHeadLatentAttention(
-            args.hidden_size, args.num_attention_heads, args.qk_nope_head_dim,
-            args.qk_rope_head_dim, args.v_head_dim, args.kv_lora_rank, args.q_lora_rank,
+            args.hidden_size, args.num_attention_heads, LatentDims.from_args(args),
             rope, scale, output_gate=True)
 
     def make_cache(self, max_kv_size=None):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import ParallelBlock
 from ..layers.mlp import MLP
 from ..layers.norms import HeadwiseLayerNorm, LayerNorm
@@ -50,13 +51,15 @@ class Model(CausalLM):
         qk_norm = None
         if args.use_qk_norm:  # a (heads, head_dim) weight, fed the whole projection
             eps = args.layer_norm_eps
-            qk_norm = lambda dims: HeadwiseLayerNorm(dims // head_dim, head_dim, eps)
+            qk_norm = QKNorm(lambda dims: HeadwiseLayerNorm(dims // head_dim, head_dim, eps),
+                             full=True)
         layer_windows = windows or [None] * args.num_hidden_layers
         layers = [
             ParallelBlock(
                 Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim,
                           rope if windows is None or w is not None else None,
-                          bias=args.attention_bias, qk_norm=qk_norm, qk_norm_full=True),
+                          qk_norm=qk_norm,
+                          projections=Projections(bias=args.attention_bias)),
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act),
                 norm, norm_names=("input_layernorm",),
             )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import activation
 from ..layers.moe import SparseMoE, softmax_topk
@@ -83,7 +84,7 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.d_model, args.n_heads, attn.get("kv_n_heads", 1), head_dim, rope,
-                          fused_qkv=True, clip_qkv=attn.get("clip_qkv")),
+                          projections=Projections(fused_qkv=True, clip=attn.get("clip_qkv"))),
                 DbrxMoE(args, p),
                 norm,
             )

@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
-from ..layers.moe import SparseMoE, stack_experts
+from ..layers.moe import SharedExpert, SparseMoE, stack_experts
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM
 from .common import DecoderArgs, config_rope, init_causal_lm
@@ -41,15 +42,16 @@ class Model(CausalLM):
                 return MLP(args.hidden_size, args.intermediate_size, args.hidden_act)
             shared = None
             if args.n_shared_experts:
-                shared = MLP(args.hidden_size, args.moe_intermediate_size * args.n_shared_experts,
-                             args.hidden_act)
+                shared = SharedExpert(MLP(args.hidden_size,
+                                          args.moe_intermediate_size * args.n_shared_experts,
+                                          args.hidden_act), "shared_experts")
             return SparseMoE(args.hidden_size, args.moe_intermediate_size, args.n_routed_experts,
-                             args.num_experts_per_tok, shared=shared, shared_name="shared_experts")
+                             args.num_experts_per_tok, shared=shared)
 
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                          args.head_dim, rope, bias=args.attention_bias),
+                          args.head_dim, rope, projections=Projections(bias=args.attention_bias)),
                 mlp(i), norm,
             )
             for i in range(args.num_hidden_layers)

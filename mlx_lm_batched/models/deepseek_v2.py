@@ -10,6 +10,7 @@ import mlx.nn as nn
 
 from ..layers.blocks import PreNormBlock
 from ..layers.mla import (
+    LatentDims,
     MultiHeadLatentAttention,
     merge_absorbed_kv_b,
     mla_softmax_scale,
@@ -173,8 +174,7 @@ class Model(CausalLM):
     def make_attention(self, args, rope, scale, position_scale):
         """One layer's attention (DeepSeek V3.2 adds its sparse indexer)."""
         return MultiHeadLatentAttention(
-            args.hidden_size, args.num_attention_heads, args.qk_nope_head_dim,
-            args.qk_rope_head_dim, args.v_head_dim, args.kv_lora_rank, args.q_lora_rank,
+            args.hidden_size, args.num_attention_heads, LatentDims.from_args(args),
             rope, scale, args.attention_bias, position_scale=position_scale,
         )
 

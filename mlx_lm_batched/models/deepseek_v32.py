@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ..layers.rope import make_rope
+from ..layers.mla import LatentDims
 from ..layers.sparse_attention import SparseIndexer, SparseLatentAttention
 from . import deepseek_v2, deepseek_v3
 from .deepseek_v3 import SigmoidGate
@@ -46,6 +47,5 @@ class Model(deepseek_v2.Model):
                                 args.index_head_dim, args.qk_rope_head_dim, index_rope,
                                 args.index_topk)
         return SparseLatentAttention(
-            args.hidden_size, args.num_attention_heads, args.qk_nope_head_dim,
-            args.qk_rope_head_dim, args.v_head_dim, args.kv_lora_rank, args.q_lora_rank,
+            args.hidden_size, args.num_attention_heads, LatentDims.from_args(args),
             rope, scale, args.attention_bias, position_scale, indexer=indexer)

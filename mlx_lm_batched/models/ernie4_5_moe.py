@@ -10,9 +10,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP, activation
-from ..layers.moe import SparseMoE, softmax_topk, stack_experts
+from ..layers.moe import SharedExpert, SparseMoE, softmax_topk, stack_experts
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM
 from .args import require_values
@@ -56,10 +57,11 @@ class ErnieMoE(SparseMoE):
         act = activation(args.hidden_act)
         shared = None
         if args.moe_num_shared_experts:
-            shared = MLP(args.hidden_size, args.moe_intermediate_size * args.moe_num_shared_experts,
-                         act, args.use_bias)
+            shared = SharedExpert(MLP(args.hidden_size,
+                                      args.moe_intermediate_size * args.moe_num_shared_experts,
+                                      act, args.use_bias), "shared_experts")
         super().__init__(args.hidden_size, args.moe_intermediate_size, args.moe_num_experts,
-                         args.moe_k, act, normalize=True, shared=shared, shared_name="shared_experts")
+                         args.moe_k, act, normalize=True, shared=shared)
         self.moe_statics = nn.Module()
         self.moe_statics.e_score_correction_bias = mx.zeros((1, args.moe_num_experts))
         self.norm_min = args.moe_norm_min
@@ -78,7 +80,7 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                          args.head_dim, rope, bias=args.use_bias),
+                          args.head_dim, rope, projections=Projections(bias=args.use_bias)),
                 ErnieMoE(args) if args.is_moe_layer(i) else
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act, args.use_bias),
                 norm,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Union
 
 from ..layers.attention import Attention
+from ..layers.attention_options import QKNorm
 from ..layers.blocks import SandwichBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -48,7 +49,7 @@ class Model(CausalLM):
         layers = [
             SandwichBlock(
                 Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim,
-                          rope if args.sliding_window is None or s else None, qk_norm=norm),
+                          rope if args.sliding_window is None or s else None, qk_norm=QKNorm(norm)),
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act),
                 norm,
                 norm_names=POST_NORMS,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Union
 
 from ..layers.attention import Attention
+from ..layers.attention_options import QKNorm
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.moe import stack_experts
@@ -67,7 +68,7 @@ class Model(CausalLM):
                 # transformers: RoPE on every layer only when no window is configured.
                 Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
                           args.head_dim, rope if args.sliding_window is None or w else None,
-                          qk_norm=norm),
+                          qk_norm=QKNorm(norm)),
                 DeepseekMoE(args, SigmoidGate(args)) if args.is_moe_layer[i] else
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act),
                 norm,

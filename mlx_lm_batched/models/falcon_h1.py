@@ -14,13 +14,14 @@ from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers import masks as masks_lib
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.mlp import activation
 from ..layers.norms import RMSNorm
 from ..layers.ssm import CausalConv1d
 from ..layers.step import resolve_offset
 from .args import require_values
 from .common import DecoderArgs, config_rope
-from .mamba2 import Mamba2Mixer
+from .mamba2 import Mamba2Mixer, SSDDims, SSDOutput
 
 
 @dataclass
@@ -113,14 +114,14 @@ class DecoderLayer(nn.Module):
         a = args
         self.self_attn = KeyScaledAttention(a.hidden_size, a.num_attention_heads,
                                             a.num_key_value_heads, a.head_dim, rope,
-                                            bias=a.attention_bias,
-                                            key_multiplier=a.key_multiplier)
-        self.mamba = Mamba2Mixer(a.hidden_size, a.mamba_n_heads, a.mamba_d_head, a.mamba_d_state,
-                                 a.mamba_n_groups, a.mamba_d_conv, a.rms_norm_eps,
-                                 a.mamba_proj_bias, a.mamba_conv_bias, a.time_step_limit,
-                                 out_bias=a.projectors_bias, rms_norm=a.mamba_rms_norm,
-                                 norm_before_gate=a.mamba_norm_before_gate,
-                                 in_scale=a.mup_vector())
+                                            key_multiplier=a.key_multiplier,
+                                            projections=Projections(bias=a.attention_bias))
+        dims = SSDDims(a.mamba_n_heads, a.mamba_d_head, a.mamba_d_state, a.mamba_n_groups,
+                       a.mamba_d_conv)
+        output = SSDOutput(rms_norm=a.mamba_rms_norm, norm_before_gate=a.mamba_norm_before_gate,
+                           bias=a.projectors_bias)
+        self.mamba = Mamba2Mixer(a.hidden_size, dims, a.rms_norm_eps, a.mamba_proj_bias,
+                                 a.mamba_conv_bias, a.time_step_limit, output, a.mup_vector())
         self.feed_forward = MLP(args)
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.pre_ff_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)

@@ -7,6 +7,7 @@ from typing import List, Optional
 
 from ..cache.state import StateCache
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm, Scores
 from ..layers.blocks import SandwichBlock
 from ..layers.conv_attention import ConvKVGatedMixer
 from ..layers.mlp import MLP
@@ -65,12 +66,11 @@ class Model(CausalLM):
                                          args.conv_L_cache, args.attention_bias, norm)
                 layers.append(SandwichBlock(mixer, mlp, norm, mixer_name="local_mixer"))
                 continue
-            attn = Attention(
-                args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                args.head_dim, layer_type_rope(args, kind), bias=args.attention_bias,
-                scale=args.query_pre_attn_scalar**-0.5, qk_norm=norm,
-                softcap=args.attn_logit_softcapping,
-            )
+            attn = Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
+                             args.head_dim, layer_type_rope(args, kind), qk_norm=QKNorm(norm),
+                             projections=Projections(bias=args.attention_bias),
+                             scores=Scores(scale=args.query_pre_attn_scalar**-0.5,
+                                           softcap=args.attn_logit_softcapping))
             layers.append(SandwichBlock(attn, mlp, norm))
         init_causal_lm(self, args, layers, norm(), embed_scale=args.hidden_size**0.5,
                        layer_windows=type_windows(args.layer_types, args.sliding_window))

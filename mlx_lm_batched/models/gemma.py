@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -41,7 +42,7 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                          bias=args.attention_bias),
+                          projections=Projections(bias=args.attention_bias)),
                 MLP(args.hidden_size, args.intermediate_size, act),
                 norm,
             )

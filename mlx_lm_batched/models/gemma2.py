@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, Scores
 from ..layers.blocks import SandwichBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -42,8 +43,9 @@ class Model(CausalLM):
         layers = [
             SandwichBlock(
                 Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                          bias=args.attention_bias, scale=args.query_pre_attn_scalar**-0.5,
-                          softcap=args.attn_logit_softcapping),
+                          projections=Projections(bias=args.attention_bias),
+                          scores=Scores(scale=args.query_pre_attn_scalar**-0.5,
+                                        softcap=args.attn_logit_softcapping)),
                 MLP(args.hidden_size, args.intermediate_size, act),
                 norm,
             )

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm, Scores
 from ..layers.blocks import SandwichBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -50,12 +51,12 @@ class Model(CausalLM):
         local_rope = make_rope(args.head_dim, args.rope_local_base_freq)
         layers = []
         for kind in args.layer_types:
-            attn = Attention(
-                args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                args.head_dim, global_rope if kind == "full_attention" else local_rope,
-                bias=args.attention_bias, scale=args.query_pre_attn_scalar**-0.5,
-                qk_norm=norm, softcap=args.attn_logit_softcapping,
-            )
+            attn = Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
+                             args.head_dim, global_rope if kind == "full_attention" else local_rope,
+                             qk_norm=QKNorm(norm),
+                             projections=Projections(bias=args.attention_bias),
+                             scores=Scores(scale=args.query_pre_attn_scalar**-0.5,
+                                           softcap=args.attn_logit_softcapping))
             mlp = MLP(args.hidden_size, args.intermediate_size, args.hidden_activation)
             layers.append(SandwichBlock(attn, mlp, norm))
         self.model = DecoderStack(args.vocab_size, args.hidden_size, layers, norm(),

@@ -17,6 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm, Scores
 from ..layers.kv_sharing import (
     SharedKVAttention,
     drop_shared_kv_weights,
@@ -157,12 +158,15 @@ class DecoderLayer(nn.Module):
         d, eps = args.hidden_size, args.rms_norm_eps
         norm = lambda dims=d: RMSNorm(dims, eps)
         dims = (d, args.num_attention_heads, args.num_key_value_heads, args.head_dim, rope)
-        common = dict(bias=args.attention_bias, scale=1.0, qk_norm=norm)
+        common = dict(qk_norm=QKNorm(norm), scores=Scores(scale=1.0))
         if shares_kv:
-            self.self_attn = SharedKVAttention(*dims, **common)
+            self.self_attn = SharedKVAttention(
+                *dims, projections=Projections(bias=args.attention_bias), **common)
         else:
-            self.self_attn = Attention(*dims, v_norm=partial(unit_rms_norm, eps=eps),
-                                       **common)
+            self.self_attn = Attention(
+                *dims, projections=Projections(bias=args.attention_bias,
+                                               v_norm=partial(unit_rms_norm, eps=eps)),
+                **common)
         act = activation(args.hidden_activation)
         self.mlp = MLP(d, args.intermediate_size[i],
                        sparse_activation(act, args.activation_sparsity_pattern[i]))

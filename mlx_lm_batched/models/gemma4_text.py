@@ -21,6 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm, Scores
 from ..layers.blocks import SandwichBlock
 from ..layers.kv_sharing import (
     SharedKVAttention,
@@ -279,16 +280,19 @@ class Model(CausalLM):
         ropes = {key: args.rope(*key) for key in zip(args.layer_types, (d for d, _ in dims))}
         layers = []
         for i, (kind, (head_dim, n_kv)) in enumerate(zip(args.layer_types, dims)):
-            common = dict(rope=ropes[kind, head_dim], bias=args.attention_bias, scale=1.0,
-                          qk_norm=norm)
+            common = dict(rope=ropes[kind, head_dim], qk_norm=QKNorm(norm),
+                          scores=Scores(scale=1.0))
             if sources[i] == i:
+                projections = Projections(
+                    bias=args.attention_bias, v_norm=v_norm,
+                    values_from_keys=args.attention_k_eq_v and kind == "full_attention")
                 attn = Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim,
-                                 v_norm=v_norm, values_from_keys=(args.attention_k_eq_v
-                                                                  and kind == "full_attention"),
-                                 **common)
+                                 projections=projections, **common)
             else:
                 attn = SharedKVAttention(args.hidden_size, args.num_attention_heads, n_kv,
-                                         head_dim, **common)
+                                         head_dim,
+                                         projections=Projections(bias=args.attention_bias),
+                                         **common)
             wide = 2 if args.use_double_wide_mlp and sources[i] != i else 1
             mlp = MLP(args.hidden_size, args.intermediate_size * wide, args.hidden_activation)
             layers.append(Block(args, attn, mlp, norm))

@@ -5,6 +5,7 @@ interleaved RoPE over only the first ``partial_rotary_factor`` of each head."""
 from dataclasses import dataclass
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock, SandwichBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -33,7 +34,7 @@ class Model(CausalLM):
             else (lambda a, m: PreNormBlock(a, m, norm))
         layers = [
             block(Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                            bias=args.attention_bias, o_bias=False),
+                            projections=Projections(bias=args.attention_bias, o_bias=False)),
                   MLP(args.hidden_size, args.intermediate_size, args.hidden_act,
                       fused_gate_up=True))
             for _ in range(args.num_hidden_layers)

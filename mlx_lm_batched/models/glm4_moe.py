@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.moe import stack_experts
@@ -66,8 +67,8 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                          args.head_dim, rope, bias=args.attention_bias, o_bias=o_bias,
-                          qk_norm=norm if qk_norm else None),
+                          args.head_dim, rope, qk_norm=QKNorm(norm) if qk_norm else None,
+                          projections=Projections(bias=args.attention_bias, o_bias=o_bias)),
                 DeepseekMoE(args, SigmoidGate(args)) if args.is_moe_layer(i) else
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act),
                 norm,

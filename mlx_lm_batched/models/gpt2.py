@@ -8,6 +8,7 @@ from typing import Optional
 import mlx.nn as nn
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, Scores
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import DenseMLP
 from ..layers.norms import LayerNorm
@@ -69,8 +70,9 @@ class Model(CausalLM):
             scale = head_dim**-0.5 if args.scale_attn_weights else 1.0
             if args.scale_attn_by_inverse_layer_idx:
                 scale /= i + 1
-            attn = Attention(d, args.n_head, n_kv_heads or args.n_head, head_dim, bias=True,
-                             scale=scale, fused_qkv=True)
+            attn = Attention(d, args.n_head, n_kv_heads or args.n_head, head_dim,
+                             projections=Projections(bias=True, fused_qkv=True),
+                             scores=Scores(scale=scale))
             mlp = DenseMLP(d, args.n_inner or 4 * d, args.activation_function,
                            names=("c_fc", "c_proj"))
             layers.append(PreNormBlock(attn, mlp, norm, norm_names=("ln_1", "ln_2")))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import ParallelBlock, PreNormBlock
 from ..layers.mlp import DenseMLP
 from ..layers.norms import LayerNorm
@@ -26,7 +27,7 @@ _RENAMES = [
 
 def per_head_qkv_to_fused(v, n_heads):
     """Rows ordered ``(head, q/k/v, dim)`` -> ``(q/k/v, head, dim)``: the layout of
-    ``Attention(fused_qkv=True)``. Works on weights, biases and quantized tensors."""
+    ``Projections(fused_qkv=True)``. Works on weights, biases and quantized tensors."""
     return v.reshape(n_heads, 3, -1, *v.shape[1:]).swapaxes(0, 1).reshape(v.shape)
 
 
@@ -71,7 +72,8 @@ class Model(CausalLM):
         block = ParallelBlock if args.use_parallel_residual else PreNormBlock
         layers = [
             block(
-                Attention(d, h, h, head_dim, rope, bias=args.attention_bias, fused_qkv=True),
+                Attention(d, h, h, head_dim, rope,
+                          projections=Projections(bias=args.attention_bias, fused_qkv=True)),
                 DenseMLP(d, args.intermediate_size, args.hidden_act,
                          names=("dense_h_to_4h", "dense_4h_to_h")),
                 norm,

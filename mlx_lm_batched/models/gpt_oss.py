@@ -16,6 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, Scores
 from ..layers.blocks import PreNormBlock
 from ..layers.moe import SwitchGLU, combine_experts, softmax_topk
 from ..layers.norms import RMSNorm
@@ -75,7 +76,8 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                          args.head_dim, rope, bias=args.attention_bias, sinks=True),
+                          args.head_dim, rope, projections=Projections(bias=args.attention_bias),
+                          scores=Scores(sinks=True)),
                 GptOssMoE(args),
                 norm,
             )

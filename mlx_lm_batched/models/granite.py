@@ -6,6 +6,7 @@ by ``logits_scaling``."""
 from dataclasses import dataclass
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, Scores
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -36,7 +37,8 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                          bias=args.attention_bias, scale=args.attention_multiplier),
+                          projections=Projections(bias=args.attention_bias),
+                          scores=Scores(scale=args.attention_multiplier)),
                 make_mlp(),
                 norm,
                 residual_scale=args.residual_multiplier,

@@ -13,13 +13,14 @@ from ..cache.kv import KVCache
 from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, Scores
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
 from ..layers.ssm import CausalConv1d
 from ..layers.stack import CausalLM
 from . import granitemoe
 from .common import attention_dims, config_rope, init_causal_lm
-from .mamba2 import Mamba2Mixer
+from .mamba2 import Mamba2Mixer, SSDDims
 
 _KINDS = {"linear_attention": "mamba", "full_attention": "attention"}
 
@@ -53,15 +54,16 @@ class Block(nn.Module):
         super().__init__()
         self.kind = kind
         if kind == "mamba":
-            self.mamba = Mamba2Mixer(args.hidden_size, args.mamba_n_heads, args.mamba_d_head,
-                                     args.mamba_d_state, args.mamba_n_groups, args.mamba_d_conv,
-                                     args.rms_norm_eps, args.mamba_proj_bias,
-                                     args.mamba_conv_bias, args.time_step_limit)
+            dims = SSDDims(args.mamba_n_heads, args.mamba_d_head, args.mamba_d_state,
+                           args.mamba_n_groups, args.mamba_d_conv)
+            self.mamba = Mamba2Mixer(args.hidden_size, dims, args.rms_norm_eps,
+                                     args.mamba_proj_bias, args.mamba_conv_bias,
+                                     args.time_step_limit)
         else:
             n_kv, head_dim = attention_dims(args)
             self.self_attn = Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim,
-                                       rope, bias=args.attention_bias,
-                                       scale=args.attention_multiplier)
+                                       rope, projections=Projections(bias=args.attention_bias),
+                                       scores=Scores(scale=args.attention_multiplier))
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         if args.num_local_experts:

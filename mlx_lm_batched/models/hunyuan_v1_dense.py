@@ -5,6 +5,7 @@
 from dataclasses import dataclass
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -38,13 +39,13 @@ class Model(CausalLM):
         n_kv, head_dim = attention_dims(args)
         rope = hunyuan_rope(head_dim, args)
         norm = lambda dims=args.hidden_size: RMSNorm(dims, args.rms_norm_eps)
-        qk_norm = dict(qk_norm=norm, qk_norm_after_rope=True,
-                       qk_norm_names=("query_layernorm", "key_layernorm"))
+        qk_norm = (QKNorm(norm, after_rope=True, names=("query_layernorm", "key_layernorm"))
+                   if args.use_qk_norm else None)
         layers = [
             PreNormBlock(
                 make_attention(i, args.hidden_size, args.num_attention_heads, n_kv, head_dim,
-                               rope, bias=args.attention_bias,
-                               **(qk_norm if args.use_qk_norm else {})),
+                               rope, qk_norm=qk_norm,
+                               projections=Projections(bias=args.attention_bias)),
                 make_mlp(i) if make_mlp else MLP(args.hidden_size, args.intermediate_size,
                                                  args.hidden_act),
                 norm,

@@ -13,7 +13,7 @@ from typing import List, Optional, Union
 from ..layers.attention import Attention
 from ..layers.cla import CrossLayerAttention, ProjectionRelay
 from ..layers.mlp import MLP
-from ..layers.moe import SparseMoE, stack_experts
+from ..layers.moe import SharedExpert, SparseMoE, stack_experts
 from . import hunyuan_v1_dense
 
 
@@ -59,11 +59,10 @@ class Model(hunyuan_v1_dense.Model):
             shared = None
             if args.use_mixed_mlp_moe:
                 width = int(args.intermediate_size * per_layer(args.num_shared_expert, i))
-                shared = MLP(args.hidden_size, width, args.hidden_act)
+                shared = SharedExpert(MLP(args.hidden_size, width, args.hidden_act), "shared_mlp")
             experts = per_layer(args.moe_intermediate_size, i) or args.intermediate_size
             return SparseMoE(args.hidden_size, experts, args.num_experts, args.top_k(i),
-                             normalize=args.norm_topk_prob, shared=shared,
-                             shared_name="shared_mlp")
+                             normalize=args.norm_topk_prob, shared=shared)
 
         relay = ProjectionRelay()
         n = args.num_hidden_layers

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -49,7 +50,8 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                          args.head_dim, rope, bias=args.bias, fused_qkv=True),
+                          args.head_dim, rope,
+                          projections=Projections(bias=args.bias, fused_qkv=True)),
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act),
                 norm,
             )

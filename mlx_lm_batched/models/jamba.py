@@ -15,7 +15,7 @@ from ..layers.norms import RMSNorm
 from ..layers.ssm import CausalConv1d, HybridBlock
 from ..layers.stack import CausalLM
 from .common import DecoderArgs, attention_dims, init_causal_lm
-from .mamba import MambaMixer
+from .mamba import MambaMixer, SSMDims
 
 
 @dataclass
@@ -57,10 +57,10 @@ class Model(CausalLM):
                 mixer, name = Attention(args.hidden_size, args.num_attention_heads, n_kv,
                                         head_dim, None), "self_attn"
             else:
-                mixer = MambaMixer(args.hidden_size, args.mamba_expand * args.hidden_size,
-                                   args.mamba_d_state, args.mamba_dt_rank, args.mamba_d_conv,
-                                   args.mamba_proj_bias, args.mamba_conv_bias, "weighted",
-                                   args.rms_norm_eps)
+                dims = SSMDims(args.mamba_expand * args.hidden_size, args.mamba_d_state,
+                               args.mamba_dt_rank, args.mamba_d_conv)
+                mixer = MambaMixer(args.hidden_size, dims, args.mamba_proj_bias,
+                                   args.mamba_conv_bias, "weighted", args.rms_norm_eps)
                 name = "mamba"
             mlp = (SparseMoE(args.hidden_size, args.intermediate_size, args.num_experts,
                              args.num_experts_per_tok) if args.is_moe(i)

@@ -23,7 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..layers.gated_delta import KimiDeltaAttention
-from ..layers.mla import MultiHeadLatentAttention, merge_absorbed_kv_b
+from ..layers.mla import LatentDims, MultiHeadLatentAttention, merge_absorbed_kv_b
 from ..layers.mlp import MLP
 from ..layers.moe import SwitchGLU, combine_experts
 from ..layers.norms import RMSNorm
@@ -231,8 +231,7 @@ class Model(kimi_linear.Model):
                                            lac.get("use_full_rank_gate", False))
             else:
                 mixer = MultiHeadLatentAttention(
-                    args.hidden_size, args.num_attention_heads, args.qk_nope_head_dim,
-                    args.qk_rope_head_dim, args.v_head_dim, args.kv_lora_rank, args.q_lora_rank,
+                    args.hidden_size, args.num_attention_heads, LatentDims.from_args(args),
                     output_gate="feature" if args.mla_use_output_gate else False)
             mlp = (LatentMoE(args) if mlp_kind == "sparse"
                    else SiTUMLP(args.hidden_size, args.intermediate_size, beta, lb))

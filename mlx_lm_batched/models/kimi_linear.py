@@ -12,7 +12,7 @@ from ..cache.kv import KVCache
 from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers.gated_delta import KimiDeltaAttention
-from ..layers.mla import MultiHeadLatentAttention
+from ..layers.mla import LatentDims, MultiHeadLatentAttention
 from ..layers.mlp import MLP
 from ..layers.moe import SwitchGLU, combine_experts, stack_experts
 from ..layers.norms import RMSNorm
@@ -98,8 +98,7 @@ class Model(CausalLM):
                                            args.rms_norm_eps)
             else:
                 mixer = MultiHeadLatentAttention(
-                    args.hidden_size, args.num_attention_heads, args.qk_nope_head_dim,
-                    args.qk_rope_head_dim, args.v_head_dim, args.kv_lora_rank, args.q_lora_rank)
+                    args.hidden_size, args.num_attention_heads, LatentDims.from_args(args))
             mlp = KimiMoE(args) if mlp_kind == "sparse" else MLP(args.hidden_size,
                                                                   args.intermediate_size)
             layers.append(HybridBlock(mixer, mlp, norm))

@@ -12,6 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..layers.attention import OutputGatedAttention
+from ..layers.attention_options import OutputGate, Projections, QKNorm
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.moe import SwitchGLU, combine_experts, stack_experts, topk_indices
@@ -109,10 +110,11 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 OutputGatedAttention(args.hidden_size, heads, args.num_key_value_heads,
-                                     args.head_dim, ropes[t], gate="softplus",
-                                     per_head=per_head, gate_name="g_proj",
-                                     bias=args.qkv_bias, o_bias=args.attention_bias,
-                                     qk_norm=norm),
+                                     args.head_dim, ropes[t],
+                                     OutputGate("softplus", per_head=per_head, name="g_proj"),
+                                     qk_norm=QKNorm(norm),
+                                     projections=Projections(bias=args.qkv_bias,
+                                                             o_bias=args.attention_bias)),
                 LagunaMoE(args) if m == "sparse" else
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act),
                 norm,

@@ -8,6 +8,7 @@ from ..cache.kv import KVCache
 from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers.attention import Attention
+from ..layers.attention_options import QKNorm
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
 from ..layers.ssm import CausalConv1d, HybridBlock, ShortConv
@@ -79,8 +80,8 @@ class Model(CausalLM):
                 layers.append(HybridBlock(mixer, mlp, norm, names("conv")))
             else:
                 mixer = Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                                  qk_norm=lambda d: RMSNorm(d, args.norm_eps),
-                                  qk_norm_names=("q_layernorm", "k_layernorm"))
+                                  qk_norm=QKNorm(lambda d: RMSNorm(d, args.norm_eps),
+                                                 names=("q_layernorm", "k_layernorm")))
                 layers.append(HybridBlock(mixer, mlp, norm, names("self_attn")))
         init_causal_lm(self, args, layers, norm())
 

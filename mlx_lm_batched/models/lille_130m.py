@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -60,7 +61,7 @@ class Model(CausalLM):
         hidden = 256 * round(int(8 * d / 3) / 256)
         layers = [
             PreNormBlock(Attention(d, args.n_head, args.n_kv_heads, head_dim, rope,
-                                   fused_qkv=True), MLP(d, hidden), norm)
+                                   projections=Projections(fused_qkv=True)), MLP(d, hidden), norm)
             for _ in range(args.n_layer)
         ]
         init_causal_lm(self, args, layers, norm())

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -59,7 +60,8 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 attention_class(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                                bias=args.attention_bias, o_bias=args.attention_out_bias,
+                                projections=Projections(bias=args.attention_bias,
+                                                        o_bias=args.attention_out_bias),
                                 **(attention_kwargs or {})),
                 mlp() if mlp else MLP(args.hidden_size, args.intermediate_size, args.hidden_act,
                                       args.mlp_bias),

@@ -24,6 +24,7 @@ from typing import Optional
 import mlx.core as mx
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm, Scores
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP, activation
 from ..layers.moe import InputScaledMoE
@@ -99,10 +100,11 @@ class Model(CausalLM):
         for i in range(args.num_hidden_layers):
             use_rope = bool(args.no_rope_layers[i])
             attn = Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim,
-                             rope if use_rope else None, bias=args.attention_bias,
-                             qk_norm=l2_norm if use_rope and args.use_qk_norm else None,
-                             qk_norm_after_rope=True,
-                             position_scale=None if use_rope else tuning)
+                             rope if use_rope else None,
+                             qk_norm=(QKNorm(l2_norm, after_rope=True)
+                                      if use_rope and args.use_qk_norm else None),
+                             projections=Projections(bias=args.attention_bias),
+                             scores=Scores(position_scale=None if use_rope else tuning))
             if i in args.moe_layers:
                 ffn = InputScaledMoE(args.hidden_size, args.intermediate_size,
                                      args.num_local_experts, args.num_experts_per_tok,

@@ -15,7 +15,8 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..layers.mla import MultiHeadLatentAttention, merge_absorbed_kv_b, mla_softmax_scale
+from ..layers.mla import (LatentDims, MultiHeadLatentAttention, merge_absorbed_kv_b,
+                          mla_softmax_scale)
 from ..layers.mlp import MLP
 from ..layers.moe import SwitchGLU, combine_experts, stack_experts, topk_indices
 from ..layers.norms import RMSNorm
@@ -72,8 +73,7 @@ class ScaledRMSNorm(RMSNorm):
 
 def longcat_mla(args, rope, scale):
     attn = MultiHeadLatentAttention(
-        args.hidden_size, args.num_attention_heads, args.qk_nope_head_dim,
-        args.qk_rope_head_dim, args.v_head_dim, args.kv_lora_rank, args.q_lora_rank,
+        args.hidden_size, args.num_attention_heads, LatentDims.from_args(args),
         rope, scale, args.attention_bias)
     if args.mla_scale_q_lora:
         attn.q_a_layernorm = ScaledRMSNorm(args.q_lora_rank, attn.q_a_layernorm.eps,

@@ -51,15 +51,35 @@ class ModelArgs(StackArgs):
             self.time_step_rank = math.ceil(self.hidden_size / 16)
 
 
+@dataclass(frozen=True)
+class SSMDims:
+    """The widths of Mamba's selective SSM: ``inner`` channels, ``state_size`` states
+    per channel, ``dt_rank`` (the low-rank time step's) and the convolution's
+    ``kernel``."""
+
+    inner: int
+    state_size: int
+    dt_rank: int
+    kernel: int
+
+    def __post_init__(self):
+        for name, value in vars(self).items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"SSMDims {name} must be a positive integer, got {value!r}")
+
+
 class MambaMixer(nn.Module):
     """Mamba's selective-SSM mixer. ``bcdt_norm``: RMS norms on dt, B and C before
     the scan: None, ``"weightless"`` (Falcon-Mamba) or ``"weighted"`` (Jamba's
     ``dt_layernorm``/``b_layernorm``/``c_layernorm``)."""
 
-    def __init__(self, hidden_size, inner, state_size, dt_rank, kernel, bias=False,
-                 conv_bias=True, bcdt_norm=None, eps=1e-6):
+    def __init__(self, hidden_size, dims, bias=False, conv_bias=True, bcdt_norm=None, eps=1e-6):
+        """``dims``: the :class:`SSMDims`; ``bias``: of ``in_proj`` and ``out_proj``;
+        ``conv_bias``: of the convolution; ``eps``: of the dt/B/C norms."""
         super().__init__()
-        D, N, R = inner, state_size, dt_rank
+        if not isinstance(dims, SSMDims):
+            raise ValueError(f"MambaMixer dims must be an SSMDims, got {dims!r}")
+        D, N, R, kernel = dims.inner, dims.state_size, dims.dt_rank, dims.kernel
         self.sizes = (D, N, R)
         self.in_proj = nn.Linear(hidden_size, 2 * D, bias=bias)
         self.conv1d = CausalConv1d(D, kernel, bias=conv_bias)
@@ -76,8 +96,9 @@ class MambaMixer(nn.Module):
 
     @classmethod
     def from_args(cls, args):
-        return cls(args.hidden_size, args.intermediate_size, args.state_size, args.time_step_rank,
-                   args.conv_kernel, args.use_bias, args.use_conv_bias,
+        dims = SSMDims(args.intermediate_size, args.state_size, args.time_step_rank,
+                       args.conv_kernel)
+        return cls(args.hidden_size, dims, args.use_bias, args.use_conv_bias,
                    "weightless" if args.use_bcdt_rms else None, args.mixer_rms_eps)
 
     def _norm_bcdt(self, dt, Bm, Cm):

@@ -40,18 +40,53 @@ def _as_float(value):
     return float(value["__float__"]) if isinstance(value, dict) else float(value)
 
 
+@dataclass(frozen=True)
+class SSDDims:
+    """The widths of Mamba-2's SSD: ``heads`` of ``head_dim`` channels, ``state_size``
+    states shared by the heads of each of ``groups`` groups, the convolution's
+    ``kernel``."""
+
+    heads: int
+    head_dim: int
+    state_size: int
+    groups: int
+    kernel: int
+
+    def __post_init__(self):
+        for name, value in vars(self).items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"SSDDims {name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SSDOutput:
+    """How the scan's output becomes the mixer's: ``rms_norm``, a gated RMS norm
+    (``norm_before_gate``: norm, then gate; else gate, then norm) or else
+    ``y * silu(gate)``; ``bias``: ``out_proj``'s (None: the input projection's)."""
+
+    rms_norm: bool = True
+    norm_before_gate: bool = False
+    bias: Optional[bool] = None
+
+
 class Mamba2Mixer(nn.Module):
     """Mamba-2's SSD mixer over ``heads * head_dim`` channels (also Nemotron-H's,
     Granite 4's and Falcon-H1's); ``from_args`` reads Mamba-2's config names."""
 
-    def __init__(self, hidden_size, heads, head_dim, state_size, groups, kernel, eps,
-                 bias=False, conv_bias=True, dt_limit=None, out_bias=None, rms_norm=True,
-                 norm_before_gate=False, in_scale=None):
-        """``rms_norm``: gated RMS norm of the scan output (else ``y * silu(gate)``);
-        ``in_scale``: a vector multiplying the input projection (Falcon-H1's MuP
-        multipliers); ``out_bias``: ``out_proj``'s bias (default ``bias``)."""
+    def __init__(self, hidden_size, dims, eps, bias=False, conv_bias=True, dt_limit=None,
+                 output=SSDOutput(), in_scale=None):
+        """``dims``: the :class:`SSDDims`; ``eps``: the output norm's; ``bias``: of
+        ``in_proj``; ``conv_bias``: of the convolution; ``dt_limit``: ``(low, high)``
+        clip of the time step; ``output``: an :class:`SSDOutput`; ``in_scale``: a
+        vector multiplying the input projection (Falcon-H1's MuP multipliers)."""
         super().__init__()
-        D, N, G, H = heads * head_dim, state_size, groups, heads
+        if not isinstance(dims, SSDDims):
+            raise ValueError(f"Mamba2Mixer dims must be an SSDDims, got {dims!r}")
+        if not isinstance(output, SSDOutput):
+            raise ValueError(f"Mamba2Mixer output must be an SSDOutput, got {output!r}")
+        heads, head_dim, kernel = dims.heads, dims.head_dim, dims.kernel
+        rms_norm, norm_before_gate, out_bias = output.rms_norm, output.norm_before_gate, output.bias
+        D, N, G, H = heads * head_dim, dims.state_size, dims.groups, heads
         self.sizes = (D, N, G, H, head_dim)
         conv_dim = D + 2 * G * N
         self.in_proj = nn.Linear(hidden_size, D + conv_dim + H, bias=bias)
@@ -71,9 +106,10 @@ class Mamba2Mixer(nn.Module):
         if args.num_heads * args.head_dim != args.intermediate_size:
             raise ValueError(f"num_heads * head_dim ({args.num_heads * args.head_dim}) must "
                              f"equal expand * hidden_size ({args.intermediate_size})")
-        return cls(args.hidden_size, args.num_heads, args.head_dim, args.state_size, args.n_groups,
-                   args.conv_kernel, args.layer_norm_epsilon, args.use_bias, args.use_conv_bias,
-                   args.time_step_limit)
+        dims = SSDDims(args.num_heads, args.head_dim, args.state_size, args.n_groups,
+                       args.conv_kernel)
+        return cls(args.hidden_size, dims, args.layer_norm_epsilon, args.use_bias,
+                   args.use_conv_bias, args.time_step_limit)
 
 
     def __call__(self, x, mask, offset, cache=None, attention=None):

@@ -12,6 +12,7 @@ from typing import List, Optional
 import mlx.nn as nn
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Scores
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.moe import stack_experts
@@ -110,13 +111,13 @@ class Model(CausalLM):
         layers = []
         for i, t in enumerate(args.layer_types):
             sliding = t == "sliding_attention"
+            sinks = (args.add_swa_attention_sink_bias if sliding
+                     else args.add_full_attention_sink_bias)
             attn = ValueHeadAttention(
                 args.hidden_size, args.num_attention_heads,
                 args.swa_num_key_value_heads if sliding else args.num_key_value_heads,
                 args.head_dim, args.v_head_dim, ropes[t],
-                value_scale=args.attention_value_scale or 1.0,
-                sinks=args.add_swa_attention_sink_bias if sliding
-                else args.add_full_attention_sink_bias)
+                value_scale=args.attention_value_scale or 1.0, scores=Scores(sinks=sinks))
             mlp = (DeepseekMoE(args, SigmoidGate(args)) if args.is_moe_layer(i)
                    else MLP(args.hidden_size, args.intermediate_size, args.hidden_act))
             layers.append(PreNormBlock(attn, mlp, norm))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..layers.blocks import PreNormBlock
-from ..layers.mla import MultiHeadLatentAttention, mla_softmax_scale
+from ..layers.mla import LatentDims, MultiHeadLatentAttention, mla_softmax_scale
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
 from ..layers.rope import make_rope
@@ -53,9 +53,8 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 MultiHeadLatentAttention(
-                    args.hidden_size, args.num_attention_heads, args.qk_nope_head_dim,
-                    args.qk_rope_head_dim, args.v_head_dim, args.kv_lora_rank,
-                    args.q_lora_rank, rope, scale, args.attention_bias),
+                    args.hidden_size, args.num_attention_heads, LatentDims.from_args(args),
+                    rope, scale, args.attention_bias),
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act, args.mlp_bias),
                 norm,
                 residual_scale=residual,

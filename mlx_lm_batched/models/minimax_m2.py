@@ -9,6 +9,7 @@ from typing import Optional
 import mlx.core as mx
 
 from ..layers.attention import Attention
+from ..layers.attention_options import QKNorm
 from ..layers.blocks import PreNormBlock
 from ..layers.moe import SparseMoE, softmax_topk
 from ..layers.norms import RMSNorm
@@ -62,7 +63,7 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                          args.head_dim, rope, qk_norm=norm, qk_norm_full=True),
+                          args.head_dim, rope, qk_norm=QKNorm(norm, full=True)),
                 SigmoidMoE(args.hidden_size, args.intermediate_size, args.num_local_experts,
                            args.num_experts_per_tok),
                 norm,

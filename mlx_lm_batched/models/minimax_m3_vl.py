@@ -17,6 +17,7 @@ from typing import List, Optional
 import mlx.core as mx
 
 from ..layers.attention import Attention
+from ..layers.attention_options import QKNorm
 from ..layers.block_sparse_attention import BlockIndexer, BlockSparseAttention
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
@@ -135,7 +136,7 @@ class Model(CausalLM):
         glu = ClampedSwiGLU(args.swiglu_alpha, args.swiglu_limit)
         layers = []
         for i in range(args.num_hidden_layers):
-            kwargs = dict(qk_norm=norm if args.use_qk_norm else None)
+            kwargs = dict(qk_norm=QKNorm(norm) if args.use_qk_norm else None)
             dims = (args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
                     args.head_dim, rope)
             if args.is_sparse(i):

@@ -9,6 +9,7 @@ from typing import Optional
 
 import mlx.core as mx
 
+from ..layers.attention_options import Scores
 from . import llama
 
 
@@ -41,5 +42,5 @@ def llama4_query_scale(beta, context):
 class Model(llama.Model):
     def __init__(self, args: ModelArgs):
         scaling = args.query_scaling()
-        super().__init__(args, attention_kwargs=dict(
-            position_scale=llama4_query_scale(*scaling) if scaling else None))
+        super().__init__(args, attention_kwargs=dict(scores=Scores(
+            position_scale=llama4_query_scale(*scaling) if scaling else None)))

@@ -12,6 +12,7 @@ from typing import List, Optional
 import mlx.core as mx
 
 from ..layers.attention import OutputGatedAttention
+from ..layers.attention_options import QKNorm, Scores
 from ..layers.blocks import SandwichBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -79,7 +80,8 @@ class Model(CausalLM):
             SandwichBlock(
                 OutputGatedAttention(args.hidden_size, args.num_attention_heads,
                                      args.num_key_value_heads, args.head_dim,
-                                     rope if theta else None, scale=scale, qk_norm=qk_norm),
+                                     rope if theta else None, qk_norm=QKNorm(qk_norm),
+                                     scores=Scores(scale=scale)),
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_activation),
                 sandwich_norms(),
             )

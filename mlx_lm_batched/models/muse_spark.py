@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..layers.attention import OutputGatedAttention
+from ..layers.attention_options import QKNorm, Scores
 from ..layers.mlp import MLP
 from ..layers.moe import SwitchGLU, combine_experts, softmax_topk, stack_experts
 from ..layers.norms import RMSNorm
@@ -200,8 +201,8 @@ class Model(CausalLM):
                 args,
                 HeadNormedGatedAttention(args.hidden_size, args.num_attention_heads,
                                          args.num_key_value_heads, args.head_dim,
-                                         rope if theta else None, scale=scale,
-                                         qk_norm=head_norm, head_norm_eps=args.rms_norm_eps),
+                                         rope if theta else None, head_norm_eps=args.rms_norm_eps,
+                                         qk_norm=QKNorm(head_norm), scores=Scores(scale=scale)),
                 feed_forward(kind),
             )
             for theta, kind in zip(args.layer_rope_theta, args.mlp_layer_types)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import DenseMLP
 from ..layers.norms import RMSNorm
@@ -56,8 +57,8 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                          args.head_dim, rope, bias=args.attention_bias, qk_norm=norm,
-                          qk_norm_after_rope=True),
+                          args.head_dim, rope, qk_norm=QKNorm(norm, after_rope=True),
+                          projections=Projections(bias=args.attention_bias)),
                 DenseMLP(args.hidden_size, args.intermediate_size, args.hidden_act, bias=False,
                          names=("fc1", "fc2")),
                 norm,

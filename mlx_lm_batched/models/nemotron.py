@@ -4,6 +4,7 @@ by ``1 + w``), an ungated squared-ReLU MLP and partial rotary."""
 from dataclasses import dataclass
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import DenseMLP
 from ..layers.norms import LayerNorm
@@ -30,7 +31,7 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                          bias=args.attention_bias),
+                          projections=Projections(bias=args.attention_bias)),
                 DenseMLP(args.hidden_size, args.intermediate_size, args.hidden_act,
                          bias=args.mlp_bias),
                 norm,

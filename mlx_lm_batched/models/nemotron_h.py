@@ -12,6 +12,7 @@ from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers import masks as masks_lib
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.mlp import DenseMLP, activation
 from ..layers.moe import SwitchMLP, combine_experts, stack_experts
 from ..layers.norms import RMSNorm
@@ -19,7 +20,7 @@ from ..layers.ssm import CausalConv1d
 from ..layers.step import resolve_offset
 from .args import BaseModelArgs
 from .deepseek_v3 import SigmoidGate
-from .mamba2 import Mamba2Mixer
+from .mamba2 import Mamba2Mixer, SSDDims
 
 # hybrid_override_pattern letters (hub configs) -> layers_block_type names
 _PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
@@ -113,14 +114,15 @@ class Block(nn.Module):
         self.kind = kind
         self.norm = RMSNorm(args.hidden_size, args.layer_norm_epsilon)
         if kind == "mamba":
-            self.mixer = Mamba2Mixer(args.hidden_size, args.mamba_num_heads, args.mamba_head_dim,
-                                     args.ssm_state_size, args.n_groups, args.conv_kernel,
-                                     args.layer_norm_epsilon, args.use_bias, args.use_conv_bias,
+            dims = SSDDims(args.mamba_num_heads, args.mamba_head_dim, args.ssm_state_size,
+                           args.n_groups, args.conv_kernel)
+            self.mixer = Mamba2Mixer(args.hidden_size, dims, args.layer_norm_epsilon,
+                                     args.use_bias, args.use_conv_bias,
                                      (args.time_step_min, float("inf")))
         elif kind == "attention":
             self.mixer = Attention(args.hidden_size, args.num_attention_heads,
                                    args.num_key_value_heads, args.head_dim, None,
-                                   bias=args.attention_bias)
+                                   projections=Projections(bias=args.attention_bias))
         elif kind == "mlp":
             self.mixer = DenseMLP(args.hidden_size, args.intermediate_size,
                                   activation(args.mlp_hidden_act), bias=args.mlp_bias)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import mlx.nn as nn
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM, DecoderStack
@@ -111,8 +112,8 @@ class Model(CausalLM):
                                          else args.mlp_bias)
             if kind == "attention":
                 heads = args.num_attention_heads
-                return Attention(d, heads, heads // conf["n_heads_in_group"], args.head_dim,
-                                 rope, bias=args.attention_bias)
+                return Attention(d, heads, heads // conf["n_heads_in_group"], args.head_dim, rope,
+                                 projections=Projections(bias=args.attention_bias))
             return MLP(d, ffn_width(conf["ffn_mult"], d), args.hidden_act, args.mlp_bias)
 
         layers = [NASBlock(sublayer(i, "attention"), sublayer(i, "ffn"), norm)

@@ -7,6 +7,7 @@ from typing import Optional
 import mlx.nn as nn
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.stack import CausalLM
@@ -28,7 +29,8 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                          args.head_dim, rope, bias=args.attention_bias, clip_qkv=args.clip_qkv),
+                          args.head_dim, rope,
+                          projections=Projections(bias=args.attention_bias, clip=args.clip_qkv)),
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act),
                 norm,
             )

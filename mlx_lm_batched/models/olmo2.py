@@ -4,6 +4,7 @@ QK-norm over the whole q/k projections before they are split into heads."""
 from dataclasses import dataclass
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import SandwichBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -32,7 +33,8 @@ def build_layers(args, ropes):
     return [
         SandwichBlock(
             Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                      bias=args.attention_bias, qk_norm=norm, qk_norm_full=True),
+                      qk_norm=QKNorm(norm, full=True),
+                      projections=Projections(bias=args.attention_bias)),
             MLP(args.hidden_size, args.intermediate_size, args.hidden_act),
             norm,
             norm_names=POST_NORMS,

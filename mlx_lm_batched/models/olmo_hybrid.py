@@ -19,8 +19,9 @@ from ..cache.kv import KVCache
 from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import SandwichBlock
-from ..layers.gated_delta import GatedDeltaNet
+from ..layers.gated_delta import DeltaHeads, GatedDeltaNet
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
 from ..layers.ssm import CausalConv1d, HybridBlock
@@ -75,9 +76,9 @@ class Model(CausalLM):
         for kind in args.layer_types:
             mlp = MLP(args.hidden_size, args.intermediate_size, args.hidden_act)
             if kind == "linear_attention":
-                mixer = GatedDeltaNet(args.hidden_size, args.linear_num_key_heads,
-                                      args.linear_num_value_heads, args.linear_key_head_dim,
-                                      args.linear_value_head_dim, args.linear_conv_kernel_dim,
+                heads = DeltaHeads(args.linear_num_key_heads, args.linear_num_value_heads,
+                                   args.linear_key_head_dim, args.linear_value_head_dim)
+                mixer = GatedDeltaNet(args.hidden_size, heads, args.linear_conv_kernel_dim,
                                       args.layer_norm_epsilon, fused=False,
                                       beta_scale=2.0 if args.linear_allow_neg_eigval else 1.0)
                 layers.append(HybridBlock(mixer, mlp, norm, ("linear_attn", "mlp",
@@ -86,7 +87,8 @@ class Model(CausalLM):
             else:
                 attn = Attention(args.hidden_size, args.num_attention_heads,
                                  args.num_key_value_heads, args.head_dim, rope,
-                                 bias=args.attention_bias, qk_norm=norm, qk_norm_full=True)
+                                 qk_norm=QKNorm(norm, full=True),
+                                 projections=Projections(bias=args.attention_bias))
                 layers.append(SandwichBlock(attn, mlp, norm, norm_names=POST_NORMS))
         init_causal_lm(self, args, layers, norm())
 

@@ -5,6 +5,7 @@ covers the whole q/k projections, experts of ``intermediate_size``, and optional
 from dataclasses import dataclass
 from typing import Optional
 
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.norms import RMSNorm
 from . import qwen2_moe
 from .args import require_values
@@ -29,6 +30,6 @@ class ModelArgs(qwen2_moe.ModelArgs):
 class Model(qwen2_moe.Model):
     def __init__(self, args: ModelArgs):
         super().__init__(args, shared_expert=False, attention_kwargs=dict(
-            bias=args.attention_bias, clip_qkv=args.clip_qkv, qk_norm_full=True,
-            qk_norm=lambda dims: RMSNorm(dims, args.rms_norm_eps),
+            projections=Projections(bias=args.attention_bias, clip=args.clip_qkv),
+            qk_norm=QKNorm(lambda dims: RMSNorm(dims, args.rms_norm_eps), full=True),
         ))

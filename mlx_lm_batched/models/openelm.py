@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import List
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -78,11 +79,11 @@ class Model(CausalLM):
         d, hd = args.model_dim, args.head_dim
         rope = make_rope(hd, args.rope_freq_constant)
         norm = lambda dims=d: RMSNorm(dims, args.rms_norm_eps)
-        qk_norm = norm if args.normalize_qk_projections else None
+        qk_norm = QKNorm(norm) if args.normalize_qk_projections else None
         layers = [
             PreNormBlock(
                 Attention(d, args.num_query_heads[i], args.num_kv_heads[i], hd, rope,
-                          qk_norm=qk_norm, fused_qkv=True),
+                          qk_norm=qk_norm, projections=Projections(fused_qkv=True)),
                 MLP(d, make_divisible(args.ffn_multipliers[i] * d, args.ffn_dim_divisor),
                     fused_gate_up=True),
                 norm,

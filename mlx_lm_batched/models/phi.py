@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import ParallelBlock
 from ..layers.mlp import DenseMLP
 from ..layers.norms import LayerNorm
@@ -38,8 +39,9 @@ class Model(CausalLM):
         layers = [
             ParallelBlock(
                 Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                          bias=True, qk_norm=norm if args.qk_layernorm else None,
-                          qk_norm_names=("q_layernorm", "k_layernorm")),
+                          qk_norm=(QKNorm(norm, names=("q_layernorm", "k_layernorm"))
+                                   if args.qk_layernorm else None),
+                          projections=Projections(bias=True)),
                 DenseMLP(args.hidden_size, args.intermediate_size, args.hidden_act,
                          names=("fc1", "fc2")),
                 norm, norm_names=("input_layernorm",),

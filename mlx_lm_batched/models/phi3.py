@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -42,7 +43,7 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                          fused_qkv=True),
+                          projections=Projections(fused_qkv=True)),
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act, fused_gate_up=True),
                 norm,
             )

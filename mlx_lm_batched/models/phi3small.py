@@ -16,6 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, Scores
 from ..layers.blocks import PreNormBlock
 from ..layers.masks import BlockSparse
 from ..layers.norms import LayerNorm
@@ -117,8 +118,10 @@ class Model(CausalLM):
         norm = lambda: LayerNorm(args.hidden_size, args.layer_norm_epsilon)
         layers = [
             PreNormBlock(
-                GroupedQKVAttention(args.hidden_size, n_heads, n_kv, head_dim, rope, bias=True,
-                                    scale=scale, fused_qkv=True, qkv_name="query_key_value"),
+                GroupedQKVAttention(args.hidden_size, n_heads, n_kv, head_dim, rope,
+                                    projections=Projections(bias=True, fused_qkv=True,
+                                                            qkv_name="query_key_value"),
+                                    scores=Scores(scale=scale)),
                 GegeluMLP(args.hidden_size, args.ff_intermediate_size, args.gegelu_limit),
                 norm,
             )

@@ -14,6 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import activation
 from ..layers.moe import SparseMoE
@@ -107,7 +108,7 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                          bias=args.attention_bias),
+                          projections=Projections(bias=args.attention_bias)),
                 SparseMixerMoE(args),
                 norm,
                 mlp_name="block_sparse_moe",

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import ParallelBlock
 from ..layers.moe import SparseMoE, SwitchMLP, stack_experts
 from ..layers.norms import LayerNorm
@@ -60,8 +61,8 @@ class Model(CausalLM):
         norm = lambda: LayerNorm(dims, args.layer_norm_epsilon)
         layers = [
             ParallelBlock(
-                Attention(dims, args.num_heads, args.num_heads, head_dim, rope, bias=True,
-                          fused_qkv=True),
+                Attention(dims, args.num_heads, args.num_heads, head_dim, rope,
+                          projections=Projections(bias=True, fused_qkv=True)),
                 SparseMoE(dims, 4 * dims, args.num_local_experts, args.num_experts_per_tok,
                           normalize=True, switch=SwitchMLP(dims, 4 * dims, args.num_local_experts,
                                                            "gelu_new", bias=True)),

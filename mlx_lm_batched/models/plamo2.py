@@ -18,6 +18,7 @@ import mlx.nn as nn
 
 from ..cache.state import StateCache
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
 from ..layers.rope import make_rope
@@ -88,7 +89,7 @@ class PlamoAttention(Attention):
     def __init__(self, args, rope):
         D = args.hidden_size_per_head
         super().__init__(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-                         D, rope, fused_qkv=True)
+                         D, rope, projections=Projections(fused_qkv=True))
         self.q_weight = mx.ones((args.num_attention_heads, D))
         self.k_weight = mx.ones((args.num_key_value_heads, D))
 

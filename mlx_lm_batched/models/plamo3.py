@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import SandwichBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -71,7 +72,8 @@ class Model(CausalLM):
             offsets = iter(NORM_OFFSETS)  # SandwichBlock makes its norms in NORM_NAMES' order
             return SandwichBlock(
                 Attention(d, args.num_attention_heads, args.num_key_value_heads, hd,
-                          ropes[args.is_global(i)], qk_norm=norm, fused_qkv=True),
+                          ropes[args.is_global(i)], qk_norm=QKNorm(norm),
+                          projections=Projections(fused_qkv=True)),
                 MLP(d, args.intermediate_size, fused_gate_up=True),
                 lambda: norm(offset=next(offsets)), norm_names=NORM_NAMES)
 

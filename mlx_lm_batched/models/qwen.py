@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -61,8 +62,9 @@ class Model(CausalLM):
         norm = lambda: RMSNorm(args.hidden_size, args.layer_norm_epsilon)
         layers = [
             PreNormBlock(
-                Attention(args.hidden_size, heads, heads, head_dim, rope, bias=True,
-                          o_bias=not args.no_bias, fused_qkv=True),
+                Attention(args.hidden_size, heads, heads, head_dim, rope,
+                          projections=Projections(bias=True, o_bias=not args.no_bias,
+                                                  fused_qkv=True)),
                 MLP(args.hidden_size, args.intermediate_size // 2, bias=not args.no_bias),
                 norm,
             )

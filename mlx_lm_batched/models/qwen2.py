@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -39,7 +40,8 @@ class Model(CausalLM):
         super().__init__()
         rope = config_rope(args, args.head_dim)
         norm = lambda dims=args.hidden_size: RMSNorm(dims, args.rms_norm_eps)
-        attention_kwargs = attention_kwargs or dict(bias=True, o_bias=False)
+        attention_kwargs = attention_kwargs or dict(
+            projections=Projections(bias=True, o_bias=False))
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, args.num_key_value_heads,

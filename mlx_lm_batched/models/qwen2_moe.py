@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP, activation
-from ..layers.moe import SparseMoE, stack_experts
+from ..layers.moe import SharedExpert, SparseMoE, stack_experts
 from ..layers.norms import RMSNorm
 from ..layers.stack import CausalLM
 from .common import DecoderArgs, config_rope, init_causal_lm, type_windows
@@ -59,7 +60,8 @@ class Model(CausalLM):
         rope = config_rope(args, args.head_dim)
         layer_ropes = layer_ropes or [rope] * args.num_hidden_layers
         norm = lambda: RMSNorm(args.hidden_size, args.rms_norm_eps)
-        attention_kwargs = attention_kwargs or dict(bias=True, o_bias=False)
+        attention_kwargs = attention_kwargs or dict(
+            projections=Projections(bias=True, o_bias=False))
         act = activation(args.hidden_act)
 
         def mlp(i):
@@ -67,10 +69,11 @@ class Model(CausalLM):
                 return MLP(args.hidden_size, args.intermediate_size, act)
             shared = None
             if shared_expert and args.shared_expert_intermediate_size:
-                shared = MLP(args.hidden_size, args.shared_expert_intermediate_size, act)
+                shared = SharedExpert(
+                    MLP(args.hidden_size, args.shared_expert_intermediate_size, act), gated=True)
             return SparseMoE(args.hidden_size, args.moe_intermediate_size, args.num_experts,
                              args.num_experts_per_tok, act, normalize=args.norm_topk_prob,
-                             shared=shared, shared_gate=shared is not None)
+                             shared=shared)
 
         layers = [
             PreNormBlock(

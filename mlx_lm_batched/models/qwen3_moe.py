@@ -3,6 +3,7 @@ no shared expert, and (with ``use_sliding_window``) the window on every layer.""
 
 from dataclasses import dataclass
 
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.norms import RMSNorm
 from . import qwen2_moe
 
@@ -17,6 +18,6 @@ class ModelArgs(qwen2_moe.ModelArgs):
 class Model(qwen2_moe.Model):
     def __init__(self, args: ModelArgs, layer_ropes=None):
         super().__init__(args, shared_expert=False, layer_ropes=layer_ropes, attention_kwargs=dict(
-            bias=args.attention_bias,
-            qk_norm=lambda dims: RMSNorm(dims, args.rms_norm_eps),
+            projections=Projections(bias=args.attention_bias),
+            qk_norm=QKNorm(lambda dims: RMSNorm(dims, args.rms_norm_eps)),
         ))

@@ -12,9 +12,10 @@ from ..cache.kv import KVCache
 from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers.attention import Attention, scaled_dot_product_attention
-from ..layers.gated_delta import GatedDeltaNet
+from ..layers.attention_options import Projections, QKNorm
+from ..layers.gated_delta import DeltaHeads, GatedDeltaNet
 from ..layers.mlp import MLP, activation
-from ..layers.moe import SparseMoE, stack_experts
+from ..layers.moe import SharedExpert, SparseMoE, stack_experts
 from ..layers.norms import RMSNorm
 from ..layers.ssm import CausalConv1d, HybridBlock
 from ..layers.stack import CausalLM
@@ -54,7 +55,8 @@ class GatedAttention(Attention):
     query then its gate, and the heads' output is scaled by ``sigmoid(gate)``."""
 
     def __init__(self, hidden_size, n_heads, n_kv_heads, head_dim, rope, norm, bias=False):
-        super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, rope, bias=bias, qk_norm=norm)
+        super().__init__(hidden_size, n_heads, n_kv_heads, head_dim, rope, qk_norm=QKNorm(norm),
+                         projections=Projections(bias=bias))
         self.q_proj = nn.Linear(hidden_size, 2 * n_heads * head_dim, bias=bias)
 
 
@@ -88,14 +90,14 @@ class Model(CausalLM):
             shared = MLP(args.hidden_size, args.shared_expert_intermediate_size, act)
             return SparseMoE(args.hidden_size, args.moe_intermediate_size, args.num_experts,
                              args.num_experts_per_tok, act, normalize=args.norm_topk_prob,
-                             shared=shared, shared_gate=True)
+                             shared=SharedExpert(shared, gated=True))
 
         layers = []
         for i, kind in enumerate(args.layer_types):
             if kind == "linear_attention":
-                mixer = GatedDeltaNet(args.hidden_size, args.linear_num_key_heads,
-                                      args.linear_num_value_heads, args.linear_key_head_dim,
-                                      args.linear_value_head_dim, args.linear_conv_kernel_dim,
+                heads = DeltaHeads(args.linear_num_key_heads, args.linear_num_value_heads,
+                                   args.linear_key_head_dim, args.linear_value_head_dim)
+                mixer = GatedDeltaNet(args.hidden_size, heads, args.linear_conv_kernel_dim,
                                       args.rms_norm_eps, fused=self.fused_projections)
                 names = ("linear_attn", "mlp", "input_layernorm", "post_attention_layernorm")
             else:

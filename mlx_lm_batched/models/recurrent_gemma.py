@@ -12,6 +12,7 @@ import mlx.nn as nn
 from ..cache.rotating import RotatingKVCache
 from ..cache.state import StateCache
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.mlp import MLP, activation
 from ..layers.norms import RMSNorm
 from ..layers.rope import make_rope
@@ -119,7 +120,7 @@ class Model(CausalLM):
             else:
                 mixer = Attention(args.hidden_size, args.num_attention_heads,
                                   args.num_key_value_heads, args.head_dim, rope,
-                                  bias=args.attention_bias, o_bias=True)
+                                  projections=Projections(bias=args.attention_bias, o_bias=True))
             mlp = MLP(args.hidden_size, args.intermediate_size // 2, args.hidden_activation,
                       bias=True)
             layers.append(HybridBlock(mixer, mlp, norm, names))

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -43,7 +44,8 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim,
-                          rope if use_rope else None, bias=args.attention_bias),
+                          rope if use_rope else None,
+                          projections=Projections(bias=args.attention_bias)),
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act, args.mlp_bias),
                 norm,
             )

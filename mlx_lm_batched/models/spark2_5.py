@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ..layers.attention import OutputGatedAttention
+from ..layers.attention_options import OutputGate, Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
@@ -54,9 +55,10 @@ class Model(CausalLM):
             PreNormBlock(
                 OutputGatedAttention(args.hidden_size, args.num_attention_heads,
                                      args.num_key_value_heads, args.head_dim, ropes[t],
-                                     per_head=args.headwise_attn_output_gate,
-                                     gate_name="g_proj", gate_bias=args.attention_bias,
-                                     bias=args.attention_bias, fused_qkv=True),
+                                     OutputGate(per_head=args.headwise_attn_output_gate,
+                                                name="g_proj", bias=args.attention_bias),
+                                     projections=Projections(bias=args.attention_bias,
+                                                             fused_qkv=True)),
                 MLP(args.hidden_size, args.intermediate_size, args.hidden_act, args.mlp_bias),
                 norm,
             )

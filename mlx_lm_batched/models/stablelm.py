@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections, QKNorm
 from ..layers.blocks import ParallelBlock, PreNormBlock
 from ..layers.mlp import MLP
 from ..layers.norms import HeadwiseLayerNorm, LayerNorm
@@ -34,12 +35,13 @@ class Model(CausalLM):
         qk_norm = None
         if args.qk_layernorm:  # one bias-free LayerNorm per head, fed the whole projection
             eps = args.layer_norm_eps
-            qk_norm = lambda dims: HeadwiseLayerNorm(dims // head_dim, head_dim, eps)
+            qk_norm = QKNorm(lambda dims: HeadwiseLayerNorm(dims // head_dim, head_dim, eps),
+                             full=True, names=("q_layernorm", "k_layernorm"))
         layers = []
         for _ in range(args.num_hidden_layers):
             attn = Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                             bias=args.use_qkv_bias, o_bias=False, qk_norm=qk_norm,
-                             qk_norm_full=True, qk_norm_names=("q_layernorm", "k_layernorm"))
+                             qk_norm=qk_norm,
+                             projections=Projections(bias=args.use_qkv_bias, o_bias=False))
             mlp = MLP(args.hidden_size, args.intermediate_size, args.hidden_act)
             if args.use_parallel_residual:
                 layers.append(ParallelBlock(attn, mlp, norm, norm_names=("input_layernorm",)))

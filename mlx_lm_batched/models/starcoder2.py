@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..layers.attention import Attention
+from ..layers.attention_options import Projections
 from ..layers.blocks import PreNormBlock
 from ..layers.mlp import DenseMLP
 from ..layers.norms import LayerNorm
@@ -32,7 +33,7 @@ class Model(CausalLM):
         layers = [
             PreNormBlock(
                 Attention(args.hidden_size, args.num_attention_heads, n_kv, head_dim, rope,
-                          bias=args.use_bias),
+                          projections=Projections(bias=args.use_bias)),
                 DenseMLP(args.hidden_size, args.intermediate_size, args.hidden_act,
                          args.use_bias, names=("c_fc", "c_proj")),
                 norm,

@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..layers.attention import OutputGatedAttention
+from ..layers.attention_options import OutputGate, QKNorm
 from ..layers.blocks import PreNormBlock
 from ..layers.moe import SwitchGLU, combine_experts, topk_indices
 from ..layers.norms import RMSNorm
@@ -158,7 +159,8 @@ class Model(CausalLM):
             rope = make_rope(int(args.head_dim * partial), theta, False,
                              args.rope_scaling if yarn else None, args.max_position_embeddings)
             attn = OutputGatedAttention(args.hidden_size, heads, kv, args.head_dim, rope,
-                                        per_head=True, gate_name="g_proj", qk_norm=norm)
+                                        OutputGate(per_head=True, name="g_proj"),
+                                        qk_norm=QKNorm(norm))
             mlp = (StepMoE(args, i) if i in moe else
                    StepMLP(args.hidden_size, args.intermediate_size,
                            args.per_layer(args.swiglu_limits_shared, i)))

@@ -14,6 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..layers.attention import Attention
+from ..layers.attention_options import QKNorm
 from ..layers.mlp import MLP
 from ..layers.norms import RMSNorm
 from ..layers.rope import negated_rope
@@ -111,8 +112,8 @@ class Model(CausalLM):
         rope = negated_rope(hd, args.rope_theta)
         norm = lambda dims=d: RMSNorm(dims, args.rms_norm_eps, affine=False)
         layers = [
-            GainBlock(HeadGainAttention(d, args.num_attention_heads, args.num_attention_heads,
-                                        hd, rope, qk_norm=norm, qk_norm_after_rope=True),
+            GainBlock(HeadGainAttention(d, args.num_attention_heads, args.num_attention_heads, hd,
+                                        rope, qk_norm=QKNorm(norm, after_rope=True)),
                       MLP(d, args.intermediate_size), norm())
             for _ in range(args.num_hidden_layers)
         ]
