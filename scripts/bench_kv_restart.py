@@ -64,17 +64,26 @@ def turn(client, system, question, max_tokens):
             "cached_tokens": cached}
 
 
-def wait_on_disk(port):
-    """Block files written and none queued, per ``/metrics``: the gauges when so."""
+def block_size(server_args):
+    """The server's ``--kv-block-size`` among ``server_args`` (its default, 32, if absent)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--kv-block-size", type=int, default=32)
+    return p.parse_known_args(server_args)[0].kv_block_size
+
+
+def wait_on_disk(port, blocks):
+    """At least ``blocks`` block files written and none queued, per ``/metrics``: the
+    gauges when so. (A finished row's blocks reach the store after its answer, so the
+    queue may be empty before the last of them is queued: count them too.)"""
     deadline = time.monotonic() + DISK_WAIT_S
     while True:
         m = metrics(port)
         on_disk = m.get(PREFIX + "kv_blocks_on_disk", 0)
         queued = m.get(PREFIX + "kv_blocks_disk_write_queue_bytes", 0)
-        if on_disk > 0 and queued == 0:
+        if on_disk >= blocks and queued == 0:
             return {"blocks_on_disk": on_disk, "disk_bytes": m.get(PREFIX + "kv_blocks_disk_bytes")}
         if time.monotonic() > deadline:
-            raise SystemExit(f"blocks not on disk after {DISK_WAIT_S} s: {on_disk} files, "
+            raise SystemExit(f"blocks not on disk after {DISK_WAIT_S} s: {on_disk} of {blocks} files, "
                              f"{queued} bytes queued")
         time.sleep(0.2)
 
@@ -87,7 +96,8 @@ def run(args, disk_dir):
         proc, port, client = serve(args.model, disk_dir, args.server_args)
         procs.append(proc)
         cold = turn(client, system, question, args.max_tokens)
-        cold["disk"] = wait_on_disk(port)
+        # The prompt's full blocks (the answer's tokens may add more).
+        cold["disk"] = wait_on_disk(port, cold["prompt_tokens"] // block_size(args.server_args))
         proc.kill()  # SIGKILL: nothing is flushed on the way out
         proc.wait()
         proc, port, client = serve(args.model, disk_dir, args.server_args)
