@@ -66,6 +66,7 @@ def test_installed_and_named_where_a_compiler_and_a_blas_are():
 @pytest.mark.parametrize("K", [1, 15, 16, 17, 64, 200, 576])
 def test_values_match_float64_for_every_block_shape(serve_up_to, K):
     # Rows 1..19 and 64 cover the 8x3 blocks and the 4x4, 2x8 and 1x8 ones for the rows
+    # (AVX-512; on AVX2 the 4x1 blocks and the 2x2 and 1x3 ones)
     # left over; N values cover partial blocks of B's rows; K the 16-lane tail.
     serve_up_to(64)
     rng = np.random.default_rng(K)
@@ -107,6 +108,27 @@ def test_a_row_gets_the_same_bits_alone_and_among_others(serve_up_to):
     # The same row at every position of a block of 8, and in the leftover blocks.
     shuffled = rows[::-1].copy()
     assert np.array_equal(product(shuffled[:27], w), alone[::-1][:27])
+
+
+def test_a_row_with_a_bias_gets_the_same_bits_alone_and_among_others(serve_up_to):
+    """``addmm`` (C is passed to the kernel with beta) gives a row the same bits in every
+    block shape for any alpha and beta: the beta term is one explicit fused multiply-add,
+    not left to where the compiler inlined the store (with alpha 0.7 and beta 0.3 rows
+    differed alone and among others before; alpha = beta = 1, a linear layer's bias,
+    did not)."""
+    serve_up_to(64)
+    rng = np.random.default_rng(3)
+    for K in (17, 576):
+        w = mx.array(rng.standard_normal((203, K), dtype=np.float32))
+        bias = mx.array(rng.standard_normal((203,), dtype=np.float32))
+        rows = mx.array(rng.standard_normal((32, K), dtype=np.float32))
+        with mx.stream(mx.cpu):
+            for alpha, beta in ((1.0, 1.0), (0.7, 0.3)):
+                alone = [np.array(mx.addmm(bias, rows[i:i + 1], w.T, alpha=alpha, beta=beta))
+                         for i in range(32)]
+                for M in (2, 3, 4, 5, 7, 8, 13, 32):
+                    got = np.array(mx.addmm(bias, rows[:M], w.T, alpha=alpha, beta=beta))
+                    assert np.array_equal(got, np.concatenate(alone[:M])), (K, M, alpha)
 
 
 THREADS_PROBE = r'''
