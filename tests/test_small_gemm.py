@@ -66,8 +66,8 @@ def test_installed_and_named_where_a_compiler_and_a_blas_are():
 @pytest.mark.parametrize("K", [1, 15, 16, 17, 64, 200, 576])
 def test_values_match_float64_for_every_block_shape(serve_up_to, K):
     # Rows 1..19 and 64 cover the 8x3 blocks and the 4x4, 2x8 and 1x8 ones for the rows
-    # (AVX-512; on AVX2 the 4x1 blocks and the 2x2 and 1x3 ones)
-    # left over; N values cover partial blocks of B's rows; K the 16-lane tail.
+    # left over (AVX-512; on AVX2 the 4x1 blocks and the 2x2 and 1x3 ones); N values
+    # cover partial blocks of B's rows; K the 16-lane tail.
     serve_up_to(64)
     rng = np.random.default_rng(K)
     for N in (1, 5, 23, 100, 1537):
