@@ -175,6 +175,30 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
     return lanes;
   };
   int c = 0;
+#ifdef MLXLMB_AVX2_HALVES
+  /* AVX2: each score in 8-float halves (lanes.h), the same products, sums and order
+   * (hsum16 adds each lane as hsum1 does): the 16-key block's 16 accumulators spilled. */
+  auto dot_halves = [&](const float* qh, const float* kj) {
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (int d = 0; d < full; d += VW) {
+      lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(kj + d)));
+      hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(qh + d + 8),
+                                           _mm256_loadu_ps(kj + d + 8)));
+    }
+    if (full < D) {
+      const int t = D - full;
+      lo = _mm256_add_ps(lo, _mm256_mul_ps(half_tail(qh + full, t), half_tail(kj + full, t)));
+      const __m256 qt = t > 8 ? half_tail(qh + full + 8, t - 8) : _mm256_setzero_ps();
+      const __m256 kt = t > 8 ? half_tail(kj + full + 8, t - 8) : _mm256_setzero_ps();
+      hi = _mm256_add_ps(hi, _mm256_mul_ps(qt, kt));
+    }
+    return hsum_halves(lo, hi);
+  };
+  for (; c < n; c++) {
+    const float* kj = contiguous_row(at.k[c], at.k_step[c], D, key_scratch);
+    for (int h = 0; h < G; h++) scores[h * n + c] = dot_halves(qs + h * D, kj);
+  }
+#endif
   for (; c + VW <= n; c += VW) {
     const float* rows[VW];
     for (int i = 0; i < VW; i++)

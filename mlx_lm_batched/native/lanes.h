@@ -49,4 +49,26 @@ static inline vf hsum16(const vf *acc) {
   return pairsum(s3[0], s3[1], l4, h4);
 }
 
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+/* AVX2 (16 registers of 8 floats): a 16-lane vector is two registers, and GCC lowers
+ * blocks of them (many accumulators, hsum16's shuffles) into copies through the stack.
+ * The kernels' AVX2 paths hold each 16-lane value as a low and a high half (lanes 0-7,
+ * 8-15), do the same operations on both, and sum them in the order above: the same
+ * bits, in registers. */
+#include <immintrin.h>
+#define MLXLMB_AVX2_HALVES 1
+/* Floats p[0 .. n) of 8 (n < 8: zeros after, as load_tail). */
+static inline __m256 half_tail(const float *p, int n) {
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes));
+}
+/* hsum1 of the 16-lane value (lo, hi): l + (l + 8), then + 4, + 2, + 1. */
+static inline float hsum_halves(__m256 lo, __m256 hi) {
+  __m256 s8 = _mm256_add_ps(lo, hi);
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4)); /* s4[0] + s4[2], s4[1] + s4[3] */
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+#endif
+
 #endif

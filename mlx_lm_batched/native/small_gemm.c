@@ -41,26 +41,11 @@ static inline void store(float *c, float dot, float alpha, float beta) {
 #define NR 3 /* rows of B per block */
 
 
-#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-/* AVX2 (16 registers of 8 floats): GCC lowers the 16-lane vectors above into shuffles
- * through the stack there (a 16-row call ran at 10 GFLOP/s, 7x slower than OpenBLAS), so
- * the blocks are written with 8-float registers: each 16-lane accumulator is a low and a
- * high half (lanes 0-7, 8-15), fed the same fused multiply-adds, zeros past K included,
- * and summed in lanes.h's order (lane l with l + 8, then l + 4, l + 2, l + 1): the same
- * bits as the 16-lane code, in registers. */
+#ifdef MLXLMB_AVX2_HALVES
+/* AVX2: blocks in 8-float halves (lanes.h): a 16-row call ran at 10 GFLOP/s with the
+ * 16-lane vectors, 7x slower than OpenBLAS. Each accumulator's halves get the same fused
+ * multiply-adds, zeros past K included, and hsum1's order: the same bits. */
 #define AVX2_BLOCKS 1
-static inline __attribute__((always_inline)) __m256 tail_half(const float *p, int n) {
-  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes);
-  return _mm256_maskload_ps(p, mask);
-}
-static inline __attribute__((always_inline)) float hsum_halves(__m256 lo, __m256 hi) {
-  __m256 s8 = _mm256_add_ps(lo, hi);                                     /* l + (l + 8) */
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)); /* + 4 */
-  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));        /* s4[0] + s4[2], s4[1] + s4[3] */
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
-}
 static inline __attribute__((always_inline)) void block(
     const int mr, const int nr, int K, const float *A, int lda, const float *B, int ldb,
     const float *next, float *C, int ldc, float alpha, float beta) {
@@ -87,12 +72,12 @@ static inline __attribute__((always_inline)) void block(
     int n = K - k;
     __m256 bl[4], bh[4];
     for (int j = 0; j < nr; j++) {
-      bl[j] = tail_half(B + (size_t)j * ldb + k, n);
-      bh[j] = n > 8 ? tail_half(B + (size_t)j * ldb + k + 8, n - 8) : _mm256_setzero_ps();
+      bl[j] = half_tail(B + (size_t)j * ldb + k, n);
+      bh[j] = n > 8 ? half_tail(B + (size_t)j * ldb + k + 8, n - 8) : _mm256_setzero_ps();
     }
     for (int i = 0; i < mr; i++) {
-      __m256 al = tail_half(A + (size_t)i * lda + k, n);
-      __m256 ah = n > 8 ? tail_half(A + (size_t)i * lda + k + 8, n - 8) : _mm256_setzero_ps();
+      __m256 al = half_tail(A + (size_t)i * lda + k, n);
+      __m256 ah = n > 8 ? half_tail(A + (size_t)i * lda + k + 8, n - 8) : _mm256_setzero_ps();
       for (int j = 0; j < nr; j++) {
         lo[i * nr + j] = _mm256_fmadd_ps(al, bl[j], lo[i * nr + j]);
         hi[i * nr + j] = _mm256_fmadd_ps(ah, bh[j], hi[i * nr + j]);
