@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from .part_checks import require_positive_integers
 from .ssm import CausalConv1d, GatedRMSNorm, base_cache, column_validity
 
 
@@ -59,9 +60,7 @@ class DeltaHeads:
     v_dim: int
 
     def __post_init__(self):
-        for name, value in vars(self).items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"DeltaHeads {name} must be a positive integer, got {value!r}")
+        require_positive_integers(self)
 
     @property
     def sizes(self):

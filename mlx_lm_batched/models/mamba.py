@@ -10,6 +10,7 @@ import mlx.nn as nn
 
 from ..cache.state import StateCache
 from ..layers.norms import RMSNorm
+from ..layers.part_checks import require_positive_integers
 from ..layers.ssm import (
     CausalConv1d,
     base_cache,
@@ -63,9 +64,7 @@ class SSMDims:
     kernel: int
 
     def __post_init__(self):
-        for name, value in vars(self).items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"SSMDims {name} must be a positive integer, got {value!r}")
+        require_positive_integers(self)
 
 
 class MambaMixer(nn.Module):

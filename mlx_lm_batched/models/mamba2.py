@@ -7,6 +7,7 @@ from typing import Optional, Union
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..layers.part_checks import require_positive_integers
 from ..layers.ssm import (
     CausalConv1d,
     GatedRMSNorm,
@@ -53,9 +54,7 @@ class SSDDims:
     kernel: int
 
     def __post_init__(self):
-        for name, value in vars(self).items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"SSDDims {name} must be a positive integer, got {value!r}")
+        require_positive_integers(self)
 
 
 @dataclass(frozen=True)
