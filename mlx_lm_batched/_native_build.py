@@ -53,9 +53,9 @@ def sleeping_openmp_threads():
     Our kernels open a parallel region per matmul (hundreds per decode step). With
     libgomp's default, a thread that finished its share spins for its partner; when the
     cores are shared (two processes, a busy machine) the partner is often descheduled
-    and the spinning takes the core it needs: two processes each decoding 8 rows on
-    this 2-core machine took 90 s instead of 39 s, while one process alone ran as fast
-    sleeping as spinning (20.8 vs 22.7 s; ``scripts/bench_openmp_wait.py``). A value the
+    and the spinning takes the core it needs: two processes each decoding 8 rows on a
+    2-core machine took 109.6 s spinning and 43.0 s sleeping, one process alone 21.0 and
+    21.8 s (``scripts/bench_openmp_wait.py``, docs/performance.md). A value the
     user set is kept; the variable is restored afterwards, so other OpenMP runtimes
     loaded later (torch's) and child processes see the environment they had.
     """

@@ -26,9 +26,9 @@ Environment:
 - ``MLX_LM_BATCHED_SMALL_GEMM_ROWS``: the most rows it computes itself (default 32: a
   decode step of SmolLM2-135M ran 1.17-1.27x faster at 16 rows than with OpenBLAS's packed
   kernels, 1.06-1.09x at 32, the same at 64 (Intel, AVX-512); on an AVX2-only AMD EPYC
-  all of its products ran 1.7-2.4x faster than OpenBLAS at 1-8 rows, the same at 16,
-  0.77x at 32, and decode steps of 16 and 32 rows took the same time either way;
-  measured with scripts/bench_small_gemm.py).
+  all of its products ran 1.15-2.6x faster than OpenBLAS at 1-4 rows, 1.06x at 16, 0.75x
+  at 32, and decode steps of 16 and 32 rows took about the same time either way;
+  measured with scripts/bench_small_gemm.py, docs/performance.md).
 - ``MLX_LM_BATCHED_GEMM_THREADS``: its threads (default: the usable cores, at most 8,
   divided among the ranks of a distributed launch on the same machine).
 - ``CC``: the compiler (default ``cc``).

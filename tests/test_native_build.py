@@ -4,6 +4,8 @@ again; a changed source is a new key and builds again."""
 
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -60,8 +62,6 @@ def test_kernel_threads_sleep_when_idle_unless_the_user_says_otherwise(user_valu
     """The kernels' OpenMP runtime loads with passive waiting (two processes on shared
     cores ran 2.5x slower spinning), the variable is not left in the environment for
     child processes, and a value the user set wins."""
-    import subprocess
-    import sys
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     if user_value:
         env["OMP_WAIT_POLICY"] = user_value

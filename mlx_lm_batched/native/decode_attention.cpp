@@ -168,17 +168,12 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
    * L1, and the 16 dot products' lanes are added by one transposed tree (hsum16, the
    * same order as hsum1 for the keys left over). */
   const int full = D - D % VW;
-  auto dot_lanes = [&](const float* qh, const float* kj) {
-    vf lanes = {0};
-    for (int d = 0; d < full; d += VW) lanes += load(qh + d) * load(kj + d);
-    if (full < D) lanes += load_tail(qh + full, D - full) * load_tail(kj + full, D - full);
-    return lanes;
-  };
   int c = 0;
 #ifdef MLXLMB_AVX2_HALVES
-  /* AVX2: each score in 8-float halves (lanes.h), the same products, sums and order
-   * (hsum16 adds each lane as hsum1 does): the 16-key block's 16 accumulators spilled. */
-  auto dot_halves = [&](const float* qh, const float* kj) {
+  /* AVX2: every key alone, each score in 8-float halves (lanes.h): the same products,
+   * sums and order (hsum16 adds each lane as hsum1 does); the 16-key block's 16-lane
+   * accumulators spilled. */
+  auto dot = [&](const float* qh, const float* kj) {
     __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
     for (int d = 0; d < full; d += VW) {
       lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(kj + d)));
@@ -194,11 +189,14 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
     }
     return hsum_halves(lo, hi);
   };
-  for (; c < n; c++) {
-    const float* kj = contiguous_row(at.k[c], at.k_step[c], D, key_scratch);
-    for (int h = 0; h < G; h++) scores[h * n + c] = dot_halves(qs + h * D, kj);
-  }
-#endif
+#else
+  auto dot_lanes = [&](const float* qh, const float* kj) {
+    vf lanes = {0};
+    for (int d = 0; d < full; d += VW) lanes += load(qh + d) * load(kj + d);
+    if (full < D) lanes += load_tail(qh + full, D - full) * load_tail(kj + full, D - full);
+    return lanes;
+  };
+  auto dot = [&](const float* qh, const float* kj) { return hsum1(dot_lanes(qh, kj)); };
   for (; c + VW <= n; c += VW) {
     const float* rows[VW];
     for (int i = 0; i < VW; i++)
@@ -210,9 +208,10 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
       store_vector(scores + h * n + c, sums);
     }
   }
-  for (; c < n; c++) {
+#endif
+  for (; c < n; c++) {  /* the keys left over (on AVX2, every key) */
     const float* kj = contiguous_row(at.k[c], at.k_step[c], D, key_scratch);
-    for (int h = 0; h < G; h++) scores[h * n + c] = hsum1(dot_lanes(qs + h * D, kj));
+    for (int h = 0; h < G; h++) scores[h * n + c] = dot(qs + h * D, kj);
   }
 
   /* Softmax numerators and their sums, per query head. */

@@ -37,15 +37,10 @@ static inline void store(float *c, float dot, float alpha, float beta) {
   *c = beta == 0.0f ? v : __builtin_fmaf(beta, *c, v);
 }
 
-#define MR 8 /* rows of A per block */
-#define NR 3 /* rows of B per block */
-
-
 #ifdef MLXLMB_AVX2_HALVES
 /* AVX2: blocks in 8-float halves (lanes.h): a 16-row call ran at 10 GFLOP/s with the
  * 16-lane vectors, 7x slower than OpenBLAS. Each accumulator's halves get the same fused
  * multiply-adds, zeros past K included, and hsum1's order: the same bits. */
-#define AVX2_BLOCKS 1
 static inline __attribute__((always_inline)) void block(
     const int mr, const int nr, int K, const float *A, int lda, const float *B, int ldb,
     const float *next, float *C, int ldc, float alpha, float beta) {
@@ -88,6 +83,9 @@ static inline __attribute__((always_inline)) void block(
     store(C + (size_t)(q / nr) * ldc + q % nr, hsum_halves(lo[q], hi[q]), alpha, beta);
 }
 #else
+#define MR 8 /* rows of A per block */
+#define NR 3 /* rows of B per block */
+
 /* One block of mr rows of A by nr rows of B (compile-time constants once inlined). */
 static inline __attribute__((always_inline)) void block(
     const int mr, const int nr, int K, const float *A, int lda, const float *B, int ldb,
@@ -162,8 +160,10 @@ static __attribute__((noinline)) void one_by_one(int mr, int nr, int K, const fl
 static void rows_of_b(int M, int n0, int n1, int K, float alpha, const float *A, int lda,
                       const float *B, int ldb, float beta, float *C, int ldc) {
   int m = 0;
-#ifdef AVX2_BLOCKS
-  for (; m + 4 <= M; m += 4) SWEEP(4, 1); /* 8 accumulators + 2 of B + 2 of A: 12 of 16 registers (4 x 1 was the fastest of 2x2, 3x2, 2x3, 4x1) */
+#ifdef MLXLMB_AVX2_HALVES
+  /* 8 accumulators + 2 of B + 2 of A: 12 of 16 registers (the fastest of 2x2, 3x2, 2x3
+   * and 4x1); rows left over: smaller blocks, same values. */
+  for (; m + 4 <= M; m += 4) SWEEP(4, 1);
   for (; m + 2 <= M; m += 2) SWEEP(2, 2);
   for (; m < M; m++) SWEEP(1, 3);
 #else
