@@ -251,10 +251,12 @@ def test_a_finished_row_keeps_its_head_and_stores_only_its_own_blocks(smol):
             assert a.shape == b.shape and mx.array_equal(a, b).item()
 
 
-def test_rows_on_a_cached_prefix_start_several_per_step(smol, row_invariant_matmuls):
+def test_rows_on_a_cached_prefix_start_one_per_step_with_their_first_tokens(
+        smol, row_invariant_matmuls):
     """While a row decodes, rows continued from stored blocks (each prefilled alone) start
-    several in one step, within the step's prefill budget, and each gives the tokens and
-    logprob bits it gives alone."""
+    one per step, and each row's first token comes with the step right after its prefill
+    (not after the prefills of the rows behind it); each gives the tokens and logprob bits
+    it gives alone."""
     model, ids = smol
     _, _, cache, tokens = generate(model, text(ids, 8 * B + 5, 300), n=1)
     prefix = make_prefix_cache(model, block_size=B)
@@ -268,15 +270,19 @@ def test_rows_on_a_cached_prefix_start_several_per_step(smol, row_invariant_matm
     uids = gen.insert([rest for _, rest in fetched], max_tokens=[6] * 5,
                       caches=[c for c, _ in fetched], all_tokens=[f[:8 * B] for f in follows])
     out = {u: ([], []) for u in uids + first}
-    started_per_step = []
+    started_at, first_token_at, step = {}, {}, 0
     while any(len(t) < 6 for u, (t, _) in out.items() if u in uids):
         prompt_responses, responses = gen.next()
-        started_per_step.append(sum(p.end_of_prompt for p in prompt_responses))
+        step += 1
+        started_at.update((p.uid, step) for p in prompt_responses if p.end_of_prompt)
         for r in responses:
+            first_token_at.setdefault(r.uid, step)
             out[r.uid][0].append(r.token)
             out[r.uid][1].append(np.array(r.logprobs))
     gen.close()
-    assert max(started_per_step) >= 2, started_per_step  # several rows started in one step
+    assert sorted(started_at) == sorted(uids)
+    assert len(set(started_at.values())) == len(uids), started_at  # one row per step
+    assert all(first_token_at[u] == started_at[u] + 1 for u in uids), (started_at, first_token_at)
     for f, (c, rest), u in zip(follows, fetched, uids):
         alone, lp, _, _ = generate(model, rest, n=6, cache=prefix.fetch_nearest_cache(model, f)[0],
                                    prefix=f[:8 * B])

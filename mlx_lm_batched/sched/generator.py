@@ -414,9 +414,11 @@ class BatchGenerator:
         self._admit()
         # While rows decode, a step's prefill calls feed up to ``prefill_tokens_per_step``
         # prompt tokens (rows x columns); unbounded, its first call is a whole chunk and
-        # further calls fill up to ``prefill_step_size``. A call that ends a segment (a
-        # prompt's last token is a segment of its own) ends the step, as does, with none
-        # decoding, a batch that joins (the caller may extract the cache there).
+        # further calls fill up to ``prefill_step_size``. A prefill that finishes ends the
+        # step: its rows' first tokens are reported at the start of the next step (one
+        # decode step later), not after the next prefills of this one. Rows that prefill
+        # alone (a later turn continuing its cached prefix) thus start one per step, each
+        # with its own first token as soon as it is computed.
         limit = self.options.prefill_tokens_per_step
         step_budget, spent = limit or self.options.prefill_step_size, 0
         while self._prefills:
@@ -431,15 +433,13 @@ class BatchGenerator:
             if any(r.end_of_segment and (not decoding or self._rows[r.uid].cut_at_segments)
                    for r in chunk):
                 break
+            if job.done and self._decoding():
+                break  # its rows joined decoding
             if not decoding:
-                if self._decoding():
-                    break
                 continue
             spent += max(1, sum(job.fed) + job.padding_tokens - before)
             if spent >= step_budget or self._decoding() >= self.completion_batch_size:
                 break
-            if job.done:
-                self._admit()  # its rows joined decoding: room for the next queued rows
         return prompt_responses, generation_responses
 
     def next(self):
