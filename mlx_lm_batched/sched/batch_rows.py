@@ -95,3 +95,16 @@ class Batch:
         # A speculative step's third part lists each row's kept drafts.
         return tuple(None if x is None else [x[i] for i in keep] if isinstance(x, list)
                      else x[idx] for x in pending)
+
+    def join(self, other, first_step):
+        """Append the rows of ``other`` (a finished prefill, its dead rows dropped) to
+        this decode batch: its engine's rows and caches, and ``first_step``, the queued
+        ``(tokens, logprobs, ...)`` of their first step, after this batch's ``pending``."""
+        if self.dead:
+            self.pending = self.drop_dead(self.pending)
+        self.engine.extend(other.engine)
+        y, logprobs = self.pending[:2]
+        self.pending = (mx.concatenate([y, first_step[0].astype(y.dtype)]),
+                        None if logprobs is None else mx.concatenate(
+                            [logprobs, first_step[1].astype(logprobs.dtype)]),
+                        *[a + b for a, b in zip(self.pending[2:], first_step[2:])])

@@ -29,17 +29,14 @@ import mlx.core as mx
 
 from ..cache import row_caches
 from ..cache.factory import make_prompt_cache
-from ..engine.batch_engine import BatchEngine
-from ..engine.prefill_plan import left_pad
-from ..engine.sampling import RowSampling
-from ..engine.speculative import SpeculativeEngine, make_drafter
 from ..layers.lora import adapter_slot_count
 from ..sampling.samplers import greedy_sampler
 from ..sampling.stop_sequences import StopSequences
 from . import suspension
 from .admission import build_rows, requests_from_lists
 from .options import GeneratorOptions
-from .batch_rows import Batch, PromptResponse, Response
+from .batch_rows import PromptResponse, Response
+from .prefill_start import start_prefill
 from .stats import BatchCounters, BatchCountersSnapshot, BatchStats
 
 
@@ -273,24 +270,7 @@ class BatchGenerator:
             self._prefills.append(self._start_prefill(group))
 
     def _start_prefill(self, rows):
-        cache = rows[0].cache if len(rows) == 1 else None
-        cache = row_caches.copy_cache(cache) if row_caches.cache_length(cache) else None
-        sampling = RowSampling([r.sampling for r in rows], self.options.return_logprobs, self.token_hook)
-        engine = BatchEngine(self.model, cache, max_kv_size=self.options.max_kv_size,
-                             prefill_step_size=self.options.prefill_step_size, sampling=sampling,
-                             row_ids=[r.uid for r in rows], kv_quant=self.kv_quant,
-                             adapters=[r.adapter for r in rows])
-        o = self.options
-        if o.speculative:
-            engine = SpeculativeEngine(engine, make_drafter(
-                o.draft_model, o.prompt_lookup, max_kv_size=o.max_kv_size,
-                prefill_step_size=o.prefill_step_size), o.num_draft_tokens)
-        tokens, padding = left_pad([r.prompt for r in rows])
-        engine.reserve(max(r.max_tokens for r in rows))
-        cuts = rows[0].boundaries if len(rows) == 1 and rows[0].cut_at_segments else ()
-        score = {i: r.prompt_logprobs for i, r in enumerate(rows) if r.prompt_logprobs is not None}
-        return Batch(engine, job=engine.start_prefill(tokens, padding, cuts=cuts,
-                                                      score=score or None))
+        return start_prefill(self.model, rows, self.options, self.token_hook)
 
     def _prefill_call(self, token_budget=None):
         """One model call of the oldest prefill (within ``token_budget`` prompt tokens);
@@ -324,19 +304,11 @@ class BatchGenerator:
     def _join(self, batch, first_step):
         if batch.dead:  # rows removed while they were prefilled
             first_step = batch.drop_dead(first_step)
-        decode = self._decode
-        if decode is None:
+        if self._decode is None:
             batch.job, batch.pending = None, first_step
             self._decode = batch
-            return
-        if decode.dead:
-            decode.pending = decode.drop_dead(decode.pending)
-        decode.engine.extend(batch.engine)
-        y, logprobs = decode.pending[:2]
-        decode.pending = (mx.concatenate([y, first_step[0].astype(y.dtype)]),
-                          None if logprobs is None else mx.concatenate(
-                              [logprobs, first_step[1].astype(logprobs.dtype)]),
-                          *[a + b for a, b in zip(decode.pending[2:], first_step[2:])])
+        else:
+            self._decode.join(batch, first_step)
 
     def _decode_step(self):
         """Feed the queued tokens, queue the next step, and report the fed tokens."""
