@@ -2,11 +2,9 @@
 
 import glob
 import hashlib
-import json
 import os
 import shutil
 import tempfile
-import warnings
 from pathlib import Path
 
 import mlx.core as mx
@@ -17,99 +15,11 @@ from .adapters import load_adapters
 from .config_checks import check_config_fields
 from .dequantize import cast_floats, dequantize_dtype, dequantize_for_device, dequantize_model
 from .mlx_lm_layout import from_mlx_lm_weights, module_quantization
+from .model_files import (  # noqa: F401  (mlx-lm names, also imported from here)
+    HUB_PATTERNS, ModelLoadError, generation_eos, get_model_path, hf_repo_to_path, load_config,
+    one_line)
 from .quant_formats import compressed_tensors_quantization
 from .remote_code import model_file_classes
-
-HUB_PATTERNS = [
-    "*.json",
-    "*.safetensors",
-    "*.py",
-    "tokenizer.model",
-    "*.tiktoken",
-    "*.txt",
-    "*.jsonl",
-    "*.jinja",
-]
-
-
-class ModelLoadError(ValueError):
-    """A model path, repo or file that cannot be loaded; the message says why."""
-
-
-def get_model_path(path_or_hf_repo, revision=None):
-    """Local directory for a model: the path itself, or a hub snapshot.
-
-    Honours ``HF_HUB_OFFLINE``: an uncached repo then fails with a clear error
-    instead of a network attempt.
-    """
-    path = Path(os.path.expanduser(path_or_hf_repo))
-    if path.exists():
-        return path
-    if path_or_hf_repo.startswith((".", "/", "~")) or path_or_hf_repo.count("/") != 1:
-        raise ModelLoadError(f"model path '{path_or_hf_repo}' does not exist")
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
-    try:
-        return Path(
-            snapshot_download(path_or_hf_repo, revision=revision, allow_patterns=HUB_PATTERNS)
-        )
-    except LocalEntryNotFoundError:
-        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-        why = "HF_HUB_OFFLINE is set" if offline else "the hub could not be reached"
-        raise ModelLoadError(
-            f"'{path_or_hf_repo}' is not a local path and is not in the Hugging Face cache ({why})"
-        ) from None
-    except HfHubHTTPError as e:
-        raise ModelLoadError(f"cannot download '{path_or_hf_repo}': {str(e).splitlines()[0]}") from None
-
-
-def load_config(model_path):
-    """The model's ``config.json`` as a dict (``ModelLoadError`` naming the file if
-    it is missing, unreadable, not JSON or not a JSON object)."""
-    path = Path(model_path) / "config.json"
-    if not path.exists():
-        raise ModelLoadError(f"no config.json in '{model_path}': not a model directory")
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f, object_hook=_untag_float)
-    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ModelLoadError(f"cannot read '{path}': {_one_line(e)}") from None
-    if not isinstance(config, dict):
-        raise ModelLoadError(f"'{path}' must hold a JSON object, got {type(config).__name__}")
-    return config
-
-
-# transformers writes a non-finite float as {"__float__": "Infinity"} (config.json stays
-# JSON for every parser; e.g. Mamba-2's time_step_limit): read back as the float.
-_FLOAT_TAGS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
-
-
-def _untag_float(obj):
-    if len(obj) == 1 and obj.get("__float__") in _FLOAT_TAGS:
-        return _FLOAT_TAGS[obj["__float__"]]
-    return obj
-
-
-def _one_line(error):
-    """An exception's message on one line (callers often print only the first)."""
-    return " ".join(str(error).split()) or type(error).__name__
-
-
-def generation_eos(model_path):
-    """``eos_token_id`` of ``generation_config.json``, or None (absent, or unusable:
-    then a warning names the file and config.json's EOS is used)."""
-    path = Path(model_path) / "generation_config.json"
-    if not path.exists():
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        warnings.warn(f"ignoring '{path}': {_one_line(e)}", stacklevel=3)
-        return None
-    return data.get("eos_token_id") if isinstance(data, dict) else None
-
 
 def quantization_config(config):
     """The MLX quantization settings in ``config`` (mlx-lm layout), or None."""
@@ -149,11 +59,6 @@ def quantize_like(model, weights, qconfig):
         mode=qconfig.get("mode", "affine"),
         class_predicate=predicate,
     )
-
-
-def hf_repo_to_path(hf_repo):
-    """mlx-lm's name: the local snapshot directory of a Hugging Face repo."""
-    return get_model_path(hf_repo)
 
 
 def get_model_classes(config):
@@ -227,7 +132,7 @@ def model_from_weights(config, weights, strict=True, lazy=False, source="config.
     except (ValueError, TypeError, KeyError, AttributeError, ZeroDivisionError) as e:
         # A config the checks let through but the architecture cannot build.
         raise ModelLoadError(f"{source}: not a valid '{config['model_type']}' config: "
-                             f"{type(e).__name__}: {_one_line(e)}") from None
+                             f"{type(e).__name__}: {one_line(e)}") from None
     try:
         if hasattr(model, "sanitize"):  # a custom architecture may have none (mlx-lm)
             weights = model.sanitize(weights)
@@ -237,7 +142,7 @@ def model_from_weights(config, weights, strict=True, lazy=False, source="config.
             quantize_like(model, weights, module_quantization(config.get("model_type"), qconfig))
     except (ValueError, TypeError, KeyError, IndexError) as e:
         raise ModelLoadError(f"{weights_source or source}: weights do not fit the config: "
-                             f"{type(e).__name__}: {_one_line(e)}") from None
+                             f"{type(e).__name__}: {one_line(e)}") from None
     if strict:
         _check_weights(model, weights, weights_source or source)
     model.load_weights(list(weights.items()), strict=False)
@@ -261,7 +166,7 @@ def load_weights(model_path):
         try:
             weights.update(mx.load(f))
         except (RuntimeError, ValueError, OSError) as e:  # truncated, corrupt, unreadable
-            raise ModelLoadError(f"cannot read weights '{f}': {_one_line(e)}") from None
+            raise ModelLoadError(f"cannot read weights '{f}': {one_line(e)}") from None
     return weights
 
 
@@ -434,4 +339,4 @@ def _load_tokenizer(model_path, tokenizer_config, eos):
                               tool_markup=tool_markup)
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
         raise ModelLoadError(f"cannot load the tokenizer in '{model_path}': "
-                             f"{type(e).__name__}: {_one_line(e)}") from None
+                             f"{type(e).__name__}: {one_line(e)}") from None
