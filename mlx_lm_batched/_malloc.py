@@ -30,6 +30,7 @@ with a C library other than glibc (musl has no ``mallopt``).
 import ctypes
 import os
 import sys
+import time
 
 ENV = "MLX_LM_BATCHED_MALLOC"
 CHOICES = ("auto", "system")
@@ -85,6 +86,77 @@ def configure(choice=None):
     configured = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
         mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     return configured
+
+
+class _MallInfo2(ctypes.Structure):
+    # glibc's struct mallinfo2 (2.33+): ten size_t fields, fordblks the free bytes.
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def heap_free_bytes():
+    """Bytes of freed memory the heap holds (glibc's ``mallinfo2().fordblks``, every
+    arena), or None where that cannot be read (not glibc, glibc before 2.33)."""
+    if not supported():
+        return None
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+    return int(mallinfo2().fordblks)
+
+
+def release_free_heap():
+    """Give the heap's free pages back to the system (glibc's ``malloc_trim(0)``: the
+    free memory at the top of each arena and the whole free pages inside them). Returns
+    True when some memory was released; False off glibc or with
+    ``MLX_LM_BATCHED_MALLOC=system`` (which leaves malloc alone)."""
+    if requested() == "system" or not supported():
+        return False
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = (ctypes.c_size_t,)
+    return bool(trim(0))
+
+
+class HeapRelease:
+    """Releases the heap's free memory after rows leave, for a serving loop.
+
+    The trim threshold above keeps freed memory mapped so that the next forward pass
+    reuses it without page faults; a server whose requests come and go would then keep
+    the memory of its largest moment for good (a resident size well above the arrays it
+    holds). Call :meth:`rows_left` when rows leave the batch (their caches freed) and
+    :meth:`tick` once per loop: the free heap is released at the first tick at least
+    ``every_s`` seconds after the previous release, when more than ``min_free_bytes`` of
+    it is free. A decode step's own temporaries, freed and reused every step, are not
+    released while no row leaves; the page faults after a release cost far less than a
+    step."""
+
+    def __init__(self, every_s=1.0, min_free_bytes=64 << 20):
+        self.every_s, self.min_free_bytes = every_s, min_free_bytes
+        self.due = False
+        self.releases = 0  # times memory was released
+        self._last = float("-inf")
+
+    def rows_left(self):
+        """Rows left the batch: release the free heap at a coming tick."""
+        self.due = True
+
+    def tick(self):
+        """Release the free heap if due; returns True when it did."""
+        now = time.monotonic()
+        if not self.due or now - self._last < self.every_s:
+            return False
+        self.due, self._last = False, now
+        free = heap_free_bytes()
+        if free is None or free < self.min_free_bytes or not release_free_heap():
+            return False
+        self.releases += 1
+        return True
 
 
 # At import, not on first use: the thresholds must be set before MLX allocates the first

@@ -57,3 +57,45 @@ def test_unknown_choice_warns_and_keeps_auto():
                          env=env, capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "auto"
     assert "MLX_LM_BATCHED_MALLOC='jemalloc' is not one of auto, system" in out.stderr
+
+
+RELEASE_PROBE = """
+import json
+import mlx_lm_batched
+from mlx_lm_batched import _malloc
+import mlx.core as mx
+
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+
+release = _malloc.HeapRelease(every_s=0.0)
+xs = [mx.ones((1 << 20,)) for _ in range(100)]  # 100 arrays of 4 MB: heap, not mmap
+mx.eval(xs)
+del xs
+held = rss()
+idle = release.tick()  # no row left: nothing released
+release.rows_left()
+released = release.tick()
+print(json.dumps({"held": held, "after": rss(), "idle": idle, "released": released,
+                  "again": release.tick()}))
+"""
+
+
+@pytest.mark.skipif(not _malloc.supported(), reason="malloc_trim is glibc's (Linux)")
+@pytest.mark.parametrize("choice", ["auto", "system"])
+def test_freed_heap_goes_back_to_the_system_after_rows_leave(choice):
+    """``HeapRelease``: after rows leave, the next tick gives the heap's free pages back
+    (the resident size drops by the 400 MB of freed arrays); without rows leaving, or
+    again right after, nothing; ``MLX_LM_BATCHED_MALLOC=system`` leaves malloc alone."""
+    env = dict(os.environ, MLX_LM_BATCHED_MALLOC=choice, PYTHONPATH=REPO)
+    for name in _malloc.GLIBC_ENV:
+        env.pop(name, None)
+    out = subprocess.run([sys.executable, "-c", RELEASE_PROBE], env=env, capture_output=True,
+                         text=True, timeout=300, check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["idle"] is False and r["again"] is False, r
+    if choice == "system":
+        assert r["released"] is False, r
+    else:
+        assert r["released"] is True, r
+        assert r["held"] - r["after"] >= 300 << 20, r

@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import mlx.core as mx
 
+from .. import _malloc
 from ..engine.batch_engine import KVQuantization
 from ..engine.kv_budget import cache_layout
 from ..models.context import context_length
@@ -78,6 +79,9 @@ class Engine(EngineOutput, EnginePrefix, EnginePreemption):
         self._lock = threading.Lock()  # guards _waiting_jobs (read by the event loop)
         self._waiting_jobs = 0
         self._rows = {}  # uid -> RowState
+        # Freed heap goes back to the system after rows leave (resident size follows the
+        # arrays held; see _malloc.HeapRelease).
+        self.heap = _malloc.HeapRelease()
         self._thread = None
         self._stopping = False
         self._last_gauges = 0.0
@@ -194,6 +198,7 @@ class Engine(EngineOutput, EnginePrefix, EnginePreemption):
                     self._step()
                 else:
                     self._idle()
+                self.heap.tick()
                 self._update_gauges()
             except Exception:
                 self._step_failed()
@@ -344,6 +349,7 @@ class Engine(EngineOutput, EnginePrefix, EnginePreemption):
         live = [r.uid for r in job.rows if r.uid in self._rows]
         if live:
             self.gen.remove(live)
+            self.heap.rows_left()
             for uid in live:
                 del self._rows[uid]
                 self.prefix.release(uid)
@@ -365,6 +371,7 @@ class Engine(EngineOutput, EnginePrefix, EnginePreemption):
         for uid in self._rows:
             self.prefix.release(uid)
         self._rows.clear()
+        self.heap.rows_left()
         for job in jobs.values():
             self._end_job(job)
             job.send(Failed(APIError(500, message, None, "generation_failed")))

@@ -79,6 +79,7 @@ class EngineOutput:
 
     def _finish(self, row, reason):
         del self._rows[row.uid]
+        self.heap.rows_left()
         self.prefix.release(row.uid)
         self._start_followers(self.leaders.done(row.uid))
         row.job.send(Finished(row.index, reason, row.generated))

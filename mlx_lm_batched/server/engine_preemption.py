@@ -58,6 +58,7 @@ class EnginePreemption:
             if cache is not None and self.config.prompt_cache_size:
                 row.parked = self.prefix.park(self.model, tokens, cache, job.spec.adapter)
             del self._rows[row.uid]
+            self.heap.rows_left()
             self.prefix.release(row.uid)
             self._start_followers(self.leaders.done(row.uid))
         if not suspended:
