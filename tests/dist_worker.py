@@ -16,8 +16,8 @@ sharded; rank 0 also runs the unsharded model as the oracle, compares, and write
   also names every rank's layer range and rank 0's parameter bytes against the whole;
   ``pipeline-quick``: padded logits and greedy tokens only (within 1e-4 too);
 - ``plan``: ``MODEL_DIR`` is a JSON file of ``[name, mode, model directory]`` entries
-  (modes ``tensor``, ``tensor-quick``, ``pipeline``, ``pipeline-quick``), run one after
-  the other in one launch; ``RESULT_JSON`` maps each name to that mode's result;
+  (modes ``tensor``, ``tensor-quick``, ``many``, ``pipeline``, ``pipeline-quick``), run one
+  after the other in one launch; ``RESULT_JSON`` maps each name to that mode's result;
 - ``die``: rank 1 dies after loading (``os._exit``); ``stall``: rank 1 stops taking part;
   ``pipeline-die``: ``die`` with the model split by layers.
   Rank 0's guarded steps must then exit with a clear error, not hang.
@@ -195,19 +195,24 @@ def check_one(mode, model_dir, group):
     return out
 
 
+def check(mode, model_dir, group):
+    """Rank 0's result of ``mode`` (any but ``plan``) on ``model_dir``."""
+    if mode == "many":
+        return {"size": group.size(), "models": check_many(model_dir, group.rank())}
+    return check_one(mode, model_dir, group)
+
+
 def main():
     mode, model_dir, result = sys.argv[1:4]
     group = mx.distributed.init()
     rank = group.rank()
-    if mode == "many":
-        out = {"size": group.size(), "models": check_many(model_dir, rank)}
-    elif mode == "plan":
+    if mode == "plan":
         # One launch for several checks (each process imports and joins the ring once):
-        # ``{name: check_one's result}`` in the plan's order, the same on every rank.
+        # ``{name: that check's result}`` in the plan's order, the same on every rank.
         plan = json.loads(Path(model_dir).read_text())
-        out = {name: check_one(m, d, group) for name, m, d in plan}
+        out = {name: check(m, d, group) for name, m, d in plan}
     else:
-        out = check_one(mode, model_dir, group)
+        out = check(mode, model_dir, group)
     if rank == 0:
         with open(result, "w") as f:
             json.dump(out, f)
