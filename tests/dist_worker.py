@@ -15,6 +15,9 @@ sharded; rank 0 also runs the unsharded model as the oracle, compares, and write
   ``tensor`` checks plus greedy tokens on rotating caches that wrap around; the result
   also names every rank's layer range and rank 0's parameter bytes against the whole;
   ``pipeline-quick``: padded logits and greedy tokens only (within 1e-4 too);
+- ``plan``: ``MODEL_DIR`` is a JSON file of ``[name, mode, model directory]`` entries
+  (modes ``tensor``, ``tensor-quick``, ``many``, ``pipeline``, ``pipeline-quick``), run one
+  after the other in one launch; ``RESULT_JSON`` maps each name to that mode's result;
 - ``die``: rank 1 dies after loading (``os._exit``); ``stall``: rank 1 stops taking part;
   ``pipeline-die``: ``die`` with the model split by layers.
   Rank 0's guarded steps must then exit with a clear error, not hang.
@@ -155,15 +158,10 @@ def check_many(parent, rank):
     return out
 
 
-def main():
-    mode, model_dir, result = sys.argv[1:4]
-    group = mx.distributed.init()
+def check_one(mode, model_dir, group):
+    """One mode on one model directory (every mode but ``many`` and ``plan``): rank 0's
+    result (the other ranks' is ``{"size", "rank"}`` and, pipelined, the layers)."""
     rank = group.rank()
-    if mode == "many":
-        out = {"size": group.size(), "models": check_many(model_dir, rank)}
-        if rank == 0:
-            Path(result).write_text(json.dumps(out))
-        return
     pipeline = mode.startswith("pipeline")
     model, _ = sharded_load(model_dir, pipeline_group=group) if pipeline else sharded_load(model_dir)
     out = {"size": group.size(), "rank": rank}
@@ -194,6 +192,27 @@ def main():
                 out["passed"] = compare(ours, run_all(ref, vocab, join, ring), atol)
             except AssertionError:
                 out["failure"] = traceback.format_exc()
+    return out
+
+
+def check(mode, model_dir, group):
+    """Rank 0's result of ``mode`` (any but ``plan``) on ``model_dir``."""
+    if mode == "many":
+        return {"size": group.size(), "models": check_many(model_dir, group.rank())}
+    return check_one(mode, model_dir, group)
+
+
+def main():
+    mode, model_dir, result = sys.argv[1:4]
+    group = mx.distributed.init()
+    rank = group.rank()
+    if mode == "plan":
+        # One launch for several checks (each process imports and joins the ring once):
+        # ``{name: that check's result}`` in the plan's order, the same on every rank.
+        plan = json.loads(Path(model_dir).read_text())
+        out = {name: check(m, d, group) for name, m, d in plan}
+    else:
+        out = check(mode, model_dir, group)
     if rank == 0:
         with open(result, "w") as f:
             json.dump(out, f)

@@ -71,6 +71,12 @@ def assert_tensor_parallel_exact(directory, heads, mode="tensor"):
     """Launch ``mode`` on ``directory``: rank 0 passed every check and holds ``heads``
     (its query heads after sharding, and before)."""
     data, out, _ = launch(mode, directory)
+    assert_tensor_parallel_result(data, out, heads, mode)
+
+
+def assert_tensor_parallel_result(data, out, heads, mode="tensor"):
+    """Rank 0's result ``data`` of a ``mode`` launch (``out``: the launch's output) passed
+    every check and holds ``heads`` (its query heads after sharding, and before)."""
     assert data is not None, out[-3000:]
     assert "failure" not in data, data.get("failure")
     assert data["size"] == 2

@@ -1,10 +1,12 @@
 """Tensor and pipeline parallelism on the real models over 2 local ranks (``mlx.launch
 --backend ring -n 2``) against the single-process model. Tensor: SmolLM2 (9 heads, 3 KV
 heads: uneven KV groups) float32 and 4-bit, Gemma 3 (1 KV head: replicated, its query heads
-split). Pipeline: SmolLM2 and Gemma 3 float32 split by layers. Each run is one
-``tests/dist_worker.py`` per rank; rank 0 compares and writes a JSON result. Also: a rank
-that dies or stalls, and the generate CLI under ``mlx.launch``."""
+split). Pipeline: SmolLM2 and Gemma 3 float32 split by layers. All of these run in one
+launch of ``tests/dist_worker.py`` per rank, one check after the other; rank 0 compares
+and writes a JSON result per check. Also: a rank that dies or stalls, and the generate CLI
+under ``mlx.launch``."""
 
+import json
 import os
 import subprocess
 import sys
@@ -12,33 +14,58 @@ import sys
 import pytest
 
 from conftest import model_dir
-from distributed_harness import (TIMEOUT, assert_tensor_parallel_exact, launch, launch_by_hand,
+from distributed_harness import (TIMEOUT, assert_tensor_parallel_result, launch, launch_by_hand,
                                  launcher, run_group)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name,options,heads,mode", [
-    ("smollm2", dict(dtype="float32"), [6, 9], "tensor"),  # KV heads [0, 2) of 3: uneven groups
-    ("gemma3", dict(dtype="float32"), [2, 4], "tensor"),  # 1 KV head, replicated; queries split
+# name: (model, convert options, rank 0's query heads after sharding and before, mode)
+TENSOR = {
+    # KV heads [0, 2) of 3: uneven groups
+    "smollm2-float32": ("smollm2", dict(dtype="float32"), [6, 9], "tensor"),
+    # 1 KV head, replicated; queries split
+    "gemma3-float32": ("gemma3", dict(dtype="float32"), [2, 4], "tensor"),
     # 4-bit: split in whole quantization groups (MLX's CPU quantized matmul is slow: no joins)
-    ("smollm2", dict(quantize=True, q_bits=4, q_group_size=64), [6, 9], "tensor-quick"),
-])
-def test_tensor_parallel_real_models(name, options, heads, mode):
-    assert_tensor_parallel_exact(model_dir(name, **options), heads, mode)
-
-
+    "smollm2-4bit": ("smollm2", dict(quantize=True, q_bits=4, q_group_size=64), [6, 9],
+                     "tensor-quick"),
+}
+PIPELINE = {  # name: (model, layers, mode), float32
+    "smollm2": ("smollm2", 30, "pipeline"),  # tied embeddings: on the first and the last stage
+    # sliding-window layers (rotating caches) on both stages
+    "gemma3": ("gemma3", 18, "pipeline-quick"),
+}
 PIPELINE_CHECKS = ["padded logits", "greedy tokens", "rows joining BatchGenerator",
                    "greedy tokens, rotating caches"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name,layers,mode", [
-    ("smollm2", 30, "pipeline"),  # tied embeddings: on the first and the last stage
-    ("gemma3", 18, "pipeline-quick"),  # sliding-window layers (rotating caches) on both stages
-])
-def test_pipeline_parallel_real_models(name, layers, mode):
-    data, out, _ = launch(mode, model_dir(name, dtype="float32"))
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """Every tensor and pipeline check above in one 2-rank launch (``dist_worker.py plan``):
+    each rank imports the package and joins the ring once, not once per check.
+    ``(results by plan name, the launch's output)``."""
+    plan = [[f"tensor {name}", mode, str(model_dir(model, **options))]
+            for name, (model, options, _, mode) in TENSOR.items()]
+    plan += [[f"pipeline {name}", mode, str(model_dir(model, dtype="float32"))]
+             for name, (model, _, mode) in PIPELINE.items()]
+    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    path.write_text(json.dumps(plan))
+    data, out, _ = launch("plan", path, timeout=len(plan) * TIMEOUT)
     assert data is not None, out[-3000:]
+    assert sorted(data) == sorted(name for name, _, _ in plan)
+    return data, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TENSOR)
+def test_tensor_parallel_real_models(name, launched):
+    data, out = launched
+    assert_tensor_parallel_result(data[f"tensor {name}"], out, TENSOR[name][2], TENSOR[name][3])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PIPELINE)
+def test_pipeline_parallel_real_models(name, launched):
+    _, layers, mode = PIPELINE[name]
+    data = launched[0][f"pipeline {name}"]
     assert "failure" not in data, data.get("failure")
     half = layers // 2
     # Each rank holds half the blocks, and caches for those only.

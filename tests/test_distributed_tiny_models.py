@@ -1,16 +1,17 @@
 """Tensor parallelism over 2 local ranks (``mlx.launch --backend ring -n 2``) on tiny
 random checkpoints against the single-process model: DeepSeek V3 (MLA + MoE experts +
-shared experts) and Qwen 2 MoE (GQA with 3 KV heads, experts, shared expert), and in one
-launch every recurrent and hybrid family whose state the ranks split. Each run is one
-``tests/dist_worker.py`` per rank; rank 0 compares and writes a JSON result."""
+shared experts) and Qwen 2 MoE (GQA with 3 KV heads, experts, shared expert), and every
+recurrent and hybrid family whose state the ranks split. All of them run in one launch of
+``tests/dist_worker.py`` per rank; rank 0 compares and writes a JSON result per model."""
 
+import json
 import math
 
 import pytest
 
 import arch_harness
 import mlx_lm_oracle
-from distributed_harness import TIMEOUT, assert_tensor_parallel_exact, launch, tiny_tokenizer
+from distributed_harness import TIMEOUT, assert_tensor_parallel_result, launch, tiny_tokenizer
 from test_arch_minicpm3_minimax import MINIMAX
 from test_arch_mlxlm_oracle import BAICHUAN_M1, normalised_head
 from test_arch_recurrent import (FALCON_H1, GRANITE_HYBRID, JAMBA, KIMI_LINEAR, LFM2, MAMBA,
@@ -34,15 +35,6 @@ TINY = {
                        moe_intermediate_size=32, shared_expert_intermediate_size=48),
                   [4, 6]),
 }
-
-
-@pytest.mark.parametrize("model_type", sorted(TINY))
-def test_tensor_parallel_tiny_moe_and_mla(model_type, tmp_path):
-    config, heads = TINY[model_type]
-    hf = arch_harness.build_hf_model(model_type, config)
-    arch_harness.save_hf_model(hf, tmp_path, "transformers5")
-    tiny_tokenizer(tmp_path)
-    assert_tensor_parallel_exact(tmp_path, heads)
 
 
 # Tiny recurrent and hybrid checkpoints (configs of tests/test_arch_recurrent.py and
@@ -85,14 +77,14 @@ RECURRENT = {
 MLX_LM_BUILT = {"baichuan_m1": normalised_head, "kimi_k3": lambda model: None}
 
 
-def test_tensor_parallel_recurrent_and_hybrid_models(tmp_path):
-    """One launch for every family: padded logits, greedy tokens and rows joining a
-    running BatchGenerator equal one process; each rank's state caches hold its heads."""
+def build_recurrent_models(root):
+    """Every ``RECURRENT`` checkpoint under ``root / "models"`` (4-bit ones converted from
+    float ones built beside it); returns that directory."""
     from mlx_lm_batched import convert
 
-    models = tmp_path / "models"
+    models = root / "models"
     for name, (model_type, config, _) in RECURRENT.items():
-        directory = tmp_path / name if name.endswith("-q4") else models / name
+        directory = root / name if name.endswith("-q4") else models / name
         if model_type in MLX_LM_BUILT:
             ref = mlx_lm_oracle.build_mlx_lm_model(model_type, config)
             MLX_LM_BUILT[model_type](ref)
@@ -105,8 +97,39 @@ def test_tensor_parallel_recurrent_and_hybrid_models(tmp_path):
         tiny_tokenizer(directory)
         if name.endswith("-q4"):
             convert(str(directory), str(models / name), quantize=True, q_group_size=32, q_bits=4)
-    data, out, _ = launch("many", models, timeout=TIMEOUT)
+    return models
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """Every check of this file in one 2-rank launch (``dist_worker.py plan``): each rank
+    imports the package and joins the ring once. ``(results by plan name, output)``."""
+    root = tmp_path_factory.mktemp("tiny")
+    plan = []
+    for model_type, (config, _) in sorted(TINY.items()):
+        directory = root / model_type
+        arch_harness.save_hf_model(arch_harness.build_hf_model(model_type, config), directory,
+                                   "transformers5")
+        tiny_tokenizer(directory)
+        plan.append([model_type, "tensor", str(directory)])
+    plan.append(["recurrent and hybrid", "many", str(build_recurrent_models(root))])
+    (root / "plan.json").write_text(json.dumps(plan))
+    data, out, _ = launch("plan", root / "plan.json", timeout=len(plan) * TIMEOUT)
     assert data is not None, out[-3000:]
+    assert sorted(data) == sorted(name for name, _, _ in plan)
+    return data, out
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_tensor_parallel_tiny_moe_and_mla(model_type, launched):
+    data, out = launched
+    assert_tensor_parallel_result(data[model_type], out, TINY[model_type][1])
+
+
+def test_tensor_parallel_recurrent_and_hybrid_models(launched):
+    """Every family in one check: padded logits, greedy tokens and rows joining a running
+    BatchGenerator equal one process; each rank's state caches hold its heads."""
+    data = launched[0]["recurrent and hybrid"]
     assert data["size"] == 2 and sorted(data["models"]) == sorted(RECURRENT)
     for name, (_, _, shapes) in RECURRENT.items():
         entry = data["models"][name]

@@ -16,7 +16,10 @@ from mlx_lm_batched.engine.prefill_plan import left_pad
 from mlx_lm_batched.models.cache import make_prompt_cache
 
 LENGTHS = (1, 2, 9, 33, 120, 257, 509, 600)
-NEW_TOKENS = 64
+# Enough decode steps for the 509-token row to cross Gemma's 512-token window while
+# generating (at its 4th token) and go on past it, with every row still decoding beside
+# rows padded to 600 columns; each solo generation costs about 40 ms a token on 2 cores.
+NEW_TOKENS = 24
 ATOL = 1e-4
 
 
@@ -59,6 +62,8 @@ def test_padded_rows_equal_solo(name, float_models):
     batch = assert_rows_equal_solo(model, tokenizer, prompts, NEW_TOKENS)
     # Real generations, not degenerate: most rows produce the full budget.
     assert sum(len(t) == NEW_TOKENS for t in batch.token_ids) >= len(prompts) // 2
+    # The 509-token row decoded across Gemma's 512-token window.
+    assert len(batch.token_ids[LENGTHS.index(509)]) > 512 - 509 + 1
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
