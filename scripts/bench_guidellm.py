@@ -134,6 +134,9 @@ def summarize(report, output_tokens):
         "incomplete": len(reqs["incomplete"]),
         "errors": sorted({str(r.get("info", {}).get("error", ""))[:200] for r in reqs["errored"]}),
         "generated": generated,
+        # Tokens streamed by requests still running when --max-seconds ended the level:
+        # not in output_tps (guidellm's rate counts completed requests only).
+        "incomplete_generated": sum(r.get("output_tokens") or 0 for r in reqs["incomplete"]),
         "full_length": sum(r["output_tokens"] == output_tokens for r in done),
         "prompt_tokens": prompt, "cached_tokens": cached,
         "cached_share": cached / prompt if prompt else 0.0,
