@@ -139,7 +139,6 @@ class HeapRelease:
     def __init__(self, every_s=1.0, min_free_bytes=64 << 20):
         self.every_s, self.min_free_bytes = every_s, min_free_bytes
         self.due = False
-        self.releases = 0  # times memory was released
         self._last = float("-inf")
 
     def rows_left(self):
@@ -153,10 +152,7 @@ class HeapRelease:
             return False
         self.due, self._last = False, now
         free = heap_free_bytes()
-        if free is None or free < self.min_free_bytes or not release_free_heap():
-            return False
-        self.releases += 1
-        return True
+        return free is not None and free >= self.min_free_bytes and release_free_heap()
 
 
 # At import, not on first use: the thresholds must be set before MLX allocates the first

@@ -89,7 +89,6 @@ class BatchGenerator:
         self.model = model
         self.completion_batch_size = max(options.completion_batch_size,
                                          options.prefill_batch_size)
-        self.kv_quant = options.kv_quant
         self.token_hook = token_hook
         self._adapter_slots = adapter_slot_count(model)
         self._stream = stream
