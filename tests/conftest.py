@@ -30,6 +30,7 @@ PACKAGE = Path(mlx_lm_batched.__file__).parent
 CACHE = Path(os.environ.get("MLX_LM_BATCHED_TEST_CACHE",
                             Path.home() / ".cache" / "mlx_lm_batched" / "test_models"))
 CORPUS = (Path(__file__).parent / "data" / "corpus.txt").read_text(encoding="utf-8")
+HIDE_TORCH = Path(__file__).parent / "hide_torch"  # its sitecustomize.py hides torch
 SOURCES = {"smollm2": smollm2_gguf_path, "gemma3": gemma3_gguf_path}
 
 
@@ -131,6 +132,28 @@ def row_invariant_matmuls():
         yield
     finally:
         _small_gemm.set_max_rows(previous)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _subprocesses_without_torch():
+    """Every subprocess a test starts sees no torch, as after a plain ``pip install``
+    (the package never needs it; transformers 5 would import it for 3.5-5 s per process).
+    Set here, in the process that runs the tests, not in pytest-xdist's controller, whose
+    workers run the transformers and torch oracles. ``with_torch(env)`` undoes it for a
+    subprocess that needs torch."""
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HIDE_TORCH), previous]))
+    yield
+    if previous is None:
+        del os.environ["PYTHONPATH"]
+    else:
+        os.environ["PYTHONPATH"] = previous
+
+
+def with_torch(env):
+    """``env`` (a subprocess environment) with torch visible again."""
+    paths = env.get("PYTHONPATH", "").split(os.pathsep)
+    return dict(env, PYTHONPATH=os.pathsep.join(p for p in paths if p and p != str(HIDE_TORCH)))
 
 
 @pytest.fixture(autouse=True)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import with_torch
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "scripts" / "bench.py"
 # A benchmark script end to end on the real model: left out of the quick run
@@ -19,9 +21,10 @@ BENCH = ROOT / "scripts" / "bench.py"
 pytestmark = pytest.mark.slow
 
 
-def run_bench(*args, env=None):
+def run_bench(*args, env=None, torch=False):
+    env = dict(os.environ, **(env or {}))
     proc = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True,
-                          timeout=900, env=dict(os.environ, **(env or {})))
+                          timeout=900, env=with_torch(env) if torch else env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -80,7 +83,7 @@ def test_bench_hybrid_random_checkpoint(float_dirs, tmp_path):
     out = tmp_path / "hybrid.json"
     proc = run_bench("--model", str(float_dirs["smollm2"]), "--hybrid", "qwen3_next",
                      "--prompts", "3", "--max-tokens", "4", "--batch-sizes", "1,3",
-                     "--repeats", "1", "--max-prompt-len", "40", "--json", str(out))
+                     "--repeats", "1", "--max-prompt-len", "40", "--json", str(out), torch=True)
     assert "load average" in proc.stdout and "rows equal to the same side's batch-1" in proc.stdout
     result = json.loads(out.read_text())
     config = json.loads((Path(result["model"]) / "config.json").read_text())

@@ -2,10 +2,11 @@
 load of its output, as subprocesses on a machine where torch looks uninstalled.
 
 torch is a test oracle only (docs/architecture.md, invariants), but it is installed where the tests
-run, so each subprocess hides it: a ``sitecustomize`` swaps the import system's path
-finder for one that finds neither the ``torch`` module nor its distribution metadata,
-which is what transformers checks. HOME is a fresh directory, so no tokenizer cached by
-an earlier run is used.
+run, so each subprocess hides it: ``hide_torch/sitecustomize.py`` swaps the import system's
+path finder for one that finds neither the ``torch`` module nor its distribution metadata,
+which is what transformers checks (conftest.py puts it before every test's subprocesses;
+here it is put first explicitly, with nothing else of the test environment). HOME is a
+fresh directory, so no tokenizer cached by an earlier run is used.
 """
 
 import os
@@ -15,28 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import HIDE_TORCH
 from mlx_lm_batched.loading import demo_models
 
-HIDE_TORCH = '''
-import sys
-from importlib.machinery import PathFinder
-
-
-class _NoTorch(PathFinder):
-    @classmethod
-    def find_spec(cls, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            return None
-        return super().find_spec(name, path, target)
-
-    @classmethod
-    def find_distributions(cls, *args, **kwargs):
-        return (d for d in super().find_distributions(*args, **kwargs)
-                if (d.metadata["Name"] or "").lower() != "torch")
-
-
-sys.meta_path[:] = [_NoTorch if f is PathFinder else f for f in sys.meta_path]
-'''
 PROMPT = "What is the capital of France?"
 
 
@@ -44,14 +26,12 @@ PROMPT = "What is the capital of France?"
 def run(tmp_path_factory):
     """``run(*args)``: ``python *args`` without torch and with an empty HOME."""
     root = tmp_path_factory.mktemp("no_torch")
-    (root / "hide").mkdir()
-    (root / "hide" / "sitecustomize.py").write_text(HIDE_TORCH)
     (root / "home").mkdir()
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("MLX_LM_BATCHED_", "HF_", "TRANSFORMERS_"))}
     package_root = str(Path(__file__).resolve().parents[1])
     env.update(HOME=str(root / "home"), HF_HUB_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join([str(root / "hide"), package_root, env.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([str(HIDE_TORCH), package_root, env.get("PYTHONPATH", "")]))
 
     def run(*args, timeout=600):
         proc = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
@@ -81,8 +61,11 @@ def test_readme_command_convert_and_load_without_torch(run, tmp_path):
     except FileNotFoundError as e:
         pytest.skip(str(e))
     cli = ["-m", "mlx_lm_batched.generate", "--no-progress", "--prompt", PROMPT, "--max-tokens", 12]
-    # The README's first command: the default model is the SmolLM2 GGUF.
-    answer = _answer(run(*cli).stdout)
+    # The README's first command: the default model is the SmolLM2 GGUF. transformers'
+    # advice about its models (which need torch) is not shown: none of them is used.
+    proc = run(*cli)
+    assert "PyTorch was not found" not in proc.stderr
+    answer = _answer(proc.stdout)
     assert "Paris" in answer
     cached = list((run.home / ".cache" / "mlx_lm_batched" / "gguf_tokenizers").glob("*/tokenizer.json"))
     assert len(cached) == 1  # built here, in the empty HOME

@@ -202,7 +202,7 @@ def build_gguf_tokenizer(metadata, arch):
     (a ``llama`` vocabulary adds BOS unless the file says otherwise, as in llama.cpp) and
     the chat template. ValueError for a ``tokenizer.ggml.model`` other than gpt2/llama.
     """
-    from transformers import PreTrainedTokenizerFast
+    from ..tokenization.hf_classes import PreTrainedTokenizerFast
 
     md = metadata
     kind = md.get("tokenizer.ggml.model")

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import mlx.core as mx
-from transformers import AutoTokenizer
+from ..tokenization.hf_classes import AutoTokenizer
 
 from .gguf_names import GGMLFileType, TokenType
 

@@ -5,7 +5,7 @@ Importing this module registers the class with ``AutoTokenizer``, so a checkpoin
 ``tokenizer_config.json`` names ``"tokenizer_class": "NewlineTokenizer"`` loads (the
 ``tokenization`` package imports it)."""
 
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from .hf_classes import AutoTokenizer, PreTrainedTokenizerFast
 
 NEWLINE = "<n>"
 

@@ -10,7 +10,7 @@ import copy
 import json
 import os
 
-from transformers import AutoTokenizer
+from .hf_classes import AutoTokenizer
 
 from .detokenizers import (
     detect_detokenizer,
