@@ -150,6 +150,12 @@ def _subprocesses_without_torch():
         os.environ["PYTHONPATH"] = previous
 
 
+def subprocess_env(**extra):
+    """``os.environ`` plus ``extra`` for a subprocess that imports what this process
+    imports (its ``sys.path``, the working tree's package included), torch hidden."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(HIDE_TORCH), *sys.path]), **extra)
+
+
 def with_torch(env):
     """``env`` (a subprocess environment) with torch visible again."""
     paths = env.get("PYTHONPATH", "").split(os.pathsep)

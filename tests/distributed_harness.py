@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import arch_harness
+from conftest import subprocess_env
 
 WORKER = Path(__file__).parent / "dist_worker.py"
 TIMEOUT = 240
@@ -46,7 +47,7 @@ def run_group(cmd, timeout, **kwargs):
     and its ranks), so no rank outlives the test."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True,
-                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)), **kwargs)
+                            env=subprocess_env(), **kwargs)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -102,7 +103,7 @@ def launch_by_hand(mode, directory, tmp_path, timeout):
     on its own. Returns rank 0's ``(exit status, output, seconds)``."""
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(2)]))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), MLX_HOSTFILE=str(hostfile))
+    env = subprocess_env(MLX_HOSTFILE=str(hostfile))
     cmd = [sys.executable, str(WORKER), mode, str(directory), str(tmp_path / "result.json")]
     tic = time.monotonic()
     ranks = [subprocess.Popen(cmd, env=dict(env, MLX_RANK=str(r)), stdout=subprocess.PIPE,

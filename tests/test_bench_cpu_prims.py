@@ -3,7 +3,6 @@ model: a decode step with our CPU primitives and with MLX's ops, their graph siz
 attention alone both ways."""
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import model_dir
+from conftest import model_dir, subprocess_env
 
 BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_cpu_prims.py"
 # A benchmark script end to end on the real model: left out of the quick run
@@ -27,7 +26,7 @@ def test_bench_cpu_prims_table_and_json(tmp_path):
                            "--prompt-len", "16", "--steps", "2", "--repeats", "1",
                            "--attention", "2x40", "--json", str(out)],
                           capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+                          env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert "CPU primitives (attention, RMSNorm, RoPE, linear, SwiGLU, quantized linear)" in result["blas"]

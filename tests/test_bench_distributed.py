@@ -4,14 +4,13 @@ gives the single process's tokens and the bytes measured on the sockets are the 
 collectives must move (computed from the model's sizes)."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import model_dir
+from conftest import model_dir, subprocess_env
 
 BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_distributed.py"
 # A benchmark script end to end on the real model: left out of the quick run
@@ -25,7 +24,7 @@ def test_bench_distributed_table_and_json(tmp_path):
                            "--batch-sizes", "2", "--max-tokens", "3", "--prompt-len", "4",
                            "--modes", "single,tensor,pipeline", "--json", str(out)],
                           capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+                          env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "computed traffic per decode step" in proc.stdout and "Llama-3-70B" in proc.stdout
     result = json.loads(out.read_text())

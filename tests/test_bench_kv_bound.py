@@ -5,14 +5,13 @@ within the bound plus the margin, and the requests that started last equal to th
 sent alone, token for token."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import model_dir
+from conftest import model_dir, subprocess_env
 
 BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_kv_bound.py"
 
@@ -28,7 +27,7 @@ def test_requests_beyond_the_bound_wait_and_all_answer(tmp_path):
          "--requests", "5", "--prompt-tokens", "96", "--max-tokens", "4",
          "--kv-memory", "0.016", "--check", "2", "--json", str(out)],
         capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["statuses"] == {"200": 5} and r["all_200"] and r["errors"] == []

@@ -4,14 +4,13 @@ prefix from disk (``cached_tokens``) and answers as the cold server did, and a s
 process on the directory reads it too."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import model_dir
+from conftest import model_dir, subprocess_env
 
 BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_kv_restart.py"
 
@@ -23,7 +22,7 @@ def test_prefix_served_from_disk_after_kill_and_to_a_second_process(tmp_path):
         [sys.executable, str(BENCH), "--model", str(model_dir("smollm2", dtype="float32")),
          "--system-tokens", "160", "--max-tokens", "3", "--json", str(out)],
         capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     cold, restart, second = r["cold"], r["restart"], r["second_process"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import model_dir
+from conftest import model_dir, subprocess_env
 from mlx_lm_batched import _malloc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +31,7 @@ def test_bench_malloc_table_and_json(tmp_path):
     proc = subprocess.run([sys.executable, str(BENCH), "--model", str(model_dir("smollm2", dtype="float32")),
                            "--prompts", str(PROMPTS), "--max-tokens", "3", "--repeats", "2", "--json", str(out)],
                           capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+                          env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "same tokens in every run: True" in proc.stdout
     result = json.loads(out.read_text())

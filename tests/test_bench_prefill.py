@@ -3,14 +3,13 @@ model: ours, ours without causal key trimming and mlx-lm prefill the same prompt
 sample the same first tokens."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import model_dir
+from conftest import model_dir, subprocess_env
 
 BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_prefill.py"
 # A benchmark script end to end on the real model: left out of the quick run
@@ -25,7 +24,7 @@ def test_bench_prefill_table_and_json(tmp_path):
                            str(model_dir("smollm2", dtype="float32")), "--shapes", "2x150",
                            "--repeats", "1", "--json", str(out)],
                           capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+                          env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ours/untrimmed" in proc.stdout
     result = json.loads(out.read_text())

@@ -4,14 +4,13 @@ the budget spreads the burst over more steps, each feeding at most its tokens, a
 row's greedy tokens stay the same."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import model_dir
+from conftest import model_dir, subprocess_env
 
 BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_prefill_stall.py"
 
@@ -20,7 +19,7 @@ def run_bench(*args):
     return subprocess.run([sys.executable, str(BENCH), "--model",
                            str(model_dir("smollm2", dtype="float32")), *args],
                           capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+                          env=subprocess_env())
 
 
 @pytest.mark.slow

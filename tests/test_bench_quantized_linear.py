@@ -4,7 +4,6 @@ primitive's paths (tiled kernel, dequantized prefill), and ours computes the flo
 products to float32 rounding."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from test_cpu_prims import kernel, pytestmark  # noqa: F401  (skips where it is not built)
+from conftest import subprocess_env
 
 BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_quantized_linear.py"
 
@@ -23,7 +23,7 @@ def test_bench_quantized_linear_table_and_json(kernel, tmp_path):
                            "--rows", "1,9,70", "--calls", "2", "--repeats", "1",
                            "--json", str(out)],
                           capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+                          env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "f32/ours" in proc.stdout and "load average at end" in proc.stdout
     result = json.loads(out.read_text())

@@ -4,14 +4,13 @@ row limits. Where the kernel is not built (no compiler, no BLAS loaded) the scri
 and exits 1."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import model_dir
+from conftest import model_dir, subprocess_env
 from mlx_lm_batched import _small_gemm
 
 BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_small_gemm.py"
@@ -26,7 +25,7 @@ def test_bench_small_gemm_table_and_json(tmp_path):
                            str(model_dir("smollm2", dtype="float32")), "--rows", "1,9",
                            "--batch-sizes", "2", "--repeats", "1", "--json", str(out)],
                           capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+                          env=subprocess_env())
     if not _small_gemm.max_rows:
         assert proc.returncode == 1 and "not in use" in proc.stdout, proc.stdout
         return

@@ -7,13 +7,12 @@ and writes a JSON result per check. Also: a rank that dies or stalls, and the ge
 under ``mlx.launch``."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import model_dir
+from conftest import model_dir, subprocess_env
 from distributed_harness import (TIMEOUT, assert_tensor_parallel_result, launch, launch_by_hand,
                                  launcher, run_group)
 
@@ -122,5 +121,5 @@ def test_cli_under_mlx_launch_prints_once_and_matches_one_process(cli_prompts, f
 def test_cli_distributed_flag_errors(mode, message):
     proc = subprocess.run([sys.executable, "-m", "mlx_lm_batched.generate", "--prompt", "hi",
                            "--distributed", mode], capture_output=True, text=True, timeout=60,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+                          env=subprocess_env())
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr

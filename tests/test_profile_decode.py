@@ -3,7 +3,6 @@ batch and splits a synced step's CPU time by thread: the Python thread always, M
 stream thread and the small-row kernel's worker where the kernel is built (it records
 which threads computed its products)."""
 
-import os
 import re
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import model_dir
+from conftest import model_dir, subprocess_env
 from mlx_lm_batched import _small_gemm
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "profile_decode.py"
@@ -25,7 +24,7 @@ def test_profile_decode_splits_cpu_time_by_thread():
                            str(model_dir("smollm2", dtype="float32")), "--batch", "2",
                            "--steps", "2", "--repeats", "1"],
                           capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+                          env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "decode step, batch 2" in out and "projections (all layers' matmuls)" in out
