@@ -18,7 +18,8 @@ server's peak resident memory above its warm RSS (sampled every 20 ms) against
 ``--kv-memory`` plus 0.3 GB, MLX's active memory above its warm value (the arrays alone:
 RSS also holds the freed heap that ``mlx_lm_batched._malloc`` keeps mapped, up to 1 GiB),
 the most requests seen waiting for KV memory and the other gauges' peaks (``/metrics``,
-every 0.25 s), the preemptions (``/metrics`` ``preemptions_total``),
+every 0.25 s), the gauges at the poll where the server's RSS was largest (what it held
+then: MLX's arrays and cache against its resident size), the preemptions (``/metrics`` ``preemptions_total``),
 time to first token p50/p95/max and wall time; then the ``--check`` requests that
 started last (the longest queued) are sent again one at a time, alone, and their greedy
 tokens compared with the concurrent run's, token for token. ``$BENCH_SERVER_LOG``: a
@@ -52,15 +53,19 @@ PREFIX = "mlx_lm_batched_"
 
 
 class MetricsPeaks(threading.Thread):
-    """Polls ``/metrics`` until stopped; ``peaks`` holds each watched gauge's largest value."""
+    """Polls ``/metrics`` until stopped; ``peaks`` holds each watched gauge's largest value,
+    ``at_peak_rss`` the gauges of the poll at which the server's RSS (read with each poll)
+    was largest: what its memory held then."""
 
     WATCHED = ("kv_waiting_requests", "kv_reserved_bytes", "kv_cache_bytes", "prefix_cache_bytes",
-               "kv_blocks_bytes", "running_rows", "memory_active_bytes")
+               "kv_blocks_bytes", "running_rows", "memory_active_bytes", "memory_cache_bytes",
+               "memory_resident_bytes")
 
-    def __init__(self, port, every=0.25):
+    def __init__(self, port, pid, every=0.25):
         super().__init__(daemon=True)
-        self.port, self.every, self._done = port, every, threading.Event()
+        self.port, self.pid, self.every, self._done = port, pid, every, threading.Event()
         self.peaks = dict.fromkeys(self.WATCHED, 0.0)
+        self.at_peak_rss = {"rss_bytes": 0}
 
     def run(self):
         while not self._done.is_set():
@@ -70,6 +75,10 @@ class MetricsPeaks(threading.Thread):
                 values = {}
             for name in self.WATCHED:
                 self.peaks[name] = max(self.peaks[name], values.get(PREFIX + name, 0.0))
+            rss = rss_bytes(self.pid)
+            if values and rss > self.at_peak_rss["rss_bytes"]:
+                self.at_peak_rss = {"rss_bytes": rss, **{n: values.get(PREFIX + n, 0.0)
+                                                         for n in self.WATCHED}}
             self._done.wait(self.every)
 
     def stop(self):
@@ -93,7 +102,7 @@ def run(args):
         prefix_bound = warm_metrics.get(PREFIX + "kv_blocks_bytes_bound", 0.0)
         warm_active = warm_metrics.get(PREFIX + "memory_active_bytes", 0.0)
         warm = rss_bytes(proc.pid)
-        rss, gauges = PeakRSS(proc.pid), MetricsPeaks(port)
+        rss, gauges = PeakRSS(proc.pid), MetricsPeaks(port, proc.pid)
         rss.start()
         gauges.start()
         start = time.monotonic()
@@ -129,7 +138,8 @@ def run(args):
         "memory_within_target": 0 < peak_above <= kv_memory + MARGIN_BYTES,
         "warm_active_bytes": warm_active,
         "peak_active_above_warm_bytes": gauges.peaks["memory_active_bytes"] - warm_active,
-        "metrics_peaks": gauges.peaks, "preemptions": preemptions,
+        "metrics_peaks": gauges.peaks, "metrics_at_peak_rss": gauges.at_peak_rss,
+        "preemptions": preemptions,
         "ttft_s": {"p50": round(pct(ttft, 0.5), 3), "p95": round(pct(ttft, 0.95), 3),
                    "max": round(max(ttft), 3)} if ttft else None,
         "generated_tokens": sum(r.get("completion_tokens", 0) for r in results),

@@ -71,7 +71,7 @@ def greedy(model, batch, n, max_kv_size=None):
     return np.array(mx.stack(out, axis=1)).tolist()
 
 
-def joining(model, batch, n=6):
+def joining(model, batch, n=4):
     """Two rows start, two join after two steps: ``{uid: [(token, logprob)...]}``."""
     gen = BatchGenerator(model, max_tokens=n)
     gen.insert(batch[:2])
@@ -92,8 +92,9 @@ def run_all(model, vocab, join=True, ring=False):
     ``join=False`` skips the BatchGenerator part (slow quantized CPU matmuls); ``ring``
     adds greedy tokens on rotating caches of 9 slots (decode steps wrap around)."""
     batch, gen = prompts(vocab, LENGTHS, 1), prompts(vocab, LENGTHS, 2)
-    return (padded_logits(model, batch), greedy(model, gen, 8), joining(model, gen) if join else None,
-            greedy(model, gen, 8, max_kv_size=9) if ring else None)
+    # 5 greedy tokens: prompts of up to 12 tokens and 5 decode steps wrap the 9-slot ring.
+    return (padded_logits(model, batch), greedy(model, gen, 5), joining(model, gen) if join else None,
+            greedy(model, gen, 5, max_kv_size=9) if ring else None)
 
 
 def compare(ours, oracle, atol=ATOL):
@@ -163,8 +164,9 @@ def check_one(mode, model_dir, group):
     result (the other ranks' is ``{"size", "rank"}`` and, pipelined, the layers)."""
     rank = group.rank()
     pipeline = mode.startswith("pipeline")
+    tic = time.perf_counter()
     model, _ = sharded_load(model_dir, pipeline_group=group) if pipeline else sharded_load(model_dir)
-    out = {"size": group.size(), "rank": rank}
+    out = {"size": group.size(), "rank": rank, "load_seconds": round(time.perf_counter() - tic, 1)}
     if pipeline:
         out["layers"] = pipeline_layers(model, group)
     if mode in ("die", "stall", "pipeline-die"):
@@ -180,7 +182,9 @@ def check_one(mode, model_dir, group):
     else:
         vocab = model.stage.vocab if pipeline else model.model.embed_tokens.weight.shape[0]
         join, ring = mode in ("tensor", "pipeline"), mode == "pipeline"
+        tic = time.perf_counter()
         ours = run_all(model, vocab, join, ring)
+        out["sharded_seconds"] = round(time.perf_counter() - tic, 1)
         if rank == 0:
             ref, _ = load(model_dir)
             if pipeline:
@@ -210,7 +214,11 @@ def main():
         # One launch for several checks (each process imports and joins the ring once):
         # ``{name: that check's result}`` in the plan's order, the same on every rank.
         plan = json.loads(Path(model_dir).read_text())
-        out = {name: check(m, d, group) for name, m, d in plan}
+        out = {}
+        for name, m, d in plan:
+            tic = time.perf_counter()
+            out[name] = check(m, d, group)
+            out[name]["seconds"] = round(time.perf_counter() - tic, 1)  # what a check costs
     else:
         out = check(mode, model_dir, group)
     if rank == 0:

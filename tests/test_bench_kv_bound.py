@@ -40,3 +40,8 @@ def test_requests_beyond_the_bound_wait_and_all_answer(tmp_path):
     assert 0 < r["peak_rss_above_warm_bytes"] and r["memory_within_target"]
     assert r["target_bytes"] == 316_000_000 and r["warm_active_bytes"] > 0
     assert r["cpu"] and r["blas"] and len(r["load_average"]) == 3
+    # What the server held when its RSS was largest: the arrays and MLX's cache, within
+    # its resident size, which /metrics reports as the benchmark reads it.
+    at_peak = r["metrics_at_peak_rss"]
+    assert 0 < at_peak["memory_active_bytes"] + at_peak["memory_cache_bytes"] < at_peak["rss_bytes"]
+    assert 0.5 < at_peak["memory_resident_bytes"] / at_peak["rss_bytes"] < 2

@@ -5,12 +5,22 @@ request outcomes, ``render`` reads: one lock keeps them consistent. Rates are ov
 last ``window`` seconds.
 """
 
+import os
 import threading
 import time
 from collections import deque
 
 PREFIX = "mlx_lm_batched_"
 QUEUE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def resident_bytes():
+    """The process's resident memory (``/proc/self/statm``), 0 where that is not there."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 class Metrics:
@@ -26,7 +36,7 @@ class Metrics:
         self.preemptions = 0
         self.gauges = {"running_rows": 0, "waiting_rows": 0, "waiting_requests": 0,
                        "kv_cache_bytes": 0, "prefix_cache_bytes": 0, "memory_active_bytes": 0,
-                       "memory_peak_bytes": 0,
+                       "memory_peak_bytes": 0, "memory_cache_bytes": 0, "memory_resident_bytes": 0,
                        "kv_reserved_bytes": 0, "kv_budget_bytes": 0, "kv_waiting_requests": 0}
         self._queue_counts = [0] * (len(QUEUE_BUCKETS) + 1)
         self._queue_sum = 0.0
@@ -121,6 +131,13 @@ class Metrics:
                    [("", g["memory_active_bytes"])])
             metric("memory_peak_bytes", "gauge", "MLX peak active memory since the start.",
                    [("", g["memory_peak_bytes"])])
+            # What the process holds beyond the arrays: MLX's cache of freed buffers, and
+            # its whole resident size (the rest is code, Python and freed heap).
+            metric("memory_cache_bytes", "gauge", "MLX cache memory (freed buffers kept for reuse).",
+                   [("", g["memory_cache_bytes"])])
+            metric("memory_resident_bytes", "gauge",
+                   "The server process's resident memory (0 where /proc is not there).",
+                   [("", g["memory_resident_bytes"])])
             lines.extend(block_store_lines(g))
             buckets, acc = [], 0
             for bound, count in zip(QUEUE_BUCKETS + ("+Inf",), self._queue_counts):
