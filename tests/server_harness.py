@@ -80,6 +80,20 @@ class ServerProcess:
         assert status == 200, text
         return parse_metrics(text)
 
+    def metrics_when_idle(self, timeout=15, headers=None):
+        """``/metrics`` once no row runs or waits and no KV is reserved (or after
+        ``timeout`` s: the caller's assertions then say what was left). The engine updates
+        its gauges after the step in which the last answer was sent, so a client that has
+        its answer may read them a moment before."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics(headers)
+            busy = (m["mlx_lm_batched_running_rows"] or m["mlx_lm_batched_waiting_rows"]
+                    or m["mlx_lm_batched_kv_reserved_bytes"])
+            if not busy or time.monotonic() > deadline:
+                return m
+            time.sleep(0.1)
+
     def stop(self, timeout=60):
         """SIGTERM, then wait; returns the exit status (kills after ``timeout`` s)."""
         if self.proc.poll() is None:
