@@ -155,10 +155,7 @@ def test_kv_admission(server):
                 first.close()  # the running stream goes: its memory starts the second
                 code, out, _ = second.result(timeout=60)
     assert code == 200 and out["usage"]["completion_tokens"] == 100
-    deadline = time.monotonic() + 30
-    while server.metrics(AUTH)["mlx_lm_batched_kv_reserved_bytes"] and time.monotonic() < deadline:
-        time.sleep(0.2)
-    metrics = server.metrics(AUTH)
+    metrics = server.metrics_when_idle(30, AUTH)
     assert metrics["mlx_lm_batched_kv_reserved_bytes"] == 0
     assert metrics["mlx_lm_batched_kv_waiting_requests"] == 0
 
