@@ -108,6 +108,15 @@ def heap_free_bytes():
     return int(mallinfo2().fordblks)
 
 
+def resident_bytes():
+    """The process's resident memory (``/proc/self/statm``), 0 where that is not there."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def release_free_heap():
     """Give the heap's free pages back to the system (glibc's ``malloc_trim(0)``: the
     free memory at the top of each arena and the whole free pages inside them). Returns

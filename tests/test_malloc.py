@@ -65,18 +65,16 @@ import mlx_lm_batched
 from mlx_lm_batched import _malloc
 import mlx.core as mx
 
-def rss():
-    return int(open("/proc/self/statm").read().split()[1]) * 4096
-
 release = _malloc.HeapRelease(every_s=0.0)
 xs = [mx.ones((1 << 20,)) for _ in range(100)]  # 100 arrays of 4 MB: heap, not mmap
 mx.eval(xs)
 del xs
-held = rss()
+held = _malloc.resident_bytes()
 idle = release.tick()  # no row left: nothing released
 release.rows_left()
 released = release.tick()
-print(json.dumps({"held": held, "after": rss(), "idle": idle, "released": released,
+after = _malloc.resident_bytes()
+print(json.dumps({"held": held, "after": after, "idle": idle, "released": released,
                   "again": release.tick()}))
 """
 

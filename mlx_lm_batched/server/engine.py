@@ -34,7 +34,7 @@ from .engine_prefix import EnginePrefix
 from .job_prep import prepare_prompts
 from .kv_admission import KVAdmission
 from .prefix_leaders import PrefixLeaders
-from .metrics import Metrics, resident_bytes
+from .metrics import Metrics
 from .row_state import RowState
 from .sampling import SamplerFactory, row_processors, row_stops
 
@@ -391,5 +391,6 @@ class Engine(EngineOutput, EnginePrefix, EnginePreemption):
             kv_budget_bytes=self.config.max_kv_bytes or 0,
             kv_waiting_requests=len(self.admission.waiting), prefix_cache_bytes=self.prefix.nbytes,
             memory_active_bytes=mx.get_active_memory(), memory_peak_bytes=mx.get_peak_memory(),
-            memory_cache_bytes=mx.get_cache_memory(), memory_resident_bytes=resident_bytes(),
+            memory_cache_bytes=mx.get_cache_memory(),
+            memory_resident_bytes=_malloc.resident_bytes(),
             **self.prefix.gauges())

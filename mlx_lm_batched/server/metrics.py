@@ -5,22 +5,12 @@ request outcomes, ``render`` reads: one lock keeps them consistent. Rates are ov
 last ``window`` seconds.
 """
 
-import os
 import threading
 import time
 from collections import deque
 
 PREFIX = "mlx_lm_batched_"
 QUEUE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-
-
-def resident_bytes():
-    """The process's resident memory (``/proc/self/statm``), 0 where that is not there."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 class Metrics:
