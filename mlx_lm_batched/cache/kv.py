@@ -23,6 +23,7 @@ and appending a chunk whose rows start at different columns (``update_shifted``)
 import mlx.core as mx
 
 from . import row_blocks
+from .buffers import key_value_buffers
 from .compat import MlxLmCacheMethods
 from .row_blocks import pad_left
 from .protocol import FullSlotFrame
@@ -120,8 +121,9 @@ class KVCache(FullSlotFrame, MlxLmCacheMethods):
         capacity = self._capacity(needed)
         B, H, _, Dk = keys.shape
         B = B if batch is None else batch
-        new_k = mx.zeros((B, H, capacity, Dk), keys.dtype)
-        new_v = mx.zeros((B, H, capacity, values.shape[3]), values.dtype)
+        new_k, new_v = key_value_buffers((B, H, capacity, Dk),
+                                         (B, H, capacity, values.shape[3]),
+                                         keys.dtype, values.dtype)
         if self.keys is not None and self.size > 0:
             new_k[..., : self.size, :] = self.keys[..., : self.size, :]
             new_v[..., : self.size, :] = self.values[..., : self.size, :]

@@ -29,6 +29,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from .buffers import key_value_buffers
+
+
 class KVSegments(list):
     """Keys (or values) of one row group's consecutive slots held in several arrays, in
     slot order: a shared head's blocks, then the group's own slots. Attention reads them
@@ -84,8 +87,8 @@ def new_block(start, stop, first, keys, values, capacity):
     """An empty block of rows ``[start, stop)`` from slot ``first``, ``capacity`` slots,
     heads, dims and dtype of ``keys``/``values``."""
     shape = (stop - start, keys.shape[1], capacity)
-    return RowBlock(start, stop, first, mx.zeros((*shape, keys.shape[3]), keys.dtype),
-                    mx.zeros((*shape, values.shape[3]), values.dtype))
+    return RowBlock(start, stop, first, *key_value_buffers(
+        (*shape, keys.shape[3]), (*shape, values.shape[3]), keys.dtype, values.dtype))
 
 
 def pad_left(x, n):
@@ -115,8 +118,12 @@ def grow(block, needed, capacity):
     held = block.keys.shape[2]
     if needed <= held:
         return
-    widths = [(0, 0), (0, 0), (0, capacity - held), (0, 0)]
-    block.keys, block.values = mx.pad(block.keys, widths), mx.pad(block.values, widths)
+    k, v = block.keys, block.values
+    block.keys, block.values = key_value_buffers((*k.shape[:2], capacity, k.shape[3]),
+                                                 (*v.shape[:2], capacity, v.shape[3]),
+                                                 k.dtype, v.dtype)
+    block.keys[..., :held, :] = k
+    block.values[..., :held, :] = v
 
 
 def write(blocks, keys, values, size, capacity_for):
