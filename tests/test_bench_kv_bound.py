@@ -5,6 +5,7 @@ within the bound plus the margin, and the requests that started last equal to th
 sent alone, token for token."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,12 +14,20 @@ import pytest
 
 from conftest import model_dir, subprocess_env
 
-BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench_kv_bound.py"
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+BENCH = SCRIPTS / "bench_kv_bound.py"
+
+
+def sampled(env, samples):
+    """``env`` with the server sampling its own memory into ``samples``
+    (``scripts/memory_sampler``, first on ``PYTHONPATH``)."""
+    return dict(env, MEMORY_SAMPLER_DIR=str(samples), MEMORY_SAMPLER_STACKS_ABOVE="0",
+                PYTHONPATH=os.pathsep.join([str(SCRIPTS / "memory_sampler"), env["PYTHONPATH"]]))
 
 
 @pytest.mark.slow
 def test_requests_beyond_the_bound_wait_and_all_answer(tmp_path):
-    out = tmp_path / "bound.json"
+    out, samples = tmp_path / "bound.json", tmp_path / "memory"
     # 5 requests of 96 prompt + 4 new tokens: 100 slots x 46,080 bytes = 4.6 MB each; of
     # --kv-memory 0.016 (GB) the prefix cache's blocks get a quarter and requests 12 MB,
     # which admit 2 at a time: 3 must wait.
@@ -27,7 +36,7 @@ def test_requests_beyond_the_bound_wait_and_all_answer(tmp_path):
          "--requests", "5", "--prompt-tokens", "96", "--max-tokens", "4",
          "--kv-memory", "0.016", "--check", "2", "--json", str(out)],
         capture_output=True, text=True, timeout=600,
-        env=subprocess_env())
+        env=sampled(subprocess_env(), samples))
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["statuses"] == {"200": 5} and r["all_200"] and r["errors"] == []
@@ -45,3 +54,19 @@ def test_requests_beyond_the_bound_wait_and_all_answer(tmp_path):
     at_peak = r["metrics_at_peak_rss"]
     assert 0 < at_peak["memory_active_bytes"] + at_peak["memory_cache_bytes"] < at_peak["rss_bytes"]
     assert 0.5 < at_peak["memory_resident_bytes"] / at_peak["rss_bytes"] < 2
+
+    # The sampler ran in the server alone (one timeline), from before the model loaded
+    # to its end; the summary finds MLX's arrays (the weights at least) inside the
+    # resident size, and the engine's stacks were written while arrays were held.
+    timelines = list(samples.glob("timeline-*.txt"))
+    assert len(timelines) == 1
+    summary = subprocess.run(
+        [sys.executable, str(SCRIPTS / "memory_timeline.py"), str(samples), "--json",
+         str(tmp_path / "timeline.json")], capture_output=True, text=True, timeout=60)
+    assert summary.returncode == 0, summary.stderr
+    result, = json.loads((tmp_path / "timeline.json").read_text()).values()
+    assert result["samples"] > 50
+    peak = result["max_mlx_active"]
+    assert 0.5 < peak["mlx_active"] < peak["resident"]  # 0.54 GB of float32 weights
+    assert result["max_resident"]["resident"] >= peak["resident"]
+    assert "mlx_lm_batched/server/engine.py" in (samples / "stacks.txt").read_text()
