@@ -97,7 +97,15 @@ def _row_of_full(c, row, pad):
         return new
     k, v = c.row_slots(row, pad)
     new = KVCache()
-    new.state = [mx.contiguous(k), mx.contiguous(v)]
+    if block is not None and block.rows == 1 and not block.head and block.first == pad:
+        # The row's own buffer, held as it is rather than copied (a finished row's
+        # cache, stored into the prefix cache block by block, was copied twice: one
+        # more transient copy of its whole cache). MLX writes no buffer in place that
+        # another array still holds, so the view keeps these values whatever the batch
+        # does next; it holds at most RESERVE_AHEAD slots more than the row's.
+        new.state = [k, v]
+    else:
+        new.state = [mx.contiguous(k), mx.contiguous(v)]
     return new
 
 
