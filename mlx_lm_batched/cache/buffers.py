@@ -18,16 +18,11 @@ while a step is being built would wait for the step in flight (``mx.async_eval``
 import mlx.core as mx
 
 
-def settle(arrays):
-    """Evaluate ``arrays`` now on the CPU; nothing elsewhere (see the module docstring)."""
-    if arrays and mx.default_device() == mx.cpu:
-        mx.eval(arrays)
-
-
 def key_value_buffers(key_shape, value_shape, key_dtype, value_dtype):
     """Zero ``(keys, values)`` buffers of the given shapes and dtypes, evaluated now on
     the CPU (placed ahead of the forward pass that writes them), lazy elsewhere."""
     keys, values = mx.zeros(key_shape, key_dtype), mx.zeros(value_shape, value_dtype)
-    settle([keys, values])
+    if mx.default_device() == mx.cpu:
+        mx.eval(keys, values)
     return keys, values
 
