@@ -2,7 +2,8 @@
 """Many distinct long requests at once against a KV memory bound: all answered, memory bounded.
 
     python scripts/bench_kv_bound.py --model DIR [--requests 64] [--prompt-tokens 1500]
-        [--max-tokens 16] [--stop TEXT] [--kv-memory 0.5] [--check 8] [--json out.json]
+        [--max-tokens 16] [--stop TEXT] [--kv-memory 0.5] [--check 8] [--client-timeout 3600]
+        [--json out.json]
         [-- SERVER ARGS...]
 
 Starts ``python -m mlx_lm_batched.server --kv-memory GB`` (whatever ``PYTHONPATH``
@@ -94,7 +95,8 @@ def run(args):
     proc = start_server(args.model, port, ["--kv-memory", str(args.kv_memory),
                                            *args.server_args])
     try:
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=3600,
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                        timeout=args.client_timeout,
                         max_retries=0)  # a 429 must count, not be retried away
         stream_completion(client, prompts[0][:16], 2)
         warm_metrics = metrics(port)
@@ -161,6 +163,10 @@ def main():
     p.add_argument("--kv-memory", type=float, default=0.5, help="the server's --kv-memory, GB")
     p.add_argument("--check", type=int, default=8,
                    help="requests (those that started last) sent again alone and compared")
+    p.add_argument("--client-timeout", type=float, default=3600,
+                   help="seconds a request may wait for its answer before the client gives up "
+                        "(recorded as status 'timeout'); a queue of many long prompts on a slow "
+                        "machine needs more")
     p.add_argument("--json")
     p.add_argument("server_args", nargs="*", help="after --: extra server flags")
     args = p.parse_args()

@@ -170,7 +170,8 @@ def stream_completion(client, prompt, max_tokens, stop=None):
     """One streamed greedy ``/v1/completions`` request on a token-id prompt (ending at a
     ``stop`` string, if given): a dict of its status (200, or the error's status),
     generated tokens (``logprobs``' token strings), text, times (sent, first token and end,
-    monotonic) and usage."""
+    monotonic) and usage. A request the client gave up on has status ``"timeout"`` (or
+    ``"connection"``), recorded like an error status rather than ending the run."""
     import openai
 
     sent = time.monotonic()
@@ -192,6 +193,9 @@ def stream_completion(client, prompt, max_tokens, stop=None):
                 out["text"] += choice.text or ""
     except openai.APIStatusError as e:
         out.update(status=e.status_code, error=str(e)[:300])
+    except openai.APIConnectionError as e:  # the client gave up (its timeout) or lost the server
+        out.update(status="timeout" if isinstance(e, openai.APITimeoutError) else "connection",
+                   error=str(e)[:300])
     out["end"] = time.monotonic()
     return out
 
