@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import subprocess_env
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -26,6 +26,9 @@ _FIELDS = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks"
            "uordblks", "fordblks", "keepcost")
 
 
+# glibc's struct mallinfo2 and the /proc read below are written out again rather than
+# taken from ``mlx_lm_batched._malloc``: importing the package here, at interpreter start,
+# would load MLX and the BLAS before the server chooses how (``mlx_lm_batched._blas``).
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in _FIELDS]
 
