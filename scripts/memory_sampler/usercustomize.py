@@ -1,12 +1,13 @@
 """Samples a server's memory from inside it, for ``scripts/memory_timeline.py``.
 
-    MEMORY_SAMPLER_DIR=/tmp/mem PYTHONPATH=scripts/memory_sampler:$PWD \\
+    MEMORY_SAMPLER_DIR=/tmp/mem PYTHONPATH=$PWD/scripts/memory_sampler:$PWD \\
         python scripts/bench_kv_bound.py --model DIR ...
 
 Python imports this file (``usercustomize``, after any ``sitecustomize``, unless the
 user site is off: ``-s``, ``PYTHONNOUSERSITE``) at start in every process whose
 ``PYTHONPATH`` names this folder; it acts only in ``python -m mlx_lm_batched.server`` processes and only when
-``MEMORY_SAMPLER_DIR`` is set. A daemon thread then writes, every 20 ms, one line to
+``MEMORY_SAMPLER_DIR`` is set. The folder goes on ``PYTHONPATH`` as an absolute path:
+``bench_kv_bound.py`` starts its server in another working directory. A daemon thread then writes, every 20 ms, one line to
 ``DIR/timeline-PID.txt``: seconds since start, resident bytes (``/proc/self/statm``),
 glibc's heap (``mallinfo2``: bytes obtained from the system, in use, free, and in
 mmapped chunks) and MLX's active and cache bytes. While MLX's active memory is above
