@@ -97,3 +97,45 @@ def test_freed_heap_goes_back_to_the_system_after_rows_leave(choice):
     else:
         assert r["released"] is True, r
         assert r["held"] - r["after"] >= 300 << 20, r
+
+
+CEILING_PROBE = """
+import json
+import mlx_lm_batched
+from mlx_lm_batched import _malloc
+import mlx.core as mx
+
+mx.set_cache_limit(0)  # freed arrays go straight to free()
+xs = [mx.ones((1 << 20,)) for _ in range(100)]  # 400 MB of 4 MB arrays: heap, not mmap
+mx.eval(xs)
+del xs
+held = _malloc.resident_bytes()
+under = _malloc.ResidentCeiling(held + (1 << 30)).look()  # under its ceiling: kept
+ceiling = _malloc.ResidentCeiling(held - (100 << 20))
+over = ceiling.look()
+after = _malloc.resident_bytes()
+again = ceiling.look()  # under the ceiling now
+print(json.dumps({"held": held, "after": after, "under": under, "over": over,
+                  "again": again, "started": ceiling.start()}))
+ceiling.stop()
+"""
+
+
+@pytest.mark.skipif(not _malloc.supported(), reason="malloc_trim is glibc's (Linux)")
+@pytest.mark.parametrize("choice", ["auto", "system"])
+def test_freed_heap_goes_back_above_a_resident_ceiling(choice):
+    """``ResidentCeiling``: under its ceiling a look keeps the heap's 400 MB of freed
+    arrays; above it, gives them back (the resident size drops by them), then, under it
+    again, nothing. ``MLX_LM_BATCHED_MALLOC=system`` leaves malloc alone."""
+    env = dict(os.environ, MLX_LM_BATCHED_MALLOC=choice, PYTHONPATH=REPO)
+    for name in _malloc.GLIBC_ENV:
+        env.pop(name, None)
+    out = subprocess.run([sys.executable, "-c", CEILING_PROBE], env=env, capture_output=True,
+                         text=True, timeout=300, check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["under"] is False and r["again"] is False, r
+    if choice == "system":
+        assert r["over"] is False and r["started"] is False, r
+    else:
+        assert r["over"] is True and r["started"] is True, r
+        assert r["held"] - r["after"] >= 300 << 20, r

@@ -38,6 +38,10 @@ from .metrics import Metrics
 from .row_state import RowState
 from .sampling import SamplerFactory, row_processors, row_stops
 
+# Resident memory allowed above the loaded server beyond its KV bounds (a step's
+# temporaries): past it, freed heap goes back at once (``_malloc.ResidentCeiling``).
+CEILING_MARGIN_BYTES = 128 << 20
+
 log = logging.getLogger("mlx_lm_batched.server")
 
 
@@ -82,6 +86,7 @@ class Engine(EngineOutput, EnginePrefix, EnginePreemption):
         # Freed heap goes back to the system after rows leave (resident size follows the
         # arrays held; see _malloc.HeapRelease).
         self.heap = _malloc.HeapRelease()
+        self.ceiling = None  # a _malloc.ResidentCeiling while the thread runs under a KV bound
         self._thread = None
         self._stopping = False
         self._last_gauges = 0.0
@@ -143,6 +148,13 @@ class Engine(EngineOutput, EnginePrefix, EnginePreemption):
         self._update_gauges()
         self._thread = threading.Thread(target=self._run, name="mlx-lm-batched-engine", daemon=True)
         self._thread.start()
+        if self.config.max_kv_bytes:
+            # The process may hold its KV bound and a step's temporaries above what it
+            # holds now, loaded; the heap's freed memory beyond that goes back.
+            self.ceiling = _malloc.ResidentCeiling(
+                _malloc.resident_bytes() + self.config.max_kv_bytes
+                + self.config.prompt_cache_bytes + CEILING_MARGIN_BYTES)
+            self.ceiling.start()
 
     def stop(self, timeout=10.0):
         """Stop the thread (rows still running are abandoned); waits up to ``timeout`` s."""
@@ -150,6 +162,8 @@ class Engine(EngineOutput, EnginePrefix, EnginePreemption):
         self._commands.put(("stop", None))
         if self._thread is not None:
             self._thread.join(timeout)
+        if self.ceiling is not None:
+            self.ceiling.stop()
         if not self.alive:  # (a thread still in a step may yet use the prefix cache)
             self.prefix.close()  # the disk tier's queued blocks reach the disk
 
