@@ -31,11 +31,13 @@ print(json.dumps({"configured": _malloc.configured, "faults": faults}))
 """
 
 
-def probe(choice):
+def probe(choice, code=PROBE):
+    """The JSON line ``code`` prints last, run in a fresh process with
+    ``MLX_LM_BATCHED_MALLOC=choice`` and none of glibc's own malloc settings."""
     env = dict(os.environ, MLX_LM_BATCHED_MALLOC=choice, PYTHONPATH=REPO)
     for name in _malloc.GLIBC_ENV:
         env.pop(name, None)
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=300, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -85,12 +87,7 @@ def test_freed_heap_goes_back_to_the_system_after_rows_leave(choice):
     """``HeapRelease``: after rows leave, the next tick gives the heap's free pages back
     (the resident size drops by the 400 MB of freed arrays); without rows leaving, or
     again right after, nothing; ``MLX_LM_BATCHED_MALLOC=system`` leaves malloc alone."""
-    env = dict(os.environ, MLX_LM_BATCHED_MALLOC=choice, PYTHONPATH=REPO)
-    for name in _malloc.GLIBC_ENV:
-        env.pop(name, None)
-    out = subprocess.run([sys.executable, "-c", RELEASE_PROBE], env=env, capture_output=True,
-                         text=True, timeout=300, check=True)
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = probe(choice, RELEASE_PROBE)
     assert r["idle"] is False and r["again"] is False, r
     if choice == "system":
         assert r["released"] is False, r
@@ -127,12 +124,7 @@ def test_freed_heap_goes_back_above_a_resident_ceiling(choice):
     """``ResidentCeiling``: under its ceiling a look keeps the heap's 400 MB of freed
     arrays; above it, gives them back (the resident size drops by them), then, under it
     again, nothing. ``MLX_LM_BATCHED_MALLOC=system`` leaves malloc alone."""
-    env = dict(os.environ, MLX_LM_BATCHED_MALLOC=choice, PYTHONPATH=REPO)
-    for name in _malloc.GLIBC_ENV:
-        env.pop(name, None)
-    out = subprocess.run([sys.executable, "-c", CEILING_PROBE], env=env, capture_output=True,
-                         text=True, timeout=300, check=True)
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = probe(choice, CEILING_PROBE)
     assert r["under"] is False and r["again"] is False, r
     if choice == "system":
         assert r["over"] is False and r["started"] is False, r
