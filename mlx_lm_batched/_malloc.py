@@ -183,7 +183,6 @@ class ResidentCeiling:
     def __init__(self, ceiling_bytes, every_s=0.1, min_free_bytes=16 << 20):
         self.ceiling_bytes, self.every_s = int(ceiling_bytes), every_s
         self.min_free_bytes = min_free_bytes
-        self.releases = 0  # looks that released memory
         self._stop = threading.Event()
         self._thread = None
 
@@ -215,10 +214,7 @@ class ResidentCeiling:
         if resident_bytes() <= self.ceiling_bytes:
             return False
         free = heap_free_bytes()
-        if free is None or free < self.min_free_bytes or not release_free_heap():
-            return False
-        self.releases += 1
-        return True
+        return free is not None and free >= self.min_free_bytes and release_free_heap()
 
 
 # At import, not on first use: the thresholds must be set before MLX allocates the first
