@@ -10,6 +10,7 @@ import pytest
 from conftest import corpus_prompts
 from mlx_lm_batched.cache.files import load_prompt_cache, save_prompt_cache
 from mlx_lm_batched.cache.kv import KVCache
+from mlx_lm_batched.cache.kv_blocks import BlockStore
 from mlx_lm_batched.cache.views import RowsView
 from mlx_lm_batched.engine.batch_engine import BatchEngine
 from mlx_lm_batched.engine.kv_budget import cache_bytes
@@ -122,6 +123,62 @@ def test_extract_save_and_reorder_see_the_rows_alone(smol, tmp_path):
     y = mx.array([alone[7][0][2], alone[0][0][2], alone[3][0][2]])
     tokens, _, _ = _decode(engine, y, 2)
     assert [t[1:] for t in tokens] == [alone[r][0][3:5] for r in (7, 0, 3)]
+
+
+def test_a_row_read_in_place_is_stored_without_a_copy_and_the_batch_goes_on(smol):
+    # A leading row's blocks are stored from views of the batch's buffers
+    # (``extract_row(..., views=True)``): nothing is allocated for the row itself, the
+    # store's blocks are its own copies, and once the views are gone the batch writes
+    # in place and every row continues as alone.
+    model, prompts, alone = smol
+    engine, y = _batch(model, prompts)
+    _, _, y = _decode(engine, y, 2)
+    blocks = engine.cache[0].blocks
+    row = next(b.start for b in blocks if b.rows > 1 and len(prompts[b.start]) >= 32)
+    copied = engine.extract_row(row)
+    mx.eval([c.state for c in copied])
+    before = mx.get_active_memory()
+    views = engine.extract_row(row, views=True)
+    mx.eval([c.state for c in views])
+    assert mx.get_active_memory() - before < 0.05 * cache_bytes(
+        model, make_prompt_cache(model), 1, len(prompts[row]))[0]
+    for c, d in zip(copied, views):
+        np.testing.assert_array_equal(np.array(c.state[0]), np.array(d.state[0]))
+        np.testing.assert_array_equal(np.array(c.state[1]), np.array(d.state[1]))
+    tokens = prompts[row] + alone[row][0][:3]
+    store = BlockStore(b"views", block_size=16)
+    before = mx.get_active_memory()
+    assert store.insert(tokens, views) == len(tokens) // 16
+    assert mx.get_active_memory() - before >= 0.9 * store.nbytes  # copies, not slices
+    del views
+    more, _, _ = _decode(engine, y, 2)
+    for r, want in enumerate(alone):
+        assert more[r][1:] == want[0][3:5]
+    hit = store.lookup(tokens)
+    for c, d in zip(hit.cache, copied):
+        np.testing.assert_array_equal(np.array(c.state[0]), np.array(d.state[0][..., :hit.cache[0].size, :]))
+
+
+def test_blocks_merged_at_a_join_are_copied_one_layer_at_a_time(smol):
+    # Two long rows joining merge into one block (one attention call). The copy is made
+    # at the join, layer by layer, and the joining batch lets its arrays go first: the
+    # merged rows never sit twice in memory (left lazy, every layer's copy was made
+    # beside all the originals, 0.3 GB over a server's KV bound at 2,000 tokens).
+    model, prompts, alone = smol
+    first, y1 = _batch(model, [prompts[6]])
+    second, y2 = _batch(model, [prompts[7]])
+    _, _, y1 = _decode(first, y1, 1)
+    mx.eval(y1, y2)
+    held = first.nbytes + second.nbytes
+    before = mx.get_active_memory()
+    mx.reset_peak_memory()
+    first.extend(second)
+    del second
+    mx.eval([(b.keys, b.values) for c in first.cache for b in c.blocks])
+    assert len(first.cache[0].blocks) == 1  # merged
+    assert mx.get_peak_memory() - before < 0.2 * held
+    tokens, _, _ = _decode(first, mx.concatenate([y1, y2]), 2)
+    assert tokens[0][1:] == alone[6][0][2:4] and tokens[1][1:] == alone[7][0][1:3]
 
 
 def test_rows_with_only_a_last_token_join_their_blocks(smol, float_models):

@@ -83,21 +83,22 @@ def _empty_like(c):
     return KVCache()
 
 
-def _row_of_full(c, row, pad):
+def _row_of_full(c, row, pad, views):
     block = next((b for b in c.blocks or () if b.start <= row < b.stop), None)
+    keep = (lambda x: x) if views else mx.contiguous
     if block is not None and block.head and block.first == pad:
         # A row continued from stored blocks keeps them as its shared head (no join):
         # only its own slots are copied.
         own = c.size - block.own_first
         new = KVCache()
         new.blocks = [row_blocks.with_head(
-            *block.head, mx.contiguous(block.keys[..., :own, :]),
-            mx.contiguous(block.values[..., :own, :]))]
+            *block.head, keep(block.keys[..., :own, :]), keep(block.values[..., :own, :]))]
         new.size = c.size - pad
         return new
     k, v = c.row_slots(row, pad)
     new = KVCache()
-    if block is not None and block.rows == 1 and not block.head and block.first == pad:
+    if views or (block is not None and block.rows == 1 and not block.head
+                 and block.first == pad):
         # The row's own buffer, held as it is rather than copied (a finished row's
         # cache, stored into the prefix cache block by block, was copied twice: one
         # more transient copy of its whole cache). MLX writes no buffer in place that
@@ -140,11 +141,14 @@ def _row_of_state(c, row, pad):
     return new
 
 
-def extract_row(caches, row, pad):
+def extract_row(caches, row, pad, views=False):
     """Row ``row`` of a batch's layer caches as a one-row cache without padding.
 
     ``pad`` is the row's left padding in the batch's slot frame (slots minus the
-    row's real tokens).
+    row's real tokens). ``views``: a full attention layer's slots are slices of the
+    batch's buffers, not copies, for a caller that reads them and lets them go before
+    the batch's next step (a buffer another array still holds is copied whole at its
+    next write instead of written in place: correct, but a transient copy of the block).
     """
     out = []
     for c in caches:
@@ -157,7 +161,7 @@ def extract_row(caches, row, pad):
         elif isinstance(c, RotatingKVCache):
             out.append(_row_of_rotating(c, row, pad))
         elif isinstance(c, KVCache):
-            out.append(_row_of_full(c, row, pad))
+            out.append(_row_of_full(c, row, pad, views))
         else:
             raise TypeError(f"cannot extract a row from a {type(c).__name__} cache")
     return out

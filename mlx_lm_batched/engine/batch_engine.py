@@ -204,10 +204,12 @@ class BatchEngine:
         gaps = [(a, z, self.cache.slots) for a, z in uncovered(blocks, rows)]
         return sorted(covered + gaps)
 
-    def extract_row(self, row):
+    def extract_row(self, row, views=False):
         """Row ``row``'s caches as a one-row prompt cache without padding (see
-        ``cache.row_caches.extract_row``)."""
-        return extract_row(self.cache, row, self.cache.padding[row] if self.cache.padding else 0)
+        ``cache.row_caches.extract_row``; ``views``: slices of this batch's buffers, to
+        be let go before its next step)."""
+        pad = self.cache.padding[row] if self.cache.padding else 0
+        return extract_row(self.cache, row, pad, views)
 
     @property
     def nbytes(self):
@@ -240,6 +242,9 @@ class BatchEngine:
             for c in [*self.cache, *other.cache]:
                 c.to_blocks()
         self.cache.extend(other.cache)
+        # Its caches' arrays are ours now: let its references go before the blocks
+        # merge (``rows_changed``), so that each layer's originals go as its copy is made.
+        other.cache = None
         self.sampling.extend(other.sampling)
         if self.row_ids is not None or other.row_ids is not None:
             self.row_ids = (self.row_ids or []) + (other.row_ids or [])

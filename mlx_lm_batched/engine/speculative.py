@@ -349,8 +349,8 @@ class SpeculativeEngine:
     def rows_changed(self):
         self.target.rows_changed()
 
-    def extract_row(self, row):
-        return self.target.extract_row(row)
+    def extract_row(self, row, views=False):
+        return self.target.extract_row(row, views)
 
     def filter(self, keep):
         self.target.filter(keep)

@@ -77,10 +77,11 @@ class Batch:
     def live(self):
         return len(self.engine.row_ids) - len(self.dead)
 
-    def extract(self, i, row):
+    def extract(self, i, row, views=False):
         """Row ``i``'s cache, holding exactly ``row.tokens``: a speculative step has fed
-        the drafts it kept before reporting them (and past where a row ends)."""
-        cache = self.engine.extract_row(i)
+        the drafts it kept before reporting them (and past where a row ends). ``views``:
+        see ``cache.row_caches.extract_row``."""
+        cache = self.engine.extract_row(i, views)
         if isinstance(self.engine, SpeculativeEngine):
             row_caches.trim_to(cache, len(row.tokens))
         return cache

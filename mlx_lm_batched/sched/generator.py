@@ -176,11 +176,11 @@ class BatchGenerator:
                 return batch, batch.uids.index(uid)
         return None, None
 
-    def _row_cache(self, row, batch, i):
+    def _row_cache(self, row, batch, i, views=False):
         """Row ``row``'s cache now and the tokens it holds."""
         if batch is not None and (batch is self._decode or batch.job.done or (
                 row.cut_at_segments and batch.job.calls)):
-            return batch.extract(i, row), list(row.tokens)
+            return batch.extract(i, row, views), list(row.tokens)
         # Queued, or in a prefill that has not fed it (a shared prefill writes rows group
         # by group): the cache it came with holds exactly the tokens it came with.
         held = row.tokens[: len(row.tokens) - row.done]
@@ -188,13 +188,18 @@ class BatchGenerator:
             return row.cache, held
         return make_prompt_cache(self.model, self.options.max_kv_size), held
 
-    def extract_cache(self, uids):
-        """``{uid: (prompt cache, tokens in it)}`` for the rows still present."""
+    def extract_cache(self, uids, views=False):
+        """``{uid: (prompt cache, tokens in it)}`` for the rows still present.
+
+        ``views=True``: a running row's attention slots are slices of the batch's
+        buffers rather than copies, for a caller that stores them (copying what it
+        keeps) and drops them before the next :meth:`next`; held longer, they stay
+        correct but cost a copy of the buffer they slice at its next write."""
         out = {}
         for uid in uids:
             row = self._rows.get(uid)
             if row is not None:
-                out[uid] = self._row_cache(row, *self._locate(uid))
+                out[uid] = self._row_cache(row, *self._locate(uid), views)
         return out
 
     def remove(self, uids, return_prompt_caches=False):
