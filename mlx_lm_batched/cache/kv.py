@@ -334,8 +334,8 @@ class KVCache(FullSlotFrame, MlxLmCacheMethods):
 
         Evaluated here, one layer at a time, the copy of the merged rows sits beside
         its originals for this layer only; left to the next evaluation, every layer's
-        copies were made beside all their originals (8 rows of 2,000 tokens merging
-        at a join: 0.3 GB over the KV bound, as a leading row stored its blocks)."""
+        copy would be made beside all the originals: the merged rows twice in memory,
+        beyond what a KV bound counts."""
         if self.blocks is not None:
             self.blocks = row_blocks.merged(self.blocks, spans)
             mx.eval([(b.keys, b.values) for b, (i, j) in zip(self.blocks, spans) if j > i + 1])

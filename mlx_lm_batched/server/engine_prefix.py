@@ -16,10 +16,9 @@ class EnginePrefix:
 
     def _lead_done(self, row):
         """A leading row has prefilled its prompt: store its blocks, start its followers."""
-        # Read in place: the store copies the blocks it keeps, and a copy of the row
-        # first (92 MB at 2,000 tokens, for a row in a block of several) put the arrays
-        # past the KV bound while the batch held its full reservation (200 x 2,000
-        # tokens under --kv-memory 1). The views go before the batch writes again.
+        # Read in place: the store copies the blocks it keeps, and a copy of the whole
+        # row first (for a row in a block of several) would sit beyond the KV bound
+        # while the batch holds its reservation. The views go before the batch writes.
         cache = self.gen.extract_cache([row.uid], views=True).pop(row.uid, None)
         if cache is not None:
             self._store_prefix(row.uid, cache[1], cache[0], row.job.spec.adapter)
