@@ -55,13 +55,10 @@ class EngineOutput:
             entries = [token_logprobs(self.tokenizer, r.token, r.logprobs, params.top_logprobs)]
         text, finish = row.add_token(r.token, r.finish_reason)
         if finish == "stop" and r.finish_reason is None:  # a stop string: leave the batch now
-            # Read in place (as a leading row's, ``_lead_done``): the store copies what
-            # it keeps, and the views go before the batch writes again.
-            held = self.gen.extract_cache([r.uid], views=True).pop(r.uid, None)
-            self.gen.remove([r.uid])
-            if held is not None:
-                self._store_prefix(r.uid, held[1], held[0], job.spec.adapter)
-                del held
+            caches = self.gen.remove([r.uid], return_prompt_caches=True)
+            if r.uid in caches:
+                cache, tokens = caches[r.uid]
+                self._store_prefix(r.uid, tokens, cache, job.spec.adapter)
         elif r.finish_reason is not None and r.prompt_cache is not None:
             self._store_prefix(r.uid, r.all_tokens, r.prompt_cache, job.spec.adapter)
             # Its blocks are stored: let the row's cache go now. Rows that end in one
