@@ -274,11 +274,7 @@ class KVCache(FullSlotFrame, MlxLmCacheMethods):
         if self.blocks is not None:
             keep = [int(r) for r in (rows.tolist() if isinstance(rows, mx.array) else rows)]
             if all(a < b for a, b in zip(keep, keep[1:])):
-                kept = {id(b.keys) for b in self.blocks}
                 self.blocks = row_blocks.filter_blocks(self.blocks, keep)
-                # A block that lost rows is a copy of the rest: made now, as a merge is
-                # (``merge_blocks``), so that its originals go with this layer.
-                mx.eval([(b.keys, b.values) for b in self.blocks if id(b.keys) not in kept])
                 return
             self.unblock()  # a new row order: blocks hold contiguous rows
         if self.keys is not None:

@@ -365,8 +365,7 @@ class BatchGenerator:
 
     def _compact(self):
         """Drop the decode batch's dead rows once the steps they would still cost reach
-        one step of the whole batch (the filter copies the caches: about one step), or,
-        with ``drop_finished_early``, as soon as queued rows are about to allocate theirs."""
+        one step of the whole batch (the filter copies the caches: about one step)."""
         batch = self._decode
         if not batch.dead:
             return
@@ -375,8 +374,7 @@ class BatchGenerator:
             return
         remaining = max(self._rows[u].max_tokens - self._rows[u].generated
                         for u in batch.uids if u not in batch.dead)
-        if len(batch.dead) * remaining >= len(batch.uids) or (
-                self.options.drop_finished_early and self._queue):
+        if len(batch.dead) * remaining >= len(batch.uids):
             batch.pending = batch.drop_dead(batch.pending)
 
     def _next(self):

@@ -24,10 +24,6 @@ class GeneratorOptions:
     of that many slots. ``return_logprobs`` / ``return_caches``: what responses carry.
     ``kv_bits`` / ``kv_group_size`` / ``quantized_kv_start``: quantized KV caches.
     Speculative decoding: ``draft_model`` or ``prompt_lookup``, ``num_draft_tokens``.
-    ``drop_finished_early``: finished rows leave the decode batch (their caches' memory
-    freed) as soon as queued rows wait to start, instead of when dropping them saves
-    more steps than it costs: for a caller that bounds KV memory, whose reservations of
-    finished rows have gone to the queued ones.
 
     Raises ``ValueError`` / ``TypeError`` (one line naming the setting) for a bad value
     and the capability table's error for features that do not combine.
@@ -50,7 +46,6 @@ class GeneratorOptions:
     draft_model: Any = None
     num_draft_tokens: int = 2
     prompt_lookup: bool = False
-    drop_finished_early: bool = False
 
     def __post_init__(self):
         for name in ("completion_batch_size", "prefill_batch_size", "prefill_step_size",

@@ -106,10 +106,7 @@ class Engine(EngineOutput, EnginePrefix, EnginePreemption):
                     prefill_step_size=self.config.prefill_step_size,
                     prefill_tokens_per_step=self.config.prefill_tokens_per_step,
                     kv_bits=self.config.kv_bits, kv_group_size=self.config.kv_group_size,
-                    quantized_kv_start=self.config.quantized_kv_start,
-                    # Under a KV bound a finished row's reservation goes to waiting
-                    # requests at once: its memory must go before theirs is allocated.
-                    drop_finished_early=bool(self.config.max_kv_bytes))
+                    quantized_kv_start=self.config.quantized_kv_start)
 
     @property
     def speculative(self):
