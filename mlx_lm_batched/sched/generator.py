@@ -252,6 +252,15 @@ class BatchGenerator:
             total += self._decode.engine.nbytes
         return total
 
+    @property
+    def finished_nbytes(self):
+        """About the cache bytes the decode batch still holds for rows that finished or
+        were removed (it drops them when that pays, ``_compact``): its share of them."""
+        batch = self._decode
+        if batch is None or not batch.dead:
+            return 0
+        return batch.engine.nbytes * len(batch.dead) // len(batch.uids)
+
     # Scheduling
     def _in_prefill(self):
         return sum(b.live for b in self._prefills)

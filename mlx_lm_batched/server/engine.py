@@ -77,7 +77,7 @@ class Engine(EngineOutput, EnginePrefix, EnginePreemption):
         # reached, except on speculative batches (whose rows cannot be suspended).
         growth = c.kv_growth_tokens if self.preempts and not self.speculative else 0
         self.admission = KVAdmission(self.config, self._reused_tokens, growth,
-                                     self._resume_grants)
+                                     self._resume_grants, lambda: self.gen.finished_nbytes)
         self._commands = queue.Queue()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # guards _waiting_jobs (read by the event loop)

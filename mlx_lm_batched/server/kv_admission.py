@@ -43,8 +43,12 @@ class KVAdmission:
     """Reservations against ``config.max_kv_bytes`` (None: no bound), read at each check.
     ``growth``: tokens a row reserves ahead of what it holds (0: all of ``max_tokens``)."""
 
-    def __init__(self, config, reused_tokens=None, growth=0, resume_grants=None):
+    def __init__(self, config, reused_tokens=None, growth=0, resume_grants=None,
+                 unreleased=None):
         self.config = config
+        # Bytes the batch still holds for rows whose reservations were released (finished
+        # rows it drops when that pays): a request starts only beside them too.
+        self.unreleased = unreleased or (lambda: 0)
         # (job, prompt) -> tokens of ``prompt`` its rows will read from shared blocks.
         self.reused_tokens = reused_tokens or (lambda job, prompt: 0)
         # job -> a KVGrant per row of a preempted job, from what its rows hold now.
@@ -101,14 +105,14 @@ class KVAdmission:
                                "max_tokens", "request_too_large")
         grants = [self.grant(len(p) - r, m, preemptible=job.preemptible)
                   for p, m, r in zip(prompts, max_tokens, reused)]
-        if not self._take(job, n * self.grants_bytes(grants)):
+        if not self._take(job, n * self.grants_bytes(grants), held=self.unreleased()):
             return False
         job.grants = grants
         return True
 
-    def _take(self, job, need, alone_ok=False):
+    def _take(self, job, need, alone_ok=False, held=0):
         limit = self.config.max_kv_bytes
-        if limit is not None and self.reserved + need > limit and not (
+        if limit is not None and self.reserved + held + need > limit and not (
                 alone_ok and self.reserved == job.reserved):
             return False
         job.reserved += need

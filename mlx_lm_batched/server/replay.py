@@ -202,6 +202,10 @@ class ReplayGenerator:
     def prompt_cache_nbytes(self):
         return self.inner.prompt_cache_nbytes
 
+    @property
+    def finished_nbytes(self):
+        return self.inner.finished_nbytes
+
 
 def replayed_row(request, cache_ref):
     """What a follower needs of rank 0's ``request`` (plain JSON): its prompt segments,
