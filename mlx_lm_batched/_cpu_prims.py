@@ -107,7 +107,7 @@ def _build():
 def _import(path):
     spec = importlib.util.spec_from_file_location(
         MODULE, path, loader=importlib.machinery.ExtensionFileLoader(MODULE, path))
-    with _native_build.sleeping_openmp_threads():  # it may be the first to bring libgomp
+    with _native_build.briefly_spinning_openmp_threads():  # it may be the first to bring libgomp
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     return module

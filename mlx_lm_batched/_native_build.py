@@ -43,30 +43,41 @@ def cache_dirs():
 
 
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
+SPIN_COUNT_ENV = "GOMP_SPINCOUNT"
+# Rounds a thread spins for the next parallel region before it sleeps: about 10 us by
+# libgomp's estimate (100,000 rounds a millisecond).
+BRIEF_SPIN_COUNT = "1000"
 
 
 @contextlib.contextmanager
-def sleeping_openmp_threads():
+def briefly_spinning_openmp_threads():
     """Load a kernel library inside this block so that the OpenMP runtime it brings
-    (libgomp, read once when it loads) lets idle threads sleep instead of spinning.
+    (libgomp, read once when it loads) lets a thread with nothing to do spin briefly for
+    the next parallel region, then sleep (``OMP_WAIT_POLICY=active GOMP_SPINCOUNT=1000``).
 
-    Our kernels open a parallel region per matmul (hundreds per decode step). With
-    libgomp's default, a thread that finished its share spins for its partner; when the
-    cores are shared (two processes, a busy machine) the partner is often descheduled
-    and the spinning takes the core it needs: two processes each decoding 8 rows on a
-    2-core machine took 109.6 s spinning and 43.0 s sleeping, one process alone 21.0 and
-    21.8 s (``scripts/bench_openmp_wait.py``, docs/performance.md). A value the
-    user set is kept; the variable is restored afterwards, so other OpenMP runtimes
-    loaded later (torch's) and child processes see the environment they had.
+    Our kernels open a parallel region per matmul (hundreds per decode step), a few
+    microseconds apart. libgomp's default spins up to 300,000 rounds: when the cores are
+    shared (two processes, a busy machine) the partner is often descheduled and the
+    spinning takes the core it needs (two processes on 2 cores, each decoding one row of a
+    4-bit SmolLM2: 131.3 s spinning, 6.0 s sleeping). Sleeping at once (``passive``) makes
+    every region wake its partner, which costs most where a sleeping core must be woken
+    (a virtual machine): the same process alone took 6.2 s sleeping, 3.5 s with the brief
+    spin (and 7.9 s two at once); float32 at 8 rows, 9.7 and 9.5 s alone, 18.0 and 15.4 s
+    two at once (``scripts/bench_openmp_wait.py``, docs/performance.md). A value the user
+    set for either variable is kept; the variables are restored afterwards, so other
+    OpenMP runtimes loaded later (torch's) and child processes see the environment they
+    had.
     """
-    if os.environ.get(WAIT_POLICY_ENV):
+    if os.environ.get(WAIT_POLICY_ENV) or os.environ.get(SPIN_COUNT_ENV):
         yield
         return
-    os.environ[WAIT_POLICY_ENV] = "passive"
+    os.environ[WAIT_POLICY_ENV] = "active"
+    os.environ[SPIN_COUNT_ENV] = BRIEF_SPIN_COUNT
     try:
         yield
     finally:
         os.environ.pop(WAIT_POLICY_ENV, None)
+        os.environ.pop(SPIN_COUNT_ENV, None)
 
 
 def find_compiler(env, default):

@@ -145,7 +145,7 @@ def install():
         return False
     try:
         path = build()
-        with _native_build.sleeping_openmp_threads():
+        with _native_build.briefly_spinning_openmp_threads():
             _lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     except (OSError, subprocess.SubprocessError) as e:
         problem = str(e)
