@@ -90,6 +90,21 @@ def test_a_row_gets_the_same_bits_alone_and_in_a_batch(kernel, bits):
         assert mx.array_equal(some, batch[start:start + n]).item(), (start, n)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_one_row_with_a_bias_and_a_partial_block_gets_the_batch_bits(kernel, bits):
+    # One row takes its own path (weights dequantized in registers, not through a buffer):
+    # 99 outputs end in a block of 3 weight rows, and the layer's bias is added last.
+    wq, scales, biases = mx.quantize(random((99, 256), 8), group_size=32, bits=bits)
+    scales, biases = scales.astype(mx.float16), biases.astype(mx.float16)
+    bias = random((99,), 9)
+    x = random((5, 256), 10)
+    batch = kernel.quantized_linear(x, wq, scales, biases, bias, 32, bits)
+    assert_close(batch, mlx_reference(x, wq, scales, biases, 32, bits) + bias)
+    for i in range(5):
+        alone = kernel.quantized_linear(x[i:i + 1], wq, scales, biases, bias, 32, bits)
+        assert mx.array_equal(alone, batch[i:i + 1]).item(), i
+
+
 def test_a_weight_of_many_blocks_in_the_prefill_path(kernel):
     # 1000 x 512 weight rows: the prefill path dequantizes 512 rows (1 MB) at a time into
     # its columns of the output; a bias goes into every block's columns.

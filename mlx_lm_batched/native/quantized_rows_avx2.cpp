@@ -18,6 +18,12 @@
  *   order, the 8 lanes added in one fixed order at the end (hsum8), then the layer's
  *   bias.
  *
+ * One input row (a single stream's decode step) skips the buffer: each weight row's 32
+ * values are dequantized into registers and multiplied at once, the same operations in the
+ * same order, and the next block's weight bytes are prefetched (4 weight rows read side by
+ * side are too short a stream for the hardware prefetcher to follow; with the prefetch one
+ * thread goes from about 6 to 9 G weights a second on this machine's 4-bit rows).
+ *
  * Each output is that one chain of operations whatever the number of input rows, the tile
  * or the thread that computes it: a row gets the same bits alone as in a batch (batch
  * invariance). The sums are not the portable kernel's (which sums x * q per group before
@@ -58,33 +64,81 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(a);
 }
 
+/* The 32 values of weight row `w` from column k, BITS wide, as 4 x 8 bytes in element
+ * order (one value per byte in each register's low half). */
+template <int BITS>
+inline void unpack32(const uint8_t* __restrict w, int k, __m128i bytes[4]) {
+  if constexpr (BITS == 4) {
+    const __m128i low_nibbles = _mm_set1_epi8(15);
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k / 2));
+    const __m128i lo = _mm_and_si128(packed, low_nibbles);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibbles);
+    const __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);
+    bytes[0] = first;
+    bytes[1] = _mm_srli_si128(first, 8);
+    bytes[2] = second;
+    bytes[3] = _mm_srli_si128(second, 8);
+  } else {
+    for (int j = 0; j < 4; j++)
+      bytes[j] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k + 8 * j));
+  }
+}
+
+/* 8 of those values as weights: scale * q + bias in one fused multiply-add. */
+inline __m256 weights8(__m128i bytes, __m256 scale, __m256 bias) {
+  return _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), bias);
+}
+
 /* One weight row (K values, packed BITS wide) as floats scale * q + bias into `dst`. */
 template <int BITS, typename S>
 void dequantize_row(const uint8_t* __restrict w, const S* __restrict scales,
                     const S* __restrict biases, int K, int group, float* __restrict dst) {
-  const __m128i low_nibbles = _mm_set1_epi8(15);
   for (int g = 0; g < K / group; g++) {
     const __m256 s = _mm256_set1_ps(scalar(scales[g])), b = _mm256_set1_ps(scalar(biases[g]));
     for (int k = g * group; k < (g + 1) * group; k += 32) {
-      __m128i bytes[4];  // 4 x 8 values, element order, one per byte in the low half
-      if constexpr (BITS == 4) {
-        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k / 2));
-        const __m128i lo = _mm_and_si128(packed, low_nibbles);
-        const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibbles);
-        const __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);
-        bytes[0] = first;
-        bytes[1] = _mm_srli_si128(first, 8);
-        bytes[2] = second;
-        bytes[3] = _mm_srli_si128(second, 8);
-      } else {
+      __m128i bytes[4];
+      unpack32<BITS>(w, k, bytes);
+      for (int j = 0; j < 4; j++) _mm256_storeu_ps(dst + k + 8 * j, weights8(bytes[j], s, b));
+    }
+  }
+}
+
+/* One input row by NB weight rows (from n0), each weight dequantized in registers and used
+ * at once. The operations and their order are those of dequantize_row then tile<1, NB>
+ * (w = fma(scale, q, bias) rounded to float32, then acc = fma(x, w, acc) along K 8 lanes at a
+ * time, hsum8, the bias), so the outputs are the same bits as in a batch, without storing and
+ * reloading K floats per weight row: at one row that round trip was most of the work. */
+template <int BITS, typename S, int NB>
+void one_row(const QuantizedRows& p, int n0, const uint8_t* __restrict w, size_t row_bytes,
+             const S* __restrict scales, const S* __restrict biases) {
+  const int groups = p.K / p.group;
+  const uint8_t* row[NB];
+  for (int r = 0; r < NB; r++) row[r] = w + static_cast<size_t>(n0 + r) * row_bytes;
+  __m256 acc[NB];
+  for (int r = 0; r < NB; r++) acc[r] = _mm256_setzero_ps();
+  const size_t ahead = 4 * row_bytes;
+  for (int g = 0; g < groups; g++) {
+    __m256 s[NB], b[NB];
+    for (int r = 0; r < NB; r++) {
+      const size_t at = static_cast<size_t>(n0 + r) * groups + g;
+      s[r] = _mm256_set1_ps(scalar(scales[at]));
+      b[r] = _mm256_set1_ps(scalar(biases[at]));
+    }
+    for (int k = g * p.group; k < (g + 1) * p.group; k += 32) {
+      for (int r = 0; r < NB; r++) {
+        _mm_prefetch(reinterpret_cast<const char*>(row[r] + ahead + k * BITS / 8), _MM_HINT_T0);
+        __m128i bytes[4];
+        unpack32<BITS>(row[r], k, bytes);
         for (int j = 0; j < 4; j++)
-          bytes[j] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k + 8 * j));
-      }
-      for (int j = 0; j < 4; j++) {
-        const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes[j]));
-        _mm256_storeu_ps(dst + k + 8 * j, _mm256_fmadd_ps(s, q, b));
+          acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(p.x + k + 8 * j),
+                                   weights8(bytes[j], s[r], b[r]), acc[r]);
       }
     }
+  }
+  for (int r = 0; r < NB; r++) {
+    float y = hsum8(acc[r]);
+    if (p.bias) y += p.bias[n0 + r];
+    p.out[n0 + r] = y;
   }
 }
 
@@ -129,6 +183,19 @@ void run(const QuantizedRows& p, int threads) {
   const int groups = p.K / p.group;
   const int blocks = (p.N + WEIGHT_ROWS - 1) / WEIGHT_ROWS;
   const int teams = std::max(1, std::min(threads, blocks));
+  if (p.M == 1) {
+#pragma omp parallel for num_threads(teams) schedule(static)
+    for (int b = 0; b < blocks; b++) {
+      const int n0 = b * WEIGHT_ROWS;
+      switch (std::min(WEIGHT_ROWS, p.N - n0)) {
+        case 4: one_row<BITS, S, 4>(p, n0, w, row_bytes, scales, biases); break;
+        case 3: one_row<BITS, S, 3>(p, n0, w, row_bytes, scales, biases); break;
+        case 2: one_row<BITS, S, 2>(p, n0, w, row_bytes, scales, biases); break;
+        default: one_row<BITS, S, 1>(p, n0, w, row_bytes, scales, biases);
+      }
+    }
+    return;
+  }
 #pragma omp parallel num_threads(teams)
   {
     std::vector<float> rows(static_cast<size_t>(WEIGHT_ROWS) * p.K);
