@@ -90,7 +90,7 @@ def test_a_row_gets_the_same_bits_alone_and_in_a_batch(kernel, bits):
         assert mx.array_equal(some, batch[start:start + n]).item(), (start, n)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 5, 8])  # the AVX2 kernel's widths
 def test_one_row_with_a_bias_and_a_partial_block_gets_the_batch_bits(kernel, bits):
     # Up to 4 rows take their own path (weights dequantized in registers, not a buffer):
     # 99 outputs end in a block of 3 weight rows, and the layer's bias is added last.

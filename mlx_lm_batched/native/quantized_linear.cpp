@@ -17,7 +17,7 @@
  *   of weight rows at a time, and each block multiplied by the BLAS call MLX's own matmul
  *   makes (`sgemm_nt`, linear.cpp).
  *
- * Where the build has AVX2, FMA and F16C, 4- and 8-bit weights' decode rows take
+ * Where the build has AVX2, FMA and F16C, 4-, 5- and 8-bit weights' decode rows take
  * quantized_rows_avx2.cpp's kernel instead of the tiled one (see there).
  *
  * The sums run in another order than MLX's loop: outputs agree with mx.quantized_matmul

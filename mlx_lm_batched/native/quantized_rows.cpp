@@ -12,7 +12,7 @@ bool fast_rows(const std::vector<mx::array>& inputs, mx::array& out, int M, int 
                int group, int bits) {
   const auto& scales = inputs[2];
   const auto& biases = inputs[3];
-  if ((bits != 4 && bits != 8) || scales.dtype() != biases.dtype()) return false;
+  if ((bits != 4 && bits != 5 && bits != 8) || scales.dtype() != biases.dtype()) return false;
   QuantizedRows p{M, N, K, bits, group, nullptr, nullptr, nullptr, nullptr,
                   ScaleType::float32, nullptr, nullptr};
   std::vector<float> x_copy, bias_copy, y_copy, s32, b32;

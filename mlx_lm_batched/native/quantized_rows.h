@@ -27,8 +27,8 @@ struct QuantizedRows {
 };
 
 /* Computes `p` on `threads` threads and returns true, or returns false (nothing done)
- * where this build's kernel does not serve it (no AVX2 build, a width other than 4 or 8
- * bits). */
+ * where this build's kernel does not serve it (no AVX2 build, a width other than 4, 5 or
+ * 8 bits). */
 bool quantized_rows_fast(const QuantizedRows& p, int threads);
 
 /* quantized_linear's inputs (x, w, scales, biases[, bias]) into `out` (allocated) by

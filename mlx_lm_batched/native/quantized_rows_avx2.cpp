@@ -1,16 +1,17 @@
-/* The decode-step rows (up to SMALL_ROWS) of quantized_linear for 4- and 8-bit MLX affine
+/* The decode-step rows (up to SMALL_ROWS) of quantized_linear for 4-, 5- and 8-bit MLX affine
  * weights on x86 CPUs with AVX2, FMA and F16C (the binary is built with -march=native per
  * CPU, see _native_build.py: elsewhere, ARM or an older x86, quantized_linear.cpp's
  * portable kernel serves).
  *
- * A decode step is bound by reading the weights once: SmolLM2-135M's Q4_1 GGUF streams
- * about 85 MB per step. The portable kernel unpacked each weight row into floats byte by
+ * A decode step reads every weight once (SmolLM2-135M's Q4_1 GGUF: about 85 MB); at one
+ * row the instructions per weight, not memory, bound this kernel on a 2-core AMD EPYC. The portable kernel unpacked each weight row into floats byte by
  * byte, took the group's f16 scales and biases as float32 copies of the whole arrays on
  * every call (1.7 M values for the 49152-row LM head alone) and summed with separate
  * multiplies and adds. Here, per block of 4 weight rows:
  *
  * - the rows are dequantized into a buffer that stays in L1, 32 weights per step: 16 bytes
- *   of nibbles split and interleaved into element order (or 32 bytes of 8-bit values),
+ *   of nibbles split and interleaved into element order (or 20 bytes of 5-bit values
+ *   gathered by a byte shuffle and shifted, GGUF's Q5 types; or 32 bytes of 8-bit values),
  *   widened to int32, converted, and w = scale * q + bias in one fused multiply-add, the
  *   group's scale and bias read in their own dtype (float32, float16 by F16C, bfloat16);
  * - every input row is multiplied with them, 2 input rows by 4 weight rows at a time:
@@ -21,9 +22,9 @@
  * Up to 4 input rows (one to a few streams' decode step) skip the buffer: each weight
  * row's 32 values are dequantized into registers and multiplied at once, the same
  * operations in the same order, and the next block's weight bytes are prefetched (4 weight
- * rows read side by side are too short a stream for the hardware prefetcher to follow).
- * One thread, 4-bit rows, an AMD EPYC: about 6 -> 9 G weights a second at one row, 1.35-1.6x
- * the buffered kernel at 2 and 4 rows.
+ * rows read side by side: the prefetch alone was 1.3x at one row on 4-bit rows and 2.2x on
+ * an 8-bit LM head). One thread, 4-bit rows, an AMD EPYC: about 6 -> 9 G weights a second at
+ * one row, 1.35-1.6x the buffered kernel at 2 and 4 rows.
  *
  * Each output is that one chain of operations whatever the number of input rows, the tile
  * or the thread that computes it: a row gets the same bits alone as in a batch (batch
@@ -65,29 +66,56 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(a);
 }
 
-/* The 32 values of weight row `w` from column k, BITS wide, as 4 x 8 bytes in element
- * order (one value per byte in each register's low half). */
+/* pshufb control for one 8-value pack of 5-bit values starting at byte `at` of a 16-byte
+ * source held in both halves: lane i gets the pack's byte 5i/8 and, where its 5 bits cross
+ * into the next byte, that byte too (as a little-endian 16-bit word); -1 gives zero. */
+inline __m256i pack5_control(char at) {
+  return _mm256_setr_epi8(at, -1, -1, -1, char(at + 0), char(at + 1), -1, -1,
+                          char(at + 1), -1, -1, -1, char(at + 1), char(at + 2), -1, -1,
+                          char(at + 2), char(at + 3), -1, -1, char(at + 3), -1, -1, -1,
+                          char(at + 3), char(at + 4), -1, -1, char(at + 4), -1, -1, -1);
+}
+
+/* The 32 values of weight row `w` from column k, BITS wide (4, 5 or 8; a little-endian bit
+ * stream, element i at bits [i * BITS, (i + 1) * BITS)), as 4 x 8 int32 lanes in element
+ * order. Reads only the 32 values' own bytes (a row's last values end its array). */
 template <int BITS>
-inline void unpack32(const uint8_t* __restrict w, int k, __m128i bytes[4]) {
+inline void unpack32(const uint8_t* __restrict w, int k, __m256i ints[4]) {
   if constexpr (BITS == 4) {
     const __m128i low_nibbles = _mm_set1_epi8(15);
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k / 2));
     const __m128i lo = _mm_and_si128(packed, low_nibbles);
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibbles);
     const __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);
-    bytes[0] = first;
-    bytes[1] = _mm_srli_si128(first, 8);
-    bytes[2] = second;
-    bytes[3] = _mm_srli_si128(second, 8);
+    ints[0] = _mm256_cvtepu8_epi32(first);
+    ints[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(first, 8));
+    ints[2] = _mm256_cvtepu8_epi32(second);
+    ints[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(second, 8));
+  } else if constexpr (BITS == 5) {
+    // 20 bytes, 4 packs of 8 values in 5 bytes: bytes 0-15 and 12-19 (no read past them).
+    const uint8_t* at = w + k / 8 * 5;
+    const __m256i head = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+    const __m256i tail = _mm256_broadcastsi128_si256(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(at + 12)));
+    const __m256i shifts = _mm256_setr_epi32(0, 5, 2, 7, 4, 1, 6, 3);  // 5i mod 8
+    const __m256i five_bits = _mm256_set1_epi32(31);
+    const __m256i words[4] = {_mm256_shuffle_epi8(head, pack5_control(0)),
+                              _mm256_shuffle_epi8(head, pack5_control(5)),
+                              _mm256_shuffle_epi8(head, pack5_control(10)),
+                              _mm256_shuffle_epi8(tail, pack5_control(3))};
+    for (int j = 0; j < 4; j++)
+      ints[j] = _mm256_and_si256(_mm256_srlv_epi32(words[j], shifts), five_bits);
   } else {
     for (int j = 0; j < 4; j++)
-      bytes[j] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k + 8 * j));
+      ints[j] = _mm256_cvtepu8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k + 8 * j)));
   }
 }
 
 /* 8 of those values as weights: scale * q + bias in one fused multiply-add. */
-inline __m256 weights8(__m128i bytes, __m256 scale, __m256 bias) {
-  return _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), bias);
+inline __m256 weights8(__m256i ints, __m256 scale, __m256 bias) {
+  return _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(ints), bias);
 }
 
 /* One weight row (K values, packed BITS wide) as floats scale * q + bias into `dst`. */
@@ -97,9 +125,9 @@ void dequantize_row(const uint8_t* __restrict w, const S* __restrict scales,
   for (int g = 0; g < K / group; g++) {
     const __m256 s = _mm256_set1_ps(scalar(scales[g])), b = _mm256_set1_ps(scalar(biases[g]));
     for (int k = g * group; k < (g + 1) * group; k += 32) {
-      __m128i bytes[4];
-      unpack32<BITS>(w, k, bytes);
-      for (int j = 0; j < 4; j++) _mm256_storeu_ps(dst + k + 8 * j, weights8(bytes[j], s, b));
+      __m256i ints[4];
+      unpack32<BITS>(w, k, ints);
+      for (int j = 0; j < 4; j++) _mm256_storeu_ps(dst + k + 8 * j, weights8(ints[j], s, b));
     }
   }
 }
@@ -164,10 +192,10 @@ void in_registers(const QuantizedRows& p, int n0, const uint8_t* __restrict w,
     for (int k = g * p.group; k < (g + 1) * p.group; k += 32) {
       for (int r = 0; r < NB; r++) {
         _mm_prefetch(reinterpret_cast<const char*>(row[r] + ahead + k * BITS / 8), _MM_HINT_T0);
-        __m128i bytes[4];
-        unpack32<BITS>(row[r], k, bytes);
+        __m256i ints[4];
+        unpack32<BITS>(row[r], k, ints);
         for (int j = 0; j < 4; j++) {
-          const __m256 wv = weights8(bytes[j], s[r], b[r]);
+          const __m256 wv = weights8(ints[j], s[r], b[r]);
           for (int i = 0; i < MB; i++)
             acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(x[i] + k + 8 * j), wv, acc[i][r]);
         }
@@ -266,9 +294,11 @@ void run_bits(const QuantizedRows& p, int threads) {
 }  // namespace
 
 bool quantized_rows_fast(const QuantizedRows& p, int threads) {
-  if ((p.bits != 4 && p.bits != 8) || p.group % 32 != 0) return false;
+  if ((p.bits != 4 && p.bits != 5 && p.bits != 8) || p.group % 32 != 0) return false;
   if (p.bits == 4)
     run_bits<4>(p, threads);
+  else if (p.bits == 5)
+    run_bits<5>(p, threads);
   else
     run_bits<8>(p, threads);
   return true;
