@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     shapes = _tensor_shapes(args, vocab)
     for name, shape in shapes:
         dtype = np.float32 if len(shape) == 1 else np.float16
-        writer.add_tensor_info(name, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        writer.add_tensor_info(name, shape, np.dtype(dtype), nbytes)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()

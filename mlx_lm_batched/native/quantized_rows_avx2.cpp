@@ -4,10 +4,11 @@
  * portable kernel serves).
  *
  * A decode step reads every weight once (SmolLM2-135M's Q4_1 GGUF: about 85 MB); at one
- * row the instructions per weight, not memory, bound this kernel on a 2-core AMD EPYC. The portable kernel unpacked each weight row into floats byte by
- * byte, took the group's f16 scales and biases as float32 copies of the whole arrays on
- * every call (1.7 M values for the 49152-row LM head alone) and summed with separate
- * multiplies and adds. Here, per block of 4 weight rows:
+ * row the instructions per weight, not memory, bound this kernel on a 2-core AMD EPYC.
+ * The portable kernel unpacked each weight row into floats byte by byte, took the
+ * group's f16 scales and biases as float32 copies of the whole arrays on every call (1.7 M
+ * values for the 49152-row LM head alone) and summed with separate multiplies and adds.
+ * Here, per block of 4 weight rows:
  *
  * - the rows are dequantized into a buffer that stays in L1, 32 weights per step: 16 bytes
  *   of nibbles split and interleaved into element order (or 20 bytes of 5-bit values
