@@ -83,10 +83,10 @@ fi
 F32="$WORK/$(basename "${GGUF%.gguf}")-f32.gguf"
 if [[ -n "$QUANT" ]]; then
     F32="$WORK/$(basename "${GGUF%.gguf}")-$(tr '[:upper:]' '[:lower:]' <<<"$QUANT").gguf"
-    EMBD=()
+    EMBD=()  # expanded as ${EMBD[@]+...}: bash before 4.4 (macOS) calls an empty array unset
     [[ "$QUANT" =~ ^Q[0-9]_[0-9]$ ]] && EMBD=(--token-embedding-type q8_0)
     if [[ ! -f "$F32" ]]; then
-        "$BIN/llama-quantize" --allow-requantize "${EMBD[@]}" "$GGUF" "$F32" "$QUANT" \
+        "$BIN/llama-quantize" --allow-requantize ${EMBD[@]+"${EMBD[@]}"} "$GGUF" "$F32" "$QUANT" \
             >"$WORK/quantize.log" 2>&1 \
             || { tail -5 "$WORK/quantize.log" >&2; die "llama-quantize could not write $F32"; }
     fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Our kernels' OpenMP threads sleeping (the default) against spinning, on shared cores.
+"""Our kernels' OpenMP threads sleeping, spinning and spinning briefly, on shared cores.
 
     python scripts/bench_openmp_wait.py --model DIR_OR_GGUF [--processes 2] [--rows 8]
         [--prompt-tokens 400] [--tokens 48] [--brief-spin 1000] [--json out.json]

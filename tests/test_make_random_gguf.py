@@ -5,12 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+import gguf  # a dependency of the package: its GGUF loader reads files with it
 
-gguf = pytest.importorskip("gguf")
-
-from mlx_lm_batched import generate, load  # noqa: E402
-from mlx_lm_batched.demo_models import smollm2_gguf_path  # noqa: E402
+from mlx_lm_batched import generate, load
+from mlx_lm_batched.demo_models import smollm2_gguf_path
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "make_random_gguf.py"
 
