@@ -33,6 +33,7 @@ from mlx_lm_batched import _blas, _small_gemm, load  # noqa: E402
 from mlx_lm_batched.engine.batch_engine import BatchEngine
 from mlx_lm_batched.engine.prefill_plan import left_pad  # noqa: E402
 from mlx_lm_batched.layers import attention as layers_lib  # noqa: E402
+from mlx_lm_batched.layers import cpu_ops  # noqa: E402
 from mlx_lm_batched.layers import masks as masks_lib  # noqa: E402
 
 
@@ -113,6 +114,17 @@ def head_module(model):
     return model.lm_head if hasattr(model, "lm_head") else model.model.embed_tokens
 
 
+def input_width(linear):
+    """A linear layer's input features: a quantized weight packs 32 / bits values a word."""
+    width = linear.weight.shape[1]
+    return width * 32 // linear.bits if hasattr(linear, "bits") else width
+
+
+def stored_bytes(layer):
+    """The bytes a layer's matmul reads: the weight, and a quantized one's scales and biases."""
+    return sum(layer[name].nbytes for name in ("weight", "scales", "biases") if name in layer)
+
+
 def profile(model, tokenizer, batch, steps, repeats):
     prompts = sorted(build_prompts(tokenizer, batch, seed=0), key=len)  # as batch_generate
     tokens, padding = left_pad(prompts)
@@ -169,16 +181,19 @@ def profile(model, tokenizer, batch, steps, repeats):
     lins = linear_weights(model)
     inputs = {}
     for name, lin in lins:
-        inputs.setdefault(lin.weight.shape[1], mx.random.normal((B, 1, lin.weight.shape[1])))
+        inputs.setdefault(input_width(lin), mx.random.normal((B, 1, input_width(lin))))
     mx.eval(x, list(inputs.values()))
     results["projections (all layers' matmuls)"] = timed(
-        lambda: mx.eval([lin(inputs[lin.weight.shape[1]]) for _, lin in lins]), repeats)
+        lambda: mx.eval([cpu_ops.linear(lin, inputs[input_width(lin)]) for _, lin in lins]),
+        repeats)
     head = head_module(model)
     extra["weights read by the matmuls (MB)"] = (
-        sum(lin.weight.nbytes for _, lin in lins) + head.weight.nbytes) / 1e6
+        sum(stored_bytes(lin) for _, lin in lins) + stored_bytes(head)) / 1e6
+    # As the model calls them: cpu_ops routes float32 and quantized layers to the primitives.
     results["lm head (vocab matmul)"] = timed(
-        lambda: mx.eval(model.model.embed_tokens.as_linear(x) if not hasattr(model, "lm_head")
-                        else model.lm_head(x)), repeats)
+        lambda: mx.eval(cpu_ops.tied_logits(model.model.embed_tokens, x)
+                        if not hasattr(model, "lm_head") else cpu_ops.linear(model.lm_head, x)),
+        repeats)
     logits = mx.random.normal((B, args.vocab_size))
     mx.eval(logits)
     results["argmax (greedy sampling)"] = timed(lambda: mx.eval(mx.argmax(logits, -1)), repeats)
