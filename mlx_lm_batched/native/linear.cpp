@@ -32,6 +32,10 @@ namespace mlxlmb {
 
 namespace {
 
+/* Rows above which the product is split by columns over our threads (column_gemm.cpp):
+ * a prefill's; decode steps' few rows go to the small-row kernel or one BLAS call. */
+constexpr int SPLIT_ROWS = 64;
+
 /* CBLAS's enum values (cblas.h). */
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 using sgemm_fn = void (*)(int, int, int, int, int, int, float, const float*, int,
@@ -102,8 +106,12 @@ class Linear : public CpuPrimitive {
         return static_cast<const float*>(w_copy.data());
       };
       Operand b = as_blas_operand(w.data<float>(), K, N, w.strides()[1], w.strides()[0], copy_wt);
-      find_sgemm()(ROW_MAJOR, a.transposed ? TRANS : NO_TRANS, b.transposed ? TRANS : NO_TRANS,
-                   M, N, K, 1.0f, a.data, a.ld, b.data, b.ld, has_bias ? 1.0f : 0.0f, o, N);
+      const float beta = has_bias ? 1.0f : 0.0f;
+      if (M > SPLIT_ROWS)
+        sgemm_columns(M, N, K, a.data, a.transposed, a.ld, b.data, b.transposed, b.ld, beta, o,
+                      primitive_threads());
+      else
+        sgemm(a.transposed, b.transposed, M, N, K, a.data, a.ld, b.data, b.ld, beta, o, N);
     });
   }
 
@@ -132,6 +140,12 @@ class Linear : public CpuPrimitive {
 }  // namespace
 
 bool linear_available() { return find_sgemm() != nullptr; }
+
+void sgemm(bool a_transposed, bool b_transposed, int M, int N, int K, const float* a, int lda,
+           const float* b, int ldb, float beta, float* c, int ldc) {
+  find_sgemm()(ROW_MAJOR, a_transposed ? TRANS : NO_TRANS, b_transposed ? TRANS : NO_TRANS, M,
+               N, K, 1.0f, a, lda, b, ldb, beta, c, ldc);
+}
 
 void sgemm_nt(int M, int N, int K, const float* a, const float* b, float* c, float beta,
               int ldc) {

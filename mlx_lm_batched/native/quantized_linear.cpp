@@ -15,7 +15,7 @@
  *   alone as in a batch (batch invariance);
  * - more rows (prefill), the weight is dequantized by MLX's formula into float32, 1 MB
  *   of weight rows at a time, and each block multiplied by the BLAS call MLX's own matmul
- *   makes (`sgemm_nt`, linear.cpp).
+ *   makes (`sgemm_nt`, linear.cpp), the output's columns split over our threads.
  *
  * Where the build has AVX2, FMA and F16C, 4-, 5- and 8-bit weights' decode rows take
  * quantized_rows_avx2.cpp's kernel instead of the tiled one (see there).
@@ -246,29 +246,32 @@ void small_rows(const Problem& p, int threads) {
  * a block of weight rows at a time into a buffer that stays in cache, each block then
  * multiplied by the BLAS call MLX's own matmul makes (`sgemm_nt`, linear.cpp) into its
  * columns of the output. Dequantizing the whole weight first (113 MB for a 49152-token
- * vocabulary) cost more than the product: 125 ms of a 33-row lm_head's 128. The
- * dequantizing runs on the calling thread: OpenMP workers spinning after a parallel
- * block beside the BLAS's own threads made the same call 2x slower on 2 cores. */
-void many_rows(const Problem& p) {
+ * vocabulary) cost more than the product: 125 ms of a 33-row lm_head's 128. The output
+ * columns are split over our threads as they come free (for_column_blocks, column_gemm.cpp:
+ * OpenBLAS held to one thread meanwhile), each thread dequantizing its own blocks: the
+ * dequantizing ran on the calling thread alone before, beside the BLAS's two threads. */
+void many_rows(const Problem& p, int threads) {
   const int groups = p.K / p.group, words = p.K * p.bits / 32;
-  const int block = std::min(p.N, std::max(64, DEQUANT_BLOCK_FLOATS / p.K));
-  std::vector<float> weight(static_cast<size_t>(block) * p.K);
+  const int most = std::max(64, DEQUANT_BLOCK_FLOATS / p.K);  // rows in 1 MB
   if (p.bias)
     for (int m = 0; m < p.M; m++)
       std::memcpy(p.out + static_cast<size_t>(m) * p.N, p.bias, sizeof(float) * p.N);
-  for (int n0 = 0; n0 < p.N; n0 += block) {
-    const int rows = std::min(block, p.N - n0);
-    for (int r = 0; r < rows; r++) {
-      const int n = n0 + r;
-      float* row = weight.data() + static_cast<size_t>(r) * p.K;
-      unpack_row(p.w + static_cast<size_t>(n) * words, p.bits, p.K, row);
-      for (int k = 0; k < p.K; k++) {
-        const size_t g = static_cast<size_t>(n) * groups + k / p.group;
-        row[k] = p.scales[g] * row[k] + p.biases[g];
+  for_column_blocks(p.M, p.N, p.K, threads, [&](int first, int count) {
+    std::vector<float> weight(static_cast<size_t>(std::min(most, count)) * p.K);
+    for (int n0 = first; n0 < first + count; n0 += most) {
+      const int rows = std::min(most, first + count - n0);
+      for (int r = 0; r < rows; r++) {
+        const int n = n0 + r;
+        float* row = weight.data() + static_cast<size_t>(r) * p.K;
+        unpack_row(p.w + static_cast<size_t>(n) * words, p.bits, p.K, row);
+        for (int k = 0; k < p.K; k++) {
+          const size_t g = static_cast<size_t>(n) * groups + k / p.group;
+          row[k] = p.scales[g] * row[k] + p.biases[g];
+        }
       }
+      sgemm_nt(p.M, rows, p.K, p.x, weight.data(), p.out + n0, p.bias ? 1.0f : 0.0f, p.N);
     }
-    sgemm_nt(p.M, rows, p.K, p.x, weight.data(), p.out + n0, p.bias ? 1.0f : 0.0f, p.N);
-  }
+  });
 }
 
 class QuantizedLinear : public CpuPrimitive {
@@ -304,7 +307,7 @@ class QuantizedLinear : public CpuPrimitive {
       if (M <= SMALL_ROWS)
         small_rows(p, primitive_threads());
       else
-        many_rows(p);
+        many_rows(p, primitive_threads());
       if (!float_out) store_half(out, y_copy);
     });
   }

@@ -1,0 +1,98 @@
+/* A prefill's GEMM split by output columns over our threads, each part one single-threaded
+ * BLAS call (cpu_prims.h: sgemm_columns, for_column_blocks).
+ *
+ * OpenBLAS splits a GEMM statically over its own pthreads and waits for the slowest: on a
+ * 2-core machine with one core busy (another process, the Python thread building the next
+ * step) a 256 x 576 x 1536 product took the one-thread time, 4.5-4.8 ms against 2.2 ms idle,
+ * and it keeps narrow products (N = 192, a key projection) on one thread even when idle.
+ * Here the columns are cut into 2 blocks a thread and handed out as threads come free
+ * (OpenMP's dynamic schedule), the BLAS held to one thread meanwhile: 2.3-2.6 ms busy, 0.9-
+ * 1.0x OpenBLAS's time idle on SmolLM2's shapes, and 1.7x on the narrow ones (2-core AMD
+ * EPYC, OpenBLAS 0.3.21). A column's result is the same BLAS computation along K whatever
+ * the block it is in, so the bits are those of the single call (checked in the tests).
+ *
+ * Where the BLAS cannot be held to one thread from here (MKL, which runs on the calling
+ * thread inside a parallel region; Accelerate; the bundled reference BLAS), each block
+ * is still one call on one of our threads.
+ */
+#include <dlfcn.h>
+#include <omp.h>
+
+#include <algorithm>
+
+#include "cpu_prims.h"
+
+namespace mlxlmb {
+
+namespace {
+
+using get_threads_fn = int (*)();
+using set_threads_fn = void (*)(int);
+
+/* OpenBLAS's thread count held at one for the life of this object, then restored. Its
+ * pthreads build would otherwise start its own threads from each of ours. */
+class OneBlasThread {
+ public:
+  OneBlasThread() {
+    static const auto get = reinterpret_cast<get_threads_fn>(
+        dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+    static const auto set = reinterpret_cast<set_threads_fn>(
+        dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+    if (get && set && (previous_ = get()) > 1) {
+      set_ = set;
+      set_(1);
+    }
+  }
+  ~OneBlasThread() {
+    if (set_) set_(previous_);
+  }
+  OneBlasThread(const OneBlasThread&) = delete;
+  OneBlasThread& operator=(const OneBlasThread&) = delete;
+
+ private:
+  set_threads_fn set_ = nullptr;
+  int previous_ = 1;
+};
+
+}  // namespace
+
+int column_block(int M, int N, int K, int threads) {
+  // OpenBLAS multiplies products of at most about 100^3 by another kernel (its "small
+  // matrix" path, other bits): every block stays above that, or the product is not split.
+  constexpr double SMALLEST_BLOCK = 1 << 21;
+  if (threads <= 1) return N;
+  for (int blocks = 2 * threads; blocks > 1; blocks--) {
+    const int width = ((N + blocks - 1) / blocks + 15) / 16 * 16;
+    const int last = N - (N - 1) / width * width;
+    if (static_cast<double>(M) * K * last >= SMALLEST_BLOCK) return width;
+  }
+  return N;
+}
+
+void for_column_blocks(int M, int N, int K, int threads,
+                       const std::function<void(int, int)>& block) {
+  const int width = column_block(M, N, K, threads);
+  const int blocks = (N + width - 1) / width;
+  if (blocks <= 1) {
+    block(0, N);
+    return;
+  }
+  OneBlasThread one_thread;
+#pragma omp parallel for num_threads(std::min(threads, blocks)) schedule(dynamic, 1)
+  for (int b = 0; b < blocks; b++) {
+    const int n0 = b * width;
+    block(n0, std::min(width, N - n0));
+  }
+}
+
+void sgemm_columns(int M, int N, int K, const float* a, bool a_transposed, int lda,
+                   const float* b, bool b_transposed, int ldb, float beta, float* c,
+                   int threads) {
+  for_column_blocks(M, N, K, threads, [&](int n0, int n) {
+    // op(b) is (K, N): stored transposed, column n is b's row n; else b's column n.
+    const float* b_block = b_transposed ? b + static_cast<size_t>(n0) * ldb : b + n0;
+    sgemm(a_transposed, b_transposed, M, n, K, a, lda, b_block, ldb, beta, c + n0, N);
+  });
+}
+
+}  // namespace mlxlmb
