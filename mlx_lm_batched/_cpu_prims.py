@@ -52,7 +52,7 @@ SOURCES = [os.path.join(NATIVE, name)
 # Widths of MLX affine weights the quantized linear primitive unpacks: all of MLX's.
 QUANTIZED_BITS = (1, 2, 3, 4, 5, 6, 8)
 HEADERS = [os.path.join(NATIVE, name) for name in ("cpu_prims.h", "lanes.h", "exp_lanes.h",
-                                                  "quantized_rows.h", "quantized_digits.h")]
+                                                  "quantized_rows.h")]
 # -ffp-contract=off: no fused multiply-adds the source does not write (g++ fuses them in
 # C++ even with -std=c++20), so the exp and SiLU formulas round as cpu_ops' MLX ops do
 # and SwiGLU gives their very bits (a tensor-parallel check saw the difference).

@@ -3,36 +3,34 @@
  * CPU, see _native_build.py: elsewhere, ARM or an older x86, quantized_linear.cpp's
  * portable kernel serves).
  *
- * A decode step reads every weight once, and on a 2-core AMD EPYC the instructions per
- * weight, not memory, bound it. Dequantizing each weight to float32 and multiplying in
- * float costs about 7 vector instructions per 8 weights (widen the bytes to int32, convert,
- * scale and bias, multiply-add): one thread reached ~9-12 G weights a second where
- * llama.cpp, whose activations are rounded to 8 bits, reaches more with integer dot
- * products. Here the weights stay integers and the activations become integers too,
- * without losing float32's precision:
+ * A decode step reads every weight once (SmolLM2-135M's Q4_1 GGUF: about 85 MB); at one
+ * row the instructions per weight, not memory, bound this kernel on a 2-core AMD EPYC.
+ * The portable kernel unpacked each weight row into floats byte by byte, took the
+ * group's f16 scales and biases as float32 copies of the whole arrays on every call (1.7 M
+ * values for the 49152-row LM head alone) and summed with separate multiplies and adds.
+ * Here, per block of 4 weight rows:
  *
- * - each input row is split per group into three signed 7-bit digits: with d = the group's
- *   largest |x| / 2^20, x ~ d * a for an integer |a| <= 2^20 (21 bits: a float32's own
- *   rounding, within a factor of 8 of the group's largest value), a = h * 2^14 + m * 2^7 + l
- *   with m and l in [-64, 63] and h in [-64, 64];
- * - the weights' bytes (4-bit: 16 bytes split into nibbles; 5-bit: gathered by a byte
- *   shuffle; 8-bit: as stored) are multiplied by each digit with u8 x s8 byte dot products
- *   (AVX-512 VNNI's vpdpbusd, or AVX2's vpmaddubsw + vpmaddwd: |q * digit| pairs stay below
- *   int16's limit, 2 * 255 * 64 = 32640, so both give the same integers) and combined
- *   exactly in int32 by Horner's rule, ((h.q) * 2^7 + m.q) * 2^7 + l.q: the sum of
- *   32 weights times the row's integers, exact;
- * - per 32 weights that integer becomes a float and is multiplied by scale * d into 8
- *   float lanes; the group's bias times the row's float sum of the group is added after,
- *   the layer's bias last: sum_g scale_g * sum(q * x) + bias_g * sum(x) = x . w.
+ * - the rows are dequantized into a buffer that stays in L1, 32 weights per step: 16 bytes
+ *   of nibbles split and interleaved into element order (or 20 bytes of 5-bit values
+ *   gathered by a byte shuffle and shifted, GGUF's Q5 types; or 32 bytes of 8-bit values),
+ *   widened to int32, converted, and w = scale * q + bias in one fused multiply-add, the
+ *   group's scale and bias read in their own dtype (float32, float16 by F16C, bfloat16);
+ * - every input row is multiplied with them, 2 input rows by 4 weight rows at a time:
+ *   one 8-lane accumulator per output, one fused multiply-add per 8 weights along K in
+ *   order, the 8 lanes added in one fixed order at the end (hsum8), then the layer's
+ *   bias.
  *
- * One thread, 4-bit weights: 1.4x (AVX2) to 1.65x (VNNI) the float kernel's weights a
- * second, within a few 1e-7 of the exact product (the float kernel: ~1e-7 to 4e-7).
+ * Up to 4 input rows (one to a few streams' decode step) skip the buffer: each weight
+ * row's 32 values are dequantized into registers and multiplied at once, the same
+ * operations in the same order, and the next block's weight bytes are prefetched (4 weight
+ * rows read side by side: the prefetch alone was 1.3x at one row on 4-bit rows and 2.2x on
+ * an 8-bit LM head). One thread, 4-bit rows, an AMD EPYC: about 6 -> 9 G weights a second at
+ * one row, 1.35-1.6x the buffered kernel at 2 and 4 rows.
  *
- * Each output is one chain whatever the number of input rows, the tile or the thread:
- * the integers are exact whatever their order, and the float steps run in K order for
- * every output, so a row gets the same bits alone as in a batch (batch invariance). The
- * sums are not MLX's (which dequantizes then multiplies): the outputs agree with
- * mx.quantized_matmul to float32 rounding.
+ * Each output is that one chain of operations whatever the number of input rows, the tile
+ * or the thread that computes it: a row gets the same bits alone as in a batch (batch
+ * invariance). The sums are not the portable kernel's (which sums x * q per group before
+ * scaling): both agree with mx.quantized_matmul to float32 rounding.
  */
 #include "quantized_rows.h"
 
@@ -41,17 +39,15 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <vector>
-
-#include "quantized_digits.h"
 
 namespace mlxlmb {
 
 namespace {
 
-constexpr int WEIGHT_ROWS = 4;  // weight rows per block (one thread's unit of work)
+constexpr int WEIGHT_ROWS = 4;  // weight rows dequantized and multiplied together
+constexpr int INPUT_ROWS = 2;   // input rows per tile: 2 x 4 accumulators + 4 weights + x
 
 inline float scalar(float v) { return v; }
 inline float scalar(uint16_t half) { return _cvtsh_ss(half); }
@@ -71,18 +67,6 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(a);
 }
 
-/* Sums of 4 adjacent u8 x s8 products added to acc's int32 lanes. */
-inline __m256i dot_bytes(__m256i acc, __m256i unsigned_bytes, __m256i signed_bytes) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(acc, unsigned_bytes, signed_bytes);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(acc, unsigned_bytes, signed_bytes);
-#else
-  const __m256i pairs = _mm256_maddubs_epi16(unsigned_bytes, signed_bytes);
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-#endif
-}
-
 /* pshufb control for one 8-value pack of 5-bit values starting at byte `at` of a 16-byte
  * source held in both halves: lane i gets the pack's byte 5i/8 and, where its 5 bits cross
  * into the next byte, that byte too (as a little-endian 16-bit word); -1 gives zero. */
@@ -93,15 +77,21 @@ inline __m256i pack5_control(char at) {
                           char(at + 3), char(at + 4), -1, -1, char(at + 4), -1, -1, -1);
 }
 
-/* The 32 values of a weight row from column k, BITS wide (a little-endian bit stream),
- * as 32 bytes in digit_order<BITS>'s order (quantized_digits.h). Reads only the 32
- * values' own bytes (a row's last values end its array). */
+/* The 32 values of weight row `w` from column k, BITS wide (4, 5 or 8; a little-endian bit
+ * stream, element i at bits [i * BITS, (i + 1) * BITS)), as 4 x 8 int32 lanes in element
+ * order. Reads only the 32 values' own bytes (a row's last values end its array). */
 template <int BITS>
-inline __m256i weight_bytes(const uint8_t* __restrict w, int k) {
+inline void unpack32(const uint8_t* __restrict w, int k, __m256i ints[4]) {
   if constexpr (BITS == 4) {
+    const __m128i low_nibbles = _mm_set1_epi8(15);
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k / 2));
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed),
-                            _mm256_set1_epi8(15));
+    const __m128i lo = _mm_and_si128(packed, low_nibbles);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibbles);
+    const __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);
+    ints[0] = _mm256_cvtepu8_epi32(first);
+    ints[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(first, 8));
+    ints[2] = _mm256_cvtepu8_epi32(second);
+    ints[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(second, 8));
   } else if constexpr (BITS == 5) {
     // 20 bytes, 4 packs of 8 values in 5 bytes: bytes 0-15 and 12-19 (no read past them).
     const uint8_t* at = w + k / 8 * 5;
@@ -111,69 +101,104 @@ inline __m256i weight_bytes(const uint8_t* __restrict w, int k) {
         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(at + 12)));
     const __m256i shifts = _mm256_setr_epi32(0, 5, 2, 7, 4, 1, 6, 3);  // 5i mod 8
     const __m256i five_bits = _mm256_set1_epi32(31);
-    __m256i ints[4] = {_mm256_shuffle_epi8(head, pack5_control(0)),
-                       _mm256_shuffle_epi8(head, pack5_control(5)),
-                       _mm256_shuffle_epi8(head, pack5_control(10)),
-                       _mm256_shuffle_epi8(tail, pack5_control(3))};
+    const __m256i words[4] = {_mm256_shuffle_epi8(head, pack5_control(0)),
+                              _mm256_shuffle_epi8(head, pack5_control(5)),
+                              _mm256_shuffle_epi8(head, pack5_control(10)),
+                              _mm256_shuffle_epi8(tail, pack5_control(3))};
     for (int j = 0; j < 4; j++)
-      ints[j] = _mm256_and_si256(_mm256_srlv_epi32(ints[j], shifts), five_bits);
-    // Packed to bytes within 128-bit halves: the order digit_order<5> describes.
-    return _mm256_packus_epi16(_mm256_packs_epi32(ints[0], ints[1]),
-                               _mm256_packs_epi32(ints[2], ints[3]));
+      ints[j] = _mm256_and_si256(_mm256_srlv_epi32(words[j], shifts), five_bits);
   } else {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k));
+    for (int j = 0; j < 4; j++)
+      ints[j] = _mm256_cvtepu8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k + 8 * j)));
   }
 }
 
-/* 32 weights, centred (DigitScheme), times one row's block of digits as 8 float lanes: the
- * integers exact, one rounding into float (two for 8-bit weights). */
-template <int BITS>
-inline __m256 exact_dot(__m256i q, const int8_t* __restrict block) {
-  using Scheme = DigitScheme<BITS>;
-  const auto vector = [block](int j) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * j));
-  };
-  const auto two = [&](int j, int shift) {  // digits j and j + 1 by Horner's rule
-    return dot_bytes(_mm256_slli_epi32(dot_bytes(_mm256_setzero_si256(), q, vector(j)), shift),
-                     q, vector(j + 1));
-  };
-  if constexpr (Scheme::COUNT == 3) {
-    const __m256i sum = dot_bytes(_mm256_slli_epi32(two(0, 8), 8), q, vector(2));
-    return _mm256_cvtepi32_ps(_mm256_sub_epi32(sum, vector(3)));
-  } else {
-    const __m256i high = _mm256_sub_epi32(two(0, 7), vector(4));
-    const __m256i low = _mm256_sub_epi32(two(2, 7), vector(5));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), _mm256_set1_ps(1 << 14),
-                           _mm256_cvtepi32_ps(low));
+/* 8 of those values as weights: scale * q + bias in one fused multiply-add. */
+inline __m256 weights8(__m256i ints, __m256 scale, __m256 bias) {
+  return _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(ints), bias);
+}
+
+/* One weight row (K values, packed BITS wide) as floats scale * q + bias into `dst`. */
+template <int BITS, typename S>
+void dequantize_row(const uint8_t* __restrict w, const S* __restrict scales,
+                    const S* __restrict biases, int K, int group, float* __restrict dst) {
+  for (int g = 0; g < K / group; g++) {
+    const __m256 s = _mm256_set1_ps(scalar(scales[g])), b = _mm256_set1_ps(scalar(biases[g]));
+    for (int k = g * group; k < (g + 1) * group; k += 32) {
+      __m256i ints[4];
+      unpack32<BITS>(w, k, ints);
+      for (int j = 0; j < 4; j++) _mm256_storeu_ps(dst + k + 8 * j, weights8(ints[j], s, b));
+    }
   }
 }
 
-/* Outputs of MB input rows (from m0) by NB weight rows (from n0): each 32 weights are
- * taken apart once and multiplied with every input row. */
+/* Outputs of MB input rows (from m0) by NB dequantized weight rows `w` (from n0). */
+template <int MB, int NB>
+void tile(const QuantizedRows& p, int m0, int n0, const float* __restrict w) {
+  const float* x[MB];
+  for (int i = 0; i < MB; i++) x[i] = p.x + static_cast<size_t>(m0 + i) * p.K;
+  __m256 acc[MB][NB];
+  for (int i = 0; i < MB; i++)
+    for (int r = 0; r < NB; r++) acc[i][r] = _mm256_setzero_ps();
+  for (int k = 0; k < p.K; k += 8) {
+    __m256 wv[NB];
+    for (int r = 0; r < NB; r++) wv[r] = _mm256_loadu_ps(w + static_cast<size_t>(r) * p.K + k);
+    for (int i = 0; i < MB; i++) {
+      const __m256 xv = _mm256_loadu_ps(x[i] + k);
+      for (int r = 0; r < NB; r++) acc[i][r] = _mm256_fmadd_ps(xv, wv[r], acc[i][r]);
+    }
+  }
+  for (int i = 0; i < MB; i++)
+    for (int r = 0; r < NB; r++) {
+      float y = hsum8(acc[i][r]);
+      if (p.bias) y += p.bias[n0 + r];
+      p.out[static_cast<size_t>(m0 + i) * p.N + n0 + r] = y;
+    }
+}
+
+/* Every input row against NB dequantized weight rows. */
+template <int NB>
+void all_rows(const QuantizedRows& p, int n0, const float* w) {
+  int m0 = 0;
+  for (; m0 + INPUT_ROWS <= p.M; m0 += INPUT_ROWS) tile<INPUT_ROWS, NB>(p, m0, n0, w);
+  for (; m0 < p.M; m0++) tile<1, NB>(p, m0, n0, w);
+}
+
+/* MB input rows (1 to 4) by NB weight rows (from n0), each weight dequantized
+ * in registers and used at once. The operations and their order are those of dequantize_row
+ * then tile<MB, NB> (w = fma(scale, q, bias) rounded to float32, then acc = fma(x, w, acc)
+ * along K 8 lanes at a time, hsum8, the bias), so the outputs are the same bits as in a
+ * larger batch, without storing and reloading K floats per weight row: at one row that
+ * round trip was most of the work. */
 template <int BITS, typename S, int MB, int NB>
-void tile(const QuantizedRows& p, const RowDigits<BITS>& xd, int m0, int n0, const uint8_t* w,
-          size_t row_bytes, const S* __restrict scales, const S* __restrict biases) {
+void in_registers(const QuantizedRows& p, int n0, const uint8_t* __restrict w,
+                  size_t row_bytes, const S* __restrict scales, const S* __restrict biases) {
   const int groups = p.K / p.group;
   const uint8_t* row[NB];
   for (int r = 0; r < NB; r++) row[r] = w + static_cast<size_t>(n0 + r) * row_bytes;
+  const float* x[MB];
+  for (int i = 0; i < MB; i++) x[i] = p.x + static_cast<size_t>(i) * p.K;
   __m256 acc[MB][NB];
   for (int i = 0; i < MB; i++)
     for (int r = 0; r < NB; r++) acc[i][r] = _mm256_setzero_ps();
   const size_t ahead = WEIGHT_ROWS * row_bytes;  // the same bytes of the next block
   for (int g = 0; g < groups; g++) {
-    float scale[NB];
-    for (int r = 0; r < NB; r++)
-      scale[r] = scalar(scales[static_cast<size_t>(n0 + r) * groups + g]);
-    __m256 step[MB][NB];  // scale * d: a float per 32 weights' integer
-    for (int i = 0; i < MB; i++)
-      for (int r = 0; r < NB; r++) step[i][r] = _mm256_set1_ps(scale[r] * xd.step(m0 + i, g));
+    __m256 s[NB], b[NB];
+    for (int r = 0; r < NB; r++) {
+      const size_t at = static_cast<size_t>(n0 + r) * groups + g;
+      s[r] = _mm256_set1_ps(scalar(scales[at]));
+      b[r] = _mm256_set1_ps(scalar(biases[at]));
+    }
     for (int k = g * p.group; k < (g + 1) * p.group; k += 32) {
       for (int r = 0; r < NB; r++) {
         _mm_prefetch(reinterpret_cast<const char*>(row[r] + ahead + k * BITS / 8), _MM_HINT_T0);
-        const __m256i q = weight_bytes<BITS>(row[r], k);
-        for (int i = 0; i < MB; i++) {
-          const __m256 sum = exact_dot<BITS>(q, xd.block(m0 + i, k));
-          acc[i][r] = _mm256_fmadd_ps(step[i][r], sum, acc[i][r]);
+        __m256i ints[4];
+        unpack32<BITS>(row[r], k, ints);
+        for (int j = 0; j < 4; j++) {
+          const __m256 wv = weights8(ints[j], s[r], b[r]);
+          for (int i = 0; i < MB; i++)
+            acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(x[i] + k + 8 * j), wv, acc[i][r]);
         }
       }
     }
@@ -181,41 +206,43 @@ void tile(const QuantizedRows& p, const RowDigits<BITS>& xd, int m0, int n0, con
   for (int i = 0; i < MB; i++)
     for (int r = 0; r < NB; r++) {
       float y = hsum8(acc[i][r]);
-      float offsets = 0.0f;  // sum_g (bias_g + centre * scale_g) * sum(x over g), in g order
-      for (int g = 0; g < groups; g++) {
-        const size_t at = static_cast<size_t>(n0 + r) * groups + g;
-        const float offset = scalar(biases[at]) + DigitScheme<BITS>::CENTRE * scalar(scales[at]);
-        offsets += offset * xd.sum(m0 + i, g);
-      }
-      y += offsets;
       if (p.bias) y += p.bias[n0 + r];
-      p.out[static_cast<size_t>(m0 + i) * p.N + n0 + r] = y;
+      p.out[static_cast<size_t>(i) * p.N + n0 + r] = y;
     }
 }
 
-/* A block's `count` weight rows against every input row: 4 weight rows at a time for one
- * input row, 2 at a time for tiles of up to 4 input rows. */
-template <int BITS, typename S>
-void block(const QuantizedRows& p, const RowDigits<BITS>& xd, int n0, int count, const uint8_t* w,
-           size_t row_bytes, const S* scales, const S* biases) {
-  if (p.M == 1) {
+/* A block's `count` weight rows against all MB input rows in registers: 4 weight rows at a
+ * time for one input row, 2 for more (MB x 2 accumulators, 2 scales and 2 biases fit
+ * AVX2's 16 registers). */
+template <int BITS, typename S, int MB>
+void block_in_registers(const QuantizedRows& p, int n0, int count, const uint8_t* w,
+                        size_t row_bytes, const S* scales, const S* biases) {
+  if constexpr (MB == 1) {
     switch (count) {
-      case 4: return tile<BITS, S, 1, 4>(p, xd, 0, n0, w, row_bytes, scales, biases);
-      case 3: return tile<BITS, S, 1, 3>(p, xd, 0, n0, w, row_bytes, scales, biases);
-      case 2: return tile<BITS, S, 1, 2>(p, xd, 0, n0, w, row_bytes, scales, biases);
-      default: return tile<BITS, S, 1, 1>(p, xd, 0, n0, w, row_bytes, scales, biases);
+      case 4: in_registers<BITS, S, 1, 4>(p, n0, w, row_bytes, scales, biases); break;
+      case 3: in_registers<BITS, S, 1, 3>(p, n0, w, row_bytes, scales, biases); break;
+      case 2: in_registers<BITS, S, 1, 2>(p, n0, w, row_bytes, scales, biases); break;
+      default: in_registers<BITS, S, 1, 1>(p, n0, w, row_bytes, scales, biases);
+    }
+  } else {
+    for (int r0 = 0; r0 < count; r0 += 2) {
+      if (count - r0 >= 2)
+        in_registers<BITS, S, MB, 2>(p, n0 + r0, w, row_bytes, scales, biases);
+      else
+        in_registers<BITS, S, MB, 1>(p, n0 + r0, w, row_bytes, scales, biases);
     }
   }
-  for (int r0 = 0; r0 < count; r0 += 2) {
-    const int n = n0 + r0;
-    const bool two = count - r0 >= 2;
-    int m0 = 0;
-    for (; m0 + 4 <= p.M; m0 += 4)
-      two ? tile<BITS, S, 4, 2>(p, xd, m0, n, w, row_bytes, scales, biases)
-          : tile<BITS, S, 4, 1>(p, xd, m0, n, w, row_bytes, scales, biases);
-    for (; m0 < p.M; m0++)
-      two ? tile<BITS, S, 1, 2>(p, xd, m0, n, w, row_bytes, scales, biases)
-          : tile<BITS, S, 1, 1>(p, xd, m0, n, w, row_bytes, scales, biases);
+}
+
+template <int BITS, typename S, int MB>
+void all_in_registers(const QuantizedRows& p, int teams, const uint8_t* w, size_t row_bytes,
+                      const S* scales, const S* biases) {
+  const int blocks = (p.N + WEIGHT_ROWS - 1) / WEIGHT_ROWS;
+#pragma omp parallel for num_threads(teams) schedule(static)
+  for (int b = 0; b < blocks; b++) {
+    const int n0 = b * WEIGHT_ROWS;
+    block_in_registers<BITS, S, MB>(p, n0, std::min(WEIGHT_ROWS, p.N - n0), w, row_bytes,
+                                    scales, biases);
   }
 }
 
@@ -225,13 +252,34 @@ void run(const QuantizedRows& p, int threads) {
   const auto* biases = static_cast<const S*>(p.biases);
   const auto* w = reinterpret_cast<const uint8_t*>(p.w);
   const size_t row_bytes = static_cast<size_t>(p.K) * BITS / 8;
-  const RowDigits<BITS> xd(p.x, p.M, p.K, p.group);
+  const int groups = p.K / p.group;
   const int blocks = (p.N + WEIGHT_ROWS - 1) / WEIGHT_ROWS;
   const int teams = std::max(1, std::min(threads, blocks));
-#pragma omp parallel for num_threads(teams) schedule(static)
-  for (int b = 0; b < blocks; b++) {
-    const int n0 = b * WEIGHT_ROWS;
-    block<BITS, S>(p, xd, n0, std::min(WEIGHT_ROWS, p.N - n0), w, row_bytes, scales, biases);
+  switch (p.M) {
+    case 1: return all_in_registers<BITS, S, 1>(p, teams, w, row_bytes, scales, biases);
+    case 2: return all_in_registers<BITS, S, 2>(p, teams, w, row_bytes, scales, biases);
+    case 3: return all_in_registers<BITS, S, 3>(p, teams, w, row_bytes, scales, biases);
+    case 4: return all_in_registers<BITS, S, 4>(p, teams, w, row_bytes, scales, biases);
+    default: break;
+  }
+#pragma omp parallel num_threads(teams)
+  {
+    std::vector<float> rows(static_cast<size_t>(WEIGHT_ROWS) * p.K);
+#pragma omp for schedule(static)
+    for (int b = 0; b < blocks; b++) {
+      const int n0 = b * WEIGHT_ROWS, count = std::min(WEIGHT_ROWS, p.N - n0);
+      for (int r = 0; r < count; r++) {
+        const size_t n = static_cast<size_t>(n0 + r);
+        dequantize_row<BITS>(w + n * row_bytes, scales + n * groups, biases + n * groups, p.K,
+                             p.group, rows.data() + static_cast<size_t>(r) * p.K);
+      }
+      switch (count) {
+        case 4: all_rows<4>(p, n0, rows.data()); break;
+        case 3: all_rows<3>(p, n0, rows.data()); break;
+        case 2: all_rows<2>(p, n0, rows.data()); break;
+        default: all_rows<1>(p, n0, rows.data());
+      }
+    }
   }
 }
 
