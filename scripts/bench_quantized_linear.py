@@ -1,14 +1,17 @@
 """One quantized linear layer on the CPU: our primitive against MLX's op and the float32 layer.
 
     python scripts/bench_quantized_linear.py [--shapes 1536x576,576x1536,49152x576]
-        [--rows 1,8,16,32,64,128] [--bits 4] [--group 64] [--json out.json]
+        [--rows 1,8,16,32,64,128] [--bits 4] [--group 64] [--scales float32]
+        [--threads N] [--json out.json]
 
 For each weight shape (N x K: N outputs, K inputs; SmolLM2-135M's MLP and tied LM head by
 default) and each number of input rows: the best time of ``--repeats`` rounds of ``--calls``
-evaluated calls of ``_cpu_prims.quantized_linear`` (MLX affine quantization, float32
-scales), ``mx.quantized_matmul`` on the same packed weight, and ``x @ W.T`` on the
-dequantized float32 weight (MLX's matmul, which goes to the BLAS or our small-row kernel).
-Up to 64 rows the primitive runs its tiled kernel, above that it dequantizes into the BLAS.
+evaluated calls of ``_cpu_prims.quantized_linear`` (MLX affine quantization, ``--scales``
+float32 as ``convert -q`` writes them or float16 as a GGUF file loads; on ``--threads``
+threads, by default the kernels' own count), ``mx.quantized_matmul`` on the same packed
+weight, and ``x @ W.T`` on the dequantized float32 weight (MLX's matmul, which goes to the
+BLAS or our small-row kernel). Up to 64 rows the primitive runs its decode kernel, above
+that it dequantizes into the BLAS.
 The JSON also records each case's largest difference from the float32 layer, relative to its
 largest output (float32 rounding: about 1e-6).
 """
@@ -46,6 +49,10 @@ def main(argv=None):
     p.add_argument("--rows", default="1,8,16,32,64,128")
     p.add_argument("--bits", type=int, default=4, choices=_cpu_prims.QUANTIZED_BITS)
     p.add_argument("--group", type=int, default=64, choices=(32, 64, 128))
+    p.add_argument("--scales", default="float32", choices=("float32", "float16"),
+                   help="the scales' and biases' dtype (a GGUF file loads as float16)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="the kernels' threads (default: the package's choice)")
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--skip-mlx-op", action="store_true",
@@ -57,8 +64,12 @@ def main(argv=None):
         sys.exit(f"error: the CPU primitives are not available: {_cpu_prims.problem}")
     from bench_report import machine
 
+    if args.threads:
+        kernel.set_threads(args.threads)
+
     print(f"{machine()}; BLAS: {_blas.describe()}; load average {os.getloadavg()[0]:.2f}")
-    print(f"{args.bits}-bit, group {args.group}; best of {args.repeats} x {args.calls} calls")
+    print(f"{args.bits}-bit, group {args.group}, {args.scales} scales, "
+          f"{args.threads or 'default'} threads; best of {args.repeats} x {args.calls} calls")
     print(f"{'N x K':>12} {'rows':>5} {'ours ms':>8} {'f32 ms':>8} {'mlx op ms':>9} "
           f"{'f32/ours':>8} {'op/ours':>8}")
     results = []
@@ -66,6 +77,7 @@ def main(argv=None):
         n, k = (int(v) for v in shape.split("x"))
         w = mx.random.normal((n, k), key=mx.random.key(0))
         wq, scales, biases = mx.quantize(w, group_size=args.group, bits=args.bits)
+        scales, biases = (a.astype(getattr(mx, args.scales)) for a in (scales, biases))
         dense = mx.dequantize(wq, scales, biases, group_size=args.group, bits=args.bits)
         mx.eval(wq, scales, biases, dense)
         for rows in (int(r) for r in args.rows.split(",")):
@@ -93,7 +105,8 @@ def main(argv=None):
     if args.json:
         Path(args.json).write_text(json.dumps({
             "machine": machine(), "blas": _blas.describe(), "bits": args.bits,
-            "group": args.group, "calls": args.calls, "repeats": args.repeats,
+            "group": args.group, "scales": args.scales, "threads": args.threads,
+            "calls": args.calls, "repeats": args.repeats,
             "results": results}, indent=1))
     return 0
 

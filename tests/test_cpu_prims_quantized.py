@@ -92,8 +92,9 @@ def test_a_row_gets_the_same_bits_alone_and_in_a_batch(kernel, bits):
 
 @pytest.mark.parametrize("bits", [4, 5, 8])  # the AVX2 kernel's widths
 def test_one_row_with_a_bias_and_a_partial_block_gets_the_batch_bits(kernel, bits):
-    # Up to 4 rows take their own path (weights dequantized in registers, not a buffer):
-    # 99 outputs end in a block of 3 weight rows, and the layer's bias is added last.
+    # Input rows go 4 to a pass (the weights dequantized again in registers each pass), so
+    # row 4 of 5 is a pass of its own; 99 outputs end in a block of 3 weight rows, and the
+    # layer's bias is added last.
     wq, scales, biases = mx.quantize(random((99, 256), 8), group_size=32, bits=bits)
     scales, biases = scales.astype(mx.float16), biases.astype(mx.float16)
     bias = random((99,), 9)
@@ -103,7 +104,7 @@ def test_one_row_with_a_bias_and_a_partial_block_gets_the_batch_bits(kernel, bit
     for i in range(5):
         alone = kernel.quantized_linear(x[i:i + 1], wq, scales, biases, bias, 32, bits)
         assert mx.array_equal(alone, batch[i:i + 1]).item(), i
-    for n in (2, 3, 4):  # up to 4 rows in registers too, 2 weight rows at a time
+    for n in (2, 3, 4):  # one pass of n rows, 2 weight rows at a time
         some = kernel.quantized_linear(x[:n], wq, scales, biases, bias, 32, bits)
         assert mx.array_equal(some, batch[:n]).item(), n
 

@@ -8,24 +8,24 @@
  * The portable kernel unpacked each weight row into floats byte by byte, took the
  * group's f16 scales and biases as float32 copies of the whole arrays on every call (1.7 M
  * values for the 49152-row LM head alone) and summed with separate multiplies and adds.
- * Here, per block of 4 weight rows:
+ * Here, per block of 4 weight rows, input rows 4 at a time (a pass per 4 input rows):
  *
- * - the rows are dequantized into a buffer that stays in L1, 32 weights per step: 16 bytes
- *   of nibbles split and interleaved into element order (or 20 bytes of 5-bit values
- *   gathered by a byte shuffle and shifted, GGUF's Q5 types; or 32 bytes of 8-bit values),
- *   widened to int32, converted, and w = scale * q + bias in one fused multiply-add, the
- *   group's scale and bias read in their own dtype (float32, float16 by F16C, bfloat16);
- * - every input row is multiplied with them, 2 input rows by 4 weight rows at a time:
- *   one 8-lane accumulator per output, one fused multiply-add per 8 weights along K in
- *   order, the 8 lanes added in one fixed order at the end (hsum8), then the layer's
- *   bias.
+ * - each weight row's 32 values at a time are dequantized in registers: 16 bytes of
+ *   nibbles split and interleaved into element order (or 20 bytes of 5-bit values gathered
+ *   by a byte shuffle and shifted, GGUF's Q5 types; or 32 bytes of 8-bit values), widened
+ *   to int32, converted, and w = scale * q + bias in one fused multiply-add, the group's
+ *   scale and bias read in their own dtype (float32, float16 by F16C, bfloat16);
+ * - and used at once by every input row of the pass: one 8-lane accumulator per output, one
+ *   fused multiply-add per 8 weights along K in order, the 8 lanes added in one fixed order
+ *   at the end (hsum8), then the layer's bias; 4 weight rows at a time for one input row,
+ *   2 for more (AVX2's 16 registers); the next block's weight bytes are prefetched (the
+ *   prefetch alone was 1.3x at one row on 4-bit rows and 2.2x on an 8-bit LM head).
  *
- * Up to 4 input rows (one to a few streams' decode step) skip the buffer: each weight
- * row's 32 values are dequantized into registers and multiplied at once, the same
- * operations in the same order, and the next block's weight bytes are prefetched (4 weight
- * rows read side by side: the prefetch alone was 1.3x at one row on 4-bit rows and 2.2x on
- * an 8-bit LM head). One thread, 4-bit rows, an AMD EPYC: about 6 -> 9 G weights a second at
- * one row, 1.35-1.6x the buffered kernel at 2 and 4 rows.
+ * One thread, 4-bit rows, an AMD EPYC: about 9 G weights a second at one row. Up to 0.8.5,
+ * 5 or more input rows took the weights dequantized once into an L1 buffer and read back
+ * per 2 input rows; dequantizing again per 4 input rows instead (the block's weight bytes
+ * stay in L1) was 1.3-1.8x that at 5-12 rows, 1.1-1.15x at 16-24 and equal at 32-64 (one
+ * thread, SmolLM2's 4- and 8-bit shapes, 0.8.6), and leaves one path for every row count.
  *
  * Each output is that one chain of operations whatever the number of input rows, the tile
  * or the thread that computes it: a row gets the same bits alone as in a batch (batch
@@ -40,14 +40,12 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
 namespace mlxlmb {
 
 namespace {
 
-constexpr int WEIGHT_ROWS = 4;  // weight rows dequantized and multiplied together
-constexpr int INPUT_ROWS = 2;   // input rows per tile: 2 x 4 accumulators + 4 weights + x
+constexpr int WEIGHT_ROWS = 4;  // weight rows per block (one thread's unit of work)
 
 inline float scalar(float v) { return v; }
 inline float scalar(uint16_t half) { return _cvtsh_ss(half); }
@@ -119,66 +117,18 @@ inline __m256 weights8(__m256i ints, __m256 scale, __m256 bias) {
   return _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(ints), bias);
 }
 
-/* One weight row (K values, packed BITS wide) as floats scale * q + bias into `dst`. */
-template <int BITS, typename S>
-void dequantize_row(const uint8_t* __restrict w, const S* __restrict scales,
-                    const S* __restrict biases, int K, int group, float* __restrict dst) {
-  for (int g = 0; g < K / group; g++) {
-    const __m256 s = _mm256_set1_ps(scalar(scales[g])), b = _mm256_set1_ps(scalar(biases[g]));
-    for (int k = g * group; k < (g + 1) * group; k += 32) {
-      __m256i ints[4];
-      unpack32<BITS>(w, k, ints);
-      for (int j = 0; j < 4; j++) _mm256_storeu_ps(dst + k + 8 * j, weights8(ints[j], s, b));
-    }
-  }
-}
-
-/* Outputs of MB input rows (from m0) by NB dequantized weight rows `w` (from n0). */
-template <int MB, int NB>
-void tile(const QuantizedRows& p, int m0, int n0, const float* __restrict w) {
-  const float* x[MB];
-  for (int i = 0; i < MB; i++) x[i] = p.x + static_cast<size_t>(m0 + i) * p.K;
-  __m256 acc[MB][NB];
-  for (int i = 0; i < MB; i++)
-    for (int r = 0; r < NB; r++) acc[i][r] = _mm256_setzero_ps();
-  for (int k = 0; k < p.K; k += 8) {
-    __m256 wv[NB];
-    for (int r = 0; r < NB; r++) wv[r] = _mm256_loadu_ps(w + static_cast<size_t>(r) * p.K + k);
-    for (int i = 0; i < MB; i++) {
-      const __m256 xv = _mm256_loadu_ps(x[i] + k);
-      for (int r = 0; r < NB; r++) acc[i][r] = _mm256_fmadd_ps(xv, wv[r], acc[i][r]);
-    }
-  }
-  for (int i = 0; i < MB; i++)
-    for (int r = 0; r < NB; r++) {
-      float y = hsum8(acc[i][r]);
-      if (p.bias) y += p.bias[n0 + r];
-      p.out[static_cast<size_t>(m0 + i) * p.N + n0 + r] = y;
-    }
-}
-
-/* Every input row against NB dequantized weight rows. */
-template <int NB>
-void all_rows(const QuantizedRows& p, int n0, const float* w) {
-  int m0 = 0;
-  for (; m0 + INPUT_ROWS <= p.M; m0 += INPUT_ROWS) tile<INPUT_ROWS, NB>(p, m0, n0, w);
-  for (; m0 < p.M; m0++) tile<1, NB>(p, m0, n0, w);
-}
-
-/* MB input rows (1 to 4) by NB weight rows (from n0), each weight dequantized
- * in registers and used at once. The operations and their order are those of dequantize_row
- * then tile<MB, NB> (w = fma(scale, q, bias) rounded to float32, then acc = fma(x, w, acc)
- * along K 8 lanes at a time, hsum8, the bias), so the outputs are the same bits as in a
- * larger batch, without storing and reloading K floats per weight row: at one row that
- * round trip was most of the work. */
+/* MB input rows (1 to 4, from m0) by NB weight rows (from n0), each weight dequantized in
+ * registers and used at once: w = fma(scale, q, bias) rounded to float32, then
+ * acc = fma(x, w, acc) along K 8 lanes at a time, hsum8, the bias. The same chain for every
+ * output whatever MB, NB or the pass: a row's bits are those of any batch. */
 template <int BITS, typename S, int MB, int NB>
-void in_registers(const QuantizedRows& p, int n0, const uint8_t* __restrict w,
+void in_registers(const QuantizedRows& p, int m0, int n0, const uint8_t* __restrict w,
                   size_t row_bytes, const S* __restrict scales, const S* __restrict biases) {
   const int groups = p.K / p.group;
   const uint8_t* row[NB];
   for (int r = 0; r < NB; r++) row[r] = w + static_cast<size_t>(n0 + r) * row_bytes;
   const float* x[MB];
-  for (int i = 0; i < MB; i++) x[i] = p.x + static_cast<size_t>(i) * p.K;
+  for (int i = 0; i < MB; i++) x[i] = p.x + static_cast<size_t>(m0 + i) * p.K;
   __m256 acc[MB][NB];
   for (int i = 0; i < MB; i++)
     for (int r = 0; r < NB; r++) acc[i][r] = _mm256_setzero_ps();
@@ -207,7 +157,7 @@ void in_registers(const QuantizedRows& p, int n0, const uint8_t* __restrict w,
     for (int r = 0; r < NB; r++) {
       float y = hsum8(acc[i][r]);
       if (p.bias) y += p.bias[n0 + r];
-      p.out[static_cast<size_t>(i) * p.N + n0 + r] = y;
+      p.out[static_cast<size_t>(m0 + i) * p.N + n0 + r] = y;
     }
 }
 
@@ -215,34 +165,42 @@ void in_registers(const QuantizedRows& p, int n0, const uint8_t* __restrict w,
  * time for one input row, 2 for more (MB x 2 accumulators, 2 scales and 2 biases fit
  * AVX2's 16 registers). */
 template <int BITS, typename S, int MB>
-void block_in_registers(const QuantizedRows& p, int n0, int count, const uint8_t* w,
+void block_in_registers(const QuantizedRows& p, int m0, int n0, int count, const uint8_t* w,
                         size_t row_bytes, const S* scales, const S* biases) {
   if constexpr (MB == 1) {
     switch (count) {
-      case 4: in_registers<BITS, S, 1, 4>(p, n0, w, row_bytes, scales, biases); break;
-      case 3: in_registers<BITS, S, 1, 3>(p, n0, w, row_bytes, scales, biases); break;
-      case 2: in_registers<BITS, S, 1, 2>(p, n0, w, row_bytes, scales, biases); break;
-      default: in_registers<BITS, S, 1, 1>(p, n0, w, row_bytes, scales, biases);
+      case 4: in_registers<BITS, S, 1, 4>(p, m0, n0, w, row_bytes, scales, biases); break;
+      case 3: in_registers<BITS, S, 1, 3>(p, m0, n0, w, row_bytes, scales, biases); break;
+      case 2: in_registers<BITS, S, 1, 2>(p, m0, n0, w, row_bytes, scales, biases); break;
+      default: in_registers<BITS, S, 1, 1>(p, m0, n0, w, row_bytes, scales, biases);
     }
   } else {
     for (int r0 = 0; r0 < count; r0 += 2) {
       if (count - r0 >= 2)
-        in_registers<BITS, S, MB, 2>(p, n0 + r0, w, row_bytes, scales, biases);
+        in_registers<BITS, S, MB, 2>(p, m0, n0 + r0, w, row_bytes, scales, biases);
       else
-        in_registers<BITS, S, MB, 1>(p, n0 + r0, w, row_bytes, scales, biases);
+        in_registers<BITS, S, MB, 1>(p, m0, n0 + r0, w, row_bytes, scales, biases);
     }
   }
 }
 
-template <int BITS, typename S, int MB>
+/* Every input row against every weight row in registers, the input rows 4 at a time (each
+ * pass dequantizes the block's weights again: they stay in L1). */
+template <int BITS, typename S>
 void all_in_registers(const QuantizedRows& p, int teams, const uint8_t* w, size_t row_bytes,
                       const S* scales, const S* biases) {
   const int blocks = (p.N + WEIGHT_ROWS - 1) / WEIGHT_ROWS;
 #pragma omp parallel for num_threads(teams) schedule(static)
   for (int b = 0; b < blocks; b++) {
-    const int n0 = b * WEIGHT_ROWS;
-    block_in_registers<BITS, S, MB>(p, n0, std::min(WEIGHT_ROWS, p.N - n0), w, row_bytes,
-                                    scales, biases);
+    const int n0 = b * WEIGHT_ROWS, count = std::min(WEIGHT_ROWS, p.N - n0);
+    for (int m0 = 0; m0 < p.M; m0 += 4) {
+      switch (std::min(4, p.M - m0)) {
+        case 4: block_in_registers<BITS, S, 4>(p, m0, n0, count, w, row_bytes, scales, biases); break;
+        case 3: block_in_registers<BITS, S, 3>(p, m0, n0, count, w, row_bytes, scales, biases); break;
+        case 2: block_in_registers<BITS, S, 2>(p, m0, n0, count, w, row_bytes, scales, biases); break;
+        default: block_in_registers<BITS, S, 1>(p, m0, n0, count, w, row_bytes, scales, biases);
+      }
+    }
   }
 }
 
@@ -252,35 +210,9 @@ void run(const QuantizedRows& p, int threads) {
   const auto* biases = static_cast<const S*>(p.biases);
   const auto* w = reinterpret_cast<const uint8_t*>(p.w);
   const size_t row_bytes = static_cast<size_t>(p.K) * BITS / 8;
-  const int groups = p.K / p.group;
   const int blocks = (p.N + WEIGHT_ROWS - 1) / WEIGHT_ROWS;
   const int teams = std::max(1, std::min(threads, blocks));
-  switch (p.M) {
-    case 1: return all_in_registers<BITS, S, 1>(p, teams, w, row_bytes, scales, biases);
-    case 2: return all_in_registers<BITS, S, 2>(p, teams, w, row_bytes, scales, biases);
-    case 3: return all_in_registers<BITS, S, 3>(p, teams, w, row_bytes, scales, biases);
-    case 4: return all_in_registers<BITS, S, 4>(p, teams, w, row_bytes, scales, biases);
-    default: break;
-  }
-#pragma omp parallel num_threads(teams)
-  {
-    std::vector<float> rows(static_cast<size_t>(WEIGHT_ROWS) * p.K);
-#pragma omp for schedule(static)
-    for (int b = 0; b < blocks; b++) {
-      const int n0 = b * WEIGHT_ROWS, count = std::min(WEIGHT_ROWS, p.N - n0);
-      for (int r = 0; r < count; r++) {
-        const size_t n = static_cast<size_t>(n0 + r);
-        dequantize_row<BITS>(w + n * row_bytes, scales + n * groups, biases + n * groups, p.K,
-                             p.group, rows.data() + static_cast<size_t>(r) * p.K);
-      }
-      switch (count) {
-        case 4: all_rows<4>(p, n0, rows.data()); break;
-        case 3: all_rows<3>(p, n0, rows.data()); break;
-        case 2: all_rows<2>(p, n0, rows.data()); break;
-        default: all_rows<1>(p, n0, rows.data());
-      }
-    }
-  }
+  all_in_registers<BITS, S>(p, teams, w, row_bytes, scales, biases);
 }
 
 template <int BITS>
