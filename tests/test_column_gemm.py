@@ -1,8 +1,8 @@
-"""A prefill's products split by output columns over our threads (``native/column_gemm.cpp``):
-each block one single-threaded BLAS call, taken as threads come free; the float32 linear
-primitive keeps ``nn.Linear``'s bits on SmolLM2's and Gemma-3's prefill shapes, the
-quantized one MLX's ``quantized_matmul`` to float32 rounding, and OpenBLAS gets its thread
-count back after each split product."""
+"""A prefill's products split by output rows or columns over our threads
+(``native/column_gemm.cpp``): each block one single-threaded BLAS call, taken as threads
+come free; the float32 linear primitive keeps ``nn.Linear``'s bits on SmolLM2's and
+Gemma-3's prefill shapes, the quantized one MLX's ``quantized_matmul`` to float32 rounding,
+and OpenBLAS gets its thread count back after each split product."""
 
 import pytest
 
@@ -21,14 +21,16 @@ def two_threads(kernel):
 
 
 # (rows, outputs, inputs): 256 prompt tokens through SmolLM2's query, key and MLP
-# projections and its MLP's down projection; Gemma-3-270M's query (640 -> 1024).
+# projections and its MLP's down projection, split by columns; 4096 (16 prompts) through
+# its query and key projections, split by rows; Gemma-3-270M's query (640 -> 1024).
 PREFILL_SHAPES = [(256, 576, 576), (256, 192, 576), (256, 1536, 576), (300, 576, 1536),
-                  (256, 1024, 640)]
+                  (4096, 576, 576), (4096, 192, 576), (256, 1024, 640)]
 
 
 @pytest.mark.parametrize("rows,outputs,inputs", PREFILL_SHAPES)
 def test_prefill_products_are_split_and_keep_nn_linears_bits(two_threads, rows, outputs, inputs):
-    assert two_threads.column_block(rows, outputs, inputs, 2) < outputs  # split in blocks
+    longer, shorter = max(rows, outputs), min(rows, outputs)
+    assert two_threads.block_size(longer, shorter, inputs, 2) < longer  # split in blocks
     x, w, bias = random((rows, inputs), 60), random((outputs, inputs), 61), random((outputs,), 62)
     assert mx.array_equal(two_threads.linear(x, w), x @ w.T).item()
     assert mx.array_equal(two_threads.linear(x, w, bias), mx.addmm(bias, x, w.T)).item()
@@ -38,10 +40,12 @@ def test_prefill_products_are_split_and_keep_nn_linears_bits(two_threads, rows, 
 
 def test_small_products_and_one_thread_are_not_split(kernel):
     # A block below about 100^3 multiply-adds would take OpenBLAS's small-matrix kernel
-    # (other bits): 65 x 100 x 33 stays one call, as does any product on one thread.
-    assert kernel.column_block(65, 100, 33, 2) == 100
-    assert kernel.column_block(256, 576, 576, 1) == 576
-    assert kernel.column_block(256, 576, 576, 2) == 144  # 2 blocks a thread, 16 columns apart
+    # (other bits): 100 columns of 65 rows over 33 inputs stay one call, as does any
+    # product on one thread.
+    assert kernel.block_size(100, 65, 33, 2) == 100
+    assert kernel.block_size(576, 256, 576, 1) == 576
+    assert kernel.block_size(576, 256, 576, 2) == 144  # 2 blocks a thread, 16 apart
+    assert kernel.block_size(4096, 576, 576, 2) == 1024
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -1,15 +1,18 @@
-/* A prefill's GEMM split by output columns over our threads, each part one single-threaded
- * BLAS call (cpu_prims.h: sgemm_columns, for_column_blocks).
+/* A prefill's GEMM split by output rows or columns over our threads, each part one
+ * single-threaded BLAS call (cpu_prims.h: sgemm_split, for_blocks).
  *
  * OpenBLAS splits a GEMM statically over its own pthreads and waits for the slowest: on a
  * 2-core machine with one core busy (another process, the Python thread building the next
  * step) a 256 x 576 x 1536 product took the one-thread time, 4.5-4.8 ms against 2.2 ms idle,
  * and it keeps narrow products (N = 192, a key projection) on one thread even when idle.
- * Here the columns are cut into 2 blocks a thread and handed out as threads come free
- * (OpenMP's dynamic schedule), the BLAS held to one thread meanwhile: 2.3-2.6 ms busy, 0.9-
- * 1.0x OpenBLAS's time idle on SmolLM2's shapes, and 1.7x on the narrow ones (2-core AMD
- * EPYC, OpenBLAS 0.3.21). A column's result is the same BLAS computation along K whatever
- * the block it is in, so the bits are those of the single call (checked in the tests).
+ * Here the longer of the output's two sides is cut into 2 blocks a thread, handed out as
+ * threads come free (OpenMP's dynamic schedule), the BLAS held to one thread meanwhile:
+ * 2.3-2.6 ms busy, 0.9-1.0x OpenBLAS's time idle on SmolLM2's shapes, and 1.7x on the
+ * narrow ones (2-core AMD EPYC, OpenBLAS 0.3.21). Each block packs the other operand again,
+ * so blocks of columns for a 256-token prompt (the weight is the larger operand) and of rows
+ * for 16 of them (4096 rows: cutting columns packed 9 MB of inputs per block, 0.77x
+ * OpenBLAS idle). An output's result is the same BLAS computation along K whatever the
+ * block it is in, so the bits are those of the single call (checked in the tests).
  *
  * Where the BLAS cannot be held to one thread from here (MKL, which runs on the calling
  * thread inside a parallel region; Accelerate; the bundled reference BLAS), each block
@@ -56,39 +59,48 @@ class OneBlasThread {
 
 }  // namespace
 
-int column_block(int M, int N, int K, int threads) {
+int block_size(int length, int other, int K, int threads) {
   // OpenBLAS multiplies products of at most about 100^3 by another kernel (its "small
   // matrix" path, other bits): every block stays above that, or the product is not split.
   constexpr double SMALLEST_BLOCK = 1 << 21;
-  if (threads <= 1) return N;
+  if (threads <= 1) return length;
   for (int blocks = 2 * threads; blocks > 1; blocks--) {
-    const int width = ((N + blocks - 1) / blocks + 15) / 16 * 16;
-    const int last = N - (N - 1) / width * width;
-    if (static_cast<double>(M) * K * last >= SMALLEST_BLOCK) return width;
+    const int width = ((length + blocks - 1) / blocks + 15) / 16 * 16;
+    const int last = length - (length - 1) / width * width;
+    if (static_cast<double>(other) * K * last >= SMALLEST_BLOCK) return width;
   }
-  return N;
+  return length;
 }
 
-void for_column_blocks(int M, int N, int K, int threads,
-                       const std::function<void(int, int)>& block) {
-  const int width = column_block(M, N, K, threads);
-  const int blocks = (N + width - 1) / width;
+void for_blocks(int length, int other, int K, int threads,
+                const std::function<void(int, int)>& block) {
+  const int width = block_size(length, other, K, threads);
+  const int blocks = (length + width - 1) / width;
   if (blocks <= 1) {
-    block(0, N);
+    block(0, length);
     return;
   }
   OneBlasThread one_thread;
 #pragma omp parallel for num_threads(std::min(threads, blocks)) schedule(dynamic, 1)
   for (int b = 0; b < blocks; b++) {
-    const int n0 = b * width;
-    block(n0, std::min(width, N - n0));
+    const int first = b * width;
+    block(first, std::min(width, length - first));
   }
 }
 
-void sgemm_columns(int M, int N, int K, const float* a, bool a_transposed, int lda,
-                   const float* b, bool b_transposed, int ldb, float beta, float* c,
-                   int threads) {
-  for_column_blocks(M, N, K, threads, [&](int n0, int n) {
+void sgemm_split(int M, int N, int K, const float* a, bool a_transposed, int lda,
+                 const float* b, bool b_transposed, int ldb, float beta, float* c,
+                 int threads) {
+  if (M > N) {  // blocks of rows: each packs the smaller b again, not a
+    for_blocks(M, N, K, threads, [&](int m0, int m) {
+      // op(a) is (M, K): stored transposed, row m is a's column m; else a's row m.
+      const float* a_block = a_transposed ? a + m0 : a + static_cast<size_t>(m0) * lda;
+      sgemm(a_transposed, b_transposed, m, N, K, a_block, lda, b, ldb, beta,
+            c + static_cast<size_t>(m0) * N, N);
+    });
+    return;
+  }
+  for_blocks(N, M, K, threads, [&](int n0, int n) {
     // op(b) is (K, N): stored transposed, column n is b's row n; else b's column n.
     const float* b_block = b_transposed ? b + static_cast<size_t>(n0) * ldb : b + n0;
     sgemm(a_transposed, b_transposed, M, n, K, a, lda, b_block, ldb, beta, c + n0, N);

@@ -30,9 +30,10 @@ NB_MODULE(_mlxlmb_cpu_prims, m) {
         nb::arg("scales"), nb::arg("biases"), nb::arg("bias") = nb::none(),
         nb::arg("group_size"), nb::arg("bits"),
         "x @ dequantize(w)^T (+ bias), affine 4 or 8 bits (float32, float16 or bfloat16 x).");
-  m.def("column_block", &mlxlmb::column_block, nb::arg("M"), nb::arg("N"), nb::arg("K"),
+  m.def("block_size", &mlxlmb::block_size, nb::arg("length"), nb::arg("other"), nb::arg("K"),
         nb::arg("threads"),
-        "Columns per block of a prefill's (M, K) x (K, N) product split over threads (N: one).");
+        "Rows (or columns) per block when `length` of them, `other` wide, are split over "
+        "threads (`length`: not split).");
   m.def("linear_available", &mlxlmb::linear_available,
         "Whether cblas_sgemm can be found in the process.");
 }

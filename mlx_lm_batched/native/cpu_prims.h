@@ -141,18 +141,18 @@ void sgemm_nt(int M, int N, int K, const float* a, const float* b, float* c, flo
 void sgemm(bool a_transposed, bool b_transposed, int M, int N, int K, const float* a, int lda,
            const float* b, int ldb, float beta, float* c, int ldc);
 
-/* Columns per block when an (M, K) x (K, N) product's N output columns are split over
- * `threads` (N: not split) (column_gemm.cpp). */
-int column_block(int M, int N, int K, int threads);
-/* block(n0, n) for consecutive column blocks covering [0, N), on up to `threads` threads
- * as they come free, with OpenBLAS held to one thread meanwhile (column_gemm.cpp). */
-void for_column_blocks(int M, int N, int K, int threads,
-                       const std::function<void(int, int)>& block);
-/* sgemm(...) with c's rows N apart, split by output columns over `threads` threads, each
- * block one single-threaded BLAS call: the same bits as one call (column_gemm.cpp). */
-void sgemm_columns(int M, int N, int K, const float* a, bool a_transposed, int lda,
-                   const float* b, bool b_transposed, int ldb, float beta, float* c,
-                   int threads);
+/* The block size when `length` rows (or columns) of an output `other` wide, from products
+ * along K, are split over `threads` (`length`: not split) (column_gemm.cpp). */
+int block_size(int length, int other, int K, int threads);
+/* block(first, count) for consecutive blocks covering [0, length), on up to `threads`
+ * threads as they come free, with OpenBLAS held to one thread meanwhile (column_gemm.cpp). */
+void for_blocks(int length, int other, int K, int threads,
+                const std::function<void(int, int)>& block);
+/* sgemm(...) with c's rows N apart, its longer side split over `threads` threads, each block
+ * one single-threaded BLAS call: the same bits as one call (column_gemm.cpp). */
+void sgemm_split(int M, int N, int K, const float* a, bool a_transposed, int lda,
+                 const float* b, bool b_transposed, int ldb, float beta, float* c,
+                 int threads);
 
 /* x @ dequantize(w, scales, biases)^T (+ bias) for MLX's affine quantization, 4 or 8 bits
  * (quantized_linear.cpp). */

@@ -108,8 +108,8 @@ class Linear : public CpuPrimitive {
       Operand b = as_blas_operand(w.data<float>(), K, N, w.strides()[1], w.strides()[0], copy_wt);
       const float beta = has_bias ? 1.0f : 0.0f;
       if (M > SPLIT_ROWS)
-        sgemm_columns(M, N, K, a.data, a.transposed, a.ld, b.data, b.transposed, b.ld, beta, o,
-                      primitive_threads());
+        sgemm_split(M, N, K, a.data, a.transposed, a.ld, b.data, b.transposed, b.ld, beta, o,
+                    primitive_threads());
       else
         sgemm(a.transposed, b.transposed, M, N, K, a.data, a.ld, b.data, b.ld, beta, o, N);
     });

@@ -247,7 +247,7 @@ void small_rows(const Problem& p, int threads) {
  * multiplied by the BLAS call MLX's own matmul makes (`sgemm_nt`, linear.cpp) into its
  * columns of the output. Dequantizing the whole weight first (113 MB for a 49152-token
  * vocabulary) cost more than the product: 125 ms of a 33-row lm_head's 128. The output
- * columns are split over our threads as they come free (for_column_blocks, column_gemm.cpp:
+ * columns are split over our threads as they come free (for_blocks, column_gemm.cpp:
  * OpenBLAS held to one thread meanwhile), each thread dequantizing its own blocks: the
  * dequantizing ran on the calling thread alone before, beside the BLAS's two threads. */
 void many_rows(const Problem& p, int threads) {
@@ -256,7 +256,7 @@ void many_rows(const Problem& p, int threads) {
   if (p.bias)
     for (int m = 0; m < p.M; m++)
       std::memcpy(p.out + static_cast<size_t>(m) * p.N, p.bias, sizeof(float) * p.N);
-  for_column_blocks(p.M, p.N, p.K, threads, [&](int first, int count) {
+  for_blocks(p.N, p.M, p.K, threads, [&](int first, int count) {
     std::vector<float> weight(static_cast<size_t>(std::min(most, count)) * p.K);
     for (int n0 = first; n0 < first + count; n0 += most) {
       const int rows = std::min(most, first + count - n0);
