@@ -48,7 +48,7 @@ NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
 SOURCES = [os.path.join(NATIVE, name)
            for name in ("cpu_prims.cpp", "decode_attention.cpp", "norm_rope.cpp", "linear.cpp",
                         "swiglu.cpp", "quantized_linear.cpp", "quantized_rows.cpp",
-                        "quantized_rows_avx2.cpp", "column_gemm.cpp")]
+                        "quantized_rows_avx2.cpp", "split_gemm.cpp")]
 # Widths of MLX affine weights the quantized linear primitive unpacks: all of MLX's.
 QUANTIZED_BITS = (1, 2, 3, 4, 5, 6, 8)
 HEADERS = [os.path.join(NATIVE, name) for name in ("cpu_prims.h", "lanes.h", "exp_lanes.h",

@@ -32,7 +32,7 @@ namespace mlxlmb {
 
 namespace {
 
-/* Rows above which the product is split by columns over our threads (column_gemm.cpp):
+/* Rows above which the product is split in blocks over our threads (split_gemm.cpp):
  * a prefill's; decode steps' few rows go to the small-row kernel or one BLAS call. */
 constexpr int SPLIT_ROWS = 64;
 

@@ -247,7 +247,7 @@ void small_rows(const Problem& p, int threads) {
  * multiplied by the BLAS call MLX's own matmul makes (`sgemm_nt`, linear.cpp) into its
  * columns of the output. Dequantizing the whole weight first (113 MB for a 49152-token
  * vocabulary) cost more than the product: 125 ms of a 33-row lm_head's 128. The output
- * columns are split over our threads as they come free (for_blocks, column_gemm.cpp:
+ * columns are split over our threads as they come free (for_blocks, split_gemm.cpp:
  * OpenBLAS held to one thread meanwhile), each thread dequantizing its own blocks: the
  * dequantizing ran on the calling thread alone before, beside the BLAS's two threads. */
 void many_rows(const Problem& p, int threads) {

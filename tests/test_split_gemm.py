@@ -1,5 +1,5 @@
 """A prefill's products split by output rows or columns over our threads
-(``native/column_gemm.cpp``): each block one single-threaded BLAS call, taken as threads
+(``native/split_gemm.cpp``): each block one single-threaded BLAS call, taken as threads
 come free; the float32 linear primitive keeps ``nn.Linear``'s bits on SmolLM2's and
 Gemma-3's prefill shapes, the quantized one MLX's ``quantized_matmul`` to float32 rounding,
 and OpenBLAS gets its thread count back after each split product."""
