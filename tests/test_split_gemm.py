@@ -46,6 +46,13 @@ def test_small_products_and_one_thread_are_not_split(kernel):
     assert kernel.block_size(576, 256, 576, 1) == 576
     assert kernel.block_size(576, 256, 576, 2) == 144  # 2 blocks a thread, 16 apart
     assert kernel.block_size(4096, 576, 576, 2) == 1024
+    # Row blocks keep more than 64 rows: 128 rows of 100 outputs over 2048 inputs would make
+    # 4 blocks of 32, which the small-row kernel would take (other bits than the BLAS's);
+    # they stay one call, with nn.Linear's bits.
+    assert kernel.block_size(128, 100, 2048, 2) == 32
+    assert kernel.block_size(128, 100, 2048, 2, 65) == 128
+    x, w = random((128, 2048), 69), random((100, 2048), 70)
+    assert mx.array_equal(kernel.linear(x, w), x @ w.T).item()
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -31,9 +31,9 @@ NB_MODULE(_mlxlmb_cpu_prims, m) {
         nb::arg("group_size"), nb::arg("bits"),
         "x @ dequantize(w)^T (+ bias), affine 4 or 8 bits (float32, float16 or bfloat16 x).");
   m.def("block_size", &mlxlmb::block_size, nb::arg("length"), nb::arg("other"), nb::arg("K"),
-        nb::arg("threads"),
+        nb::arg("threads"), nb::arg("least") = 1,
         "Rows (or columns) per block when `length` of them, `other` wide, are split over "
-        "threads (`length`: not split).");
+        "threads, each block at least `least` long (`length`: not split).");
   m.def("linear_available", &mlxlmb::linear_available,
         "Whether cblas_sgemm can be found in the process.");
 }

@@ -142,12 +142,13 @@ void sgemm(bool a_transposed, bool b_transposed, int M, int N, int K, const floa
            const float* b, int ldb, float beta, float* c, int ldc);
 
 /* The block size when `length` rows (or columns) of an output `other` wide, from products
- * along K, are split over `threads` (`length`: not split) (split_gemm.cpp). */
-int block_size(int length, int other, int K, int threads);
+ * along K, are split over `threads`, each block at least `least` long (`length`: not
+ * split) (split_gemm.cpp). */
+int block_size(int length, int other, int K, int threads, int least = 1);
 /* block(first, count) for consecutive blocks covering [0, length), on up to `threads`
  * threads as they come free, with OpenBLAS held to one thread meanwhile (split_gemm.cpp). */
 void for_blocks(int length, int other, int K, int threads,
-                const std::function<void(int, int)>& block);
+                const std::function<void(int, int)>& block, int least = 1);
 /* sgemm(...) with c's rows N apart, its longer side split over `threads` threads, each block
  * one single-threaded BLAS call: the same bits as one call (split_gemm.cpp). */
 void sgemm_split(int M, int N, int K, const float* a, bool a_transposed, int lda,

@@ -59,7 +59,7 @@ class OneBlasThread {
 
 }  // namespace
 
-int block_size(int length, int other, int K, int threads) {
+int block_size(int length, int other, int K, int threads, int least) {
   // OpenBLAS multiplies products of at most about 100^3 by another kernel (its "small
   // matrix" path, other bits): every block stays above that, or the product is not split.
   constexpr double SMALLEST_BLOCK = 1 << 21;
@@ -67,14 +67,14 @@ int block_size(int length, int other, int K, int threads) {
   for (int blocks = 2 * threads; blocks > 1; blocks--) {
     const int width = ((length + blocks - 1) / blocks + 15) / 16 * 16;
     const int last = length - (length - 1) / width * width;
-    if (static_cast<double>(other) * K * last >= SMALLEST_BLOCK) return width;
+    if (last >= least && static_cast<double>(other) * K * last >= SMALLEST_BLOCK) return width;
   }
   return length;
 }
 
 void for_blocks(int length, int other, int K, int threads,
-                const std::function<void(int, int)>& block) {
-  const int width = block_size(length, other, K, threads);
+                const std::function<void(int, int)>& block, int least) {
+  const int width = block_size(length, other, K, threads, least);
   const int blocks = (length + width - 1) / width;
   if (blocks <= 1) {
     block(0, length);
@@ -92,12 +92,15 @@ void sgemm_split(int M, int N, int K, const float* a, bool a_transposed, int lda
                  const float* b, bool b_transposed, int ldb, float beta, float* c,
                  int threads) {
   if (M > N) {  // blocks of rows: each packs the smaller b again, not a
+    // More than 64 rows a block: fewer may go to the small-row kernel (_small_gemm, up to
+    // 32 rows by default), whose bits are not the BLAS's.
+    constexpr int FEWEST_ROWS = 65;
     for_blocks(M, N, K, threads, [&](int m0, int m) {
       // op(a) is (M, K): stored transposed, row m is a's column m; else a's row m.
       const float* a_block = a_transposed ? a + m0 : a + static_cast<size_t>(m0) * lda;
       sgemm(a_transposed, b_transposed, m, N, K, a_block, lda, b, ldb, beta,
             c + static_cast<size_t>(m0) * N, N);
-    });
+    }, FEWEST_ROWS);
     return;
   }
   for_blocks(N, M, K, threads, [&](int n0, int n) {
