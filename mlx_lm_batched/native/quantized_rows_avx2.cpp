@@ -40,6 +40,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 namespace mlxlmb {
 
@@ -194,11 +195,15 @@ void all_in_registers(const QuantizedRows& p, int teams, const uint8_t* w, size_
   for (int b = 0; b < blocks; b++) {
     const int n0 = b * WEIGHT_ROWS, count = std::min(WEIGHT_ROWS, p.N - n0);
     for (int m0 = 0; m0 < p.M; m0 += 4) {
+      const auto pass = [&](auto rows) {
+        block_in_registers<BITS, S, decltype(rows)::value>(p, m0, n0, count, w, row_bytes,
+                                                           scales, biases);
+      };
       switch (std::min(4, p.M - m0)) {
-        case 4: block_in_registers<BITS, S, 4>(p, m0, n0, count, w, row_bytes, scales, biases); break;
-        case 3: block_in_registers<BITS, S, 3>(p, m0, n0, count, w, row_bytes, scales, biases); break;
-        case 2: block_in_registers<BITS, S, 2>(p, m0, n0, count, w, row_bytes, scales, biases); break;
-        default: block_in_registers<BITS, S, 1>(p, m0, n0, count, w, row_bytes, scales, biases);
+        case 4: pass(std::integral_constant<int, 4>{}); break;
+        case 3: pass(std::integral_constant<int, 3>{}); break;
+        case 2: pass(std::integral_constant<int, 2>{}); break;
+        default: pass(std::integral_constant<int, 1>{});
       }
     }
   }
