@@ -149,7 +149,7 @@ void sgemm(bool a_transposed, bool b_transposed, int M, int N, int K, const floa
 
 void sgemm_nt(int M, int N, int K, const float* a, const float* b, float* c, float beta,
               int ldc) {
-  find_sgemm()(ROW_MAJOR, NO_TRANS, TRANS, M, N, K, 1.0f, a, K, b, K, beta, c, ldc ? ldc : N);
+  sgemm(false, true, M, N, K, a, K, b, K, beta, c, ldc ? ldc : N);
 }
 
 mx::array linear(const mx::array& x, const mx::array& weight, std::optional<mx::array> bias) {
