@@ -163,6 +163,11 @@ def _check(module):
                               "quantized_matmul")
 
 
+def configured_threads():
+    """The threads the kernels split their work over: the small-row matmul's count."""
+    return _small_gemm.threads or _small_gemm.default_threads()
+
+
 def module():
     """The loaded extension, building it on first use; None where it cannot be (see
     :data:`problem`) or is switched off, or off the CPU backend's platforms (Linux)."""
@@ -174,7 +179,7 @@ def module():
         return None
     try:
         loaded = _import(_build())
-        loaded.set_threads(_small_gemm.threads or _small_gemm.default_threads())
+        loaded.set_threads(configured_threads())
         _check(loaded)
     except Exception as e:  # noqa: BLE001 (any failure: MLX's ops give the same values)
         problem = f"{type(e).__name__}: {e}".splitlines()[0]

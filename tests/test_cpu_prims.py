@@ -105,7 +105,7 @@ def test_a_row_gets_the_same_bits_alone_and_in_a_padded_batch(kernel):
         assert mx.array_equal(kernel.decode_attention(batch_q, batch_k, batch_v, 0.125, mask),
                               batched).item()
     finally:
-        kernel.set_threads(_small_gemm.threads or _small_gemm.default_threads())
+        kernel.set_threads(_cpu_prims.configured_threads())
 
 
 def test_bad_arguments_get_one_clear_error(kernel):

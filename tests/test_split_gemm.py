@@ -17,7 +17,7 @@ from test_cpu_prims_quantized import assert_close, mlx_reference  # noqa: E402
 def two_threads(kernel):
     kernel.set_threads(2)
     yield kernel
-    kernel.set_threads(_cpu_prims._small_gemm.threads or _cpu_prims._small_gemm.default_threads())
+    kernel.set_threads(_cpu_prims.configured_threads())
 
 
 # (rows, outputs, inputs): 256 prompt tokens through SmolLM2's query, key and MLP
