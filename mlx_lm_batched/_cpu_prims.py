@@ -201,18 +201,21 @@ def inverse_frequencies(dims, base):
 _FLOATS = (mx.float32, mx.float16, mx.bfloat16)
 
 
-def _on_cpu_float32(x):
-    return x.dtype == mx.float32 and mx.default_device() == mx.cpu
+def _on_cpu_float(x):
+    """On the CPU backend, in a dtype the primitives read (half precision is computed in
+    float32 and each primitive's output rounded once to the input's dtype)."""
+    return x.dtype in _FLOATS and mx.default_device() == mx.cpu
 
 
 def serves(q, k, v, mask):
     """True when :func:`attend` computes this attention: on the CPU, one query per row,
-    float32, keys and values as arrays, a boolean mask shared by the heads (or none)."""
+    queries, keys and values of one float dtype (float32, float16 or bfloat16) as arrays,
+    a boolean mask shared by the heads (or none)."""
     segments = k if isinstance(k, list) else [k]
     if q.ndim != 4 or q.shape[2] != 1 or not all(isinstance(x, mx.array) for x in segments):
         return False
     values = v if isinstance(v, list) else [v]
-    if not (_on_cpu_float32(q) and all(x.dtype == mx.float32 for x in segments + values)):
+    if not (_on_cpu_float(q) and all(x.dtype == q.dtype for x in segments + values)):
         return False
     if mask is not None:
         if not isinstance(mask, mx.array) or mask.dtype != mx.bool_ or mask.ndim > 4:
@@ -233,8 +236,9 @@ def attend(q, k, v, scale, mask):
 
 
 def rms_norm(x, weight, eps):
-    """``mx.fast.rms_norm(x, weight, eps)``, as one primitive on the CPU for float32."""
-    if (_on_cpu_float32(x) and (weight is None or weight.dtype == mx.float32)
+    """``mx.fast.rms_norm(x, weight, eps)``, as one primitive on the CPU for float32,
+    float16 and bfloat16 (computed in float32, rounded once to the output dtype)."""
+    if (_on_cpu_float(x) and (weight is None or weight.dtype in _FLOATS)
             and module() is not None):
         return _module.rms_norm(x, weight, float(eps))
     return mx.fast.rms_norm(x, weight, eps)
@@ -243,9 +247,10 @@ def rms_norm(x, weight, eps):
 def rope(x, dims, traditional, inv_freq, scale, offset):
     """Rotary embedding of ``x`` ``(B, ..., L, D)``'s first ``dims`` features at
     positions ``offset + arange(L)`` (``offset``: an int or ``(B,)`` array), as one
-    primitive on the CPU for float32; None where it does not serve (the caller uses
+    primitive on the CPU for float32, float16 and bfloat16 (computed in float32, rounded
+    once to ``x``'s dtype); None where it does not serve (the caller uses
     ``mx.fast.rope``)."""
-    if x.ndim < 3 or not _on_cpu_float32(x) or module() is None:
+    if x.ndim < 3 or not _on_cpu_float(x) or inv_freq.dtype != mx.float32 or module() is None:
         return None
     if not isinstance(offset, mx.array):
         offset = mx.array([offset])
@@ -260,7 +265,8 @@ def linear(x, weight, bias=None):
     """``x @ weight.T (+ bias)`` (``mlx.nn.Linear``'s product, the same bits) as one
     primitive on the CPU for float32; None where it does not serve (the caller uses
     MLX's ops). Saves the three nodes MLX builds around each layer's matmul."""
-    if (not _on_cpu_float32(x) or weight.dtype != mx.float32 or weight.ndim != 2
+    if (not _on_cpu_float(x) or x.dtype != mx.float32 or weight.dtype != mx.float32
+            or weight.ndim != 2
             or (bias is not None and bias.dtype != mx.float32) or module() is None):
         return None
     return _module.linear(x, weight, bias)
@@ -281,9 +287,9 @@ def quantized_linear(x, weight, scales, biases, bias, group_size, bits):
 
 def swiglu(gate, up):
     """``silu(gate) * up`` (a gated MLP's activation, ``layers/cpu_ops``' exp formula)
-    as one primitive on the CPU for float32 operands of one shape; None where it does
-    not serve."""
-    if (not _on_cpu_float32(gate) or up.dtype != mx.float32 or gate.shape != up.shape
+    as one primitive on the CPU for float32, float16 or bfloat16 operands of one shape
+    (computed in float32, rounded once to their dtype); None where it does not serve."""
+    if (not _on_cpu_float(gate) or up.dtype != gate.dtype or gate.shape != up.shape
             or module() is None):
         return None
     return _module.swiglu(gate, up)

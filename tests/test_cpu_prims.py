@@ -110,8 +110,10 @@ def test_a_row_gets_the_same_bits_alone_and_in_a_padded_batch(kernel):
 
 def test_bad_arguments_get_one_clear_error(kernel):
     q, k = random((2, 4, 1, 16), 1), random((2, 2, 9, 16), 2)
-    with pytest.raises(ValueError, match="float32 only"):
+    with pytest.raises(ValueError, match="one dtype"):
         kernel.decode_attention(q.astype(mx.float16), k, k, 1.0, None)
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        kernel.decode_attention(*(a.astype(mx.int32) for a in (q, k, k)), 1.0, None)
     with pytest.raises(ValueError, match="shapes disagree"):
         kernel.decode_attention(q, k, k[:, :, :4], 1.0, None)
     with pytest.raises(ValueError, match="boolean"):

@@ -3,6 +3,7 @@
 import tempfile
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 
@@ -56,9 +57,45 @@ def test_bfloat16_mixture_of_experts_runs_on_every_device(tmp_path):
     assert model.layers[0].block_sparse_moe.switch_mlp.gate_proj.weight.dtype == mx.bfloat16
     prompt = mx.array([make_prompts((9,))[0]])
     ours = np.array(model(prompt)[0].astype(mx.float32))
+    margins = route_margins(reference, prompt)
     ref = np.array(reference(prompt)[0])
-    assert np.abs(ours - ref).max() < 0.05 * np.abs(ref).max()
+    # Where the float32 router's second and third experts are within bfloat16 rounding of
+    # each other (the last position here: 0.0034 apart in the first layer), bfloat16 may
+    # route the token to the other one; every other position stays close.
+    decided = margins > 0.02
+    assert decided.sum() >= len(decided) - 2
+    assert np.abs(ours - ref)[decided].max() < 0.05 * np.abs(ref).max()
     prompts = make_prompts((7, 1, 12))
     batch = greedy_tokens(model, prompts, 6)
     for i, p in enumerate(prompts):
         np.testing.assert_array_equal(batch[i], greedy_tokens(model, [p], 6)[0])
+
+
+class _RecordedGate(nn.Module):
+    """A router (``gate``) that keeps its logits in ``log``."""
+
+    def __init__(self, gate, log):
+        super().__init__()
+        self.gate = gate
+        self.log = log
+
+    def __call__(self, x):
+        logits = self.gate(x)
+        self.log.append(np.array(logits.astype(mx.float32)).reshape(-1, logits.shape[-1]))
+        return logits
+
+
+def route_margins(model, prompt, k=2):
+    """Per position of ``prompt``: the smallest gap, over the layers, between the router
+    logits of the ``k``-th and the next expert (how near a tie the top-``k`` choice is)."""
+    log = []
+    for layer in model.layers:
+        moe = layer.block_sparse_moe
+        moe.gate = _RecordedGate(moe.gate, log)
+    try:
+        mx.eval(model(prompt))
+    finally:
+        for layer in model.layers:
+            layer.block_sparse_moe.gate = layer.block_sparse_moe.gate.gate
+    ordered = [-np.sort(-logits, axis=-1) for logits in log]
+    return np.min([o[:, k - 1] - o[:, k] for o in ordered], axis=0)

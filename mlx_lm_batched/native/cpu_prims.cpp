@@ -11,21 +11,21 @@ NB_MODULE(_mlxlmb_cpu_prims, m) {
   m.doc() = "MLX primitives for the CPU backend (mlx_lm_batched)";
   m.def("decode_attention", &mlxlmb::decode_attention, nb::arg("q"), nb::arg("k"),
         nb::arg("v"), nb::arg("scale"), nb::arg("mask") = nb::none(),
-        "softmax(q k^T * scale) v for one query per row (float32).");
+        "softmax(q k^T * scale) v for one query per row (float32, float16 or bfloat16).");
   m.def("decode_attention_segments", &mlxlmb::decode_attention_segments, nb::arg("q"),
         nb::arg("keys"), nb::arg("values"), nb::arg("scale"), nb::arg("mask") = nb::none(),
         "decode_attention over keys and values held in segments of consecutive slots.");
   m.def("set_threads", &mlxlmb::set_attention_threads, nb::arg("threads"),
         "Threads decode_attention's tasks are split over.");
   m.def("rms_norm", &mlxlmb::rms_norm, nb::arg("x"), nb::arg("weight") = nb::none(),
-        nb::arg("eps"), "RMS norm over the last axis (float32).");
+        nb::arg("eps"), "RMS norm over the last axis (float32, float16 or bfloat16).");
   m.def("rope", &mlxlmb::rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"),
         nb::arg("inv_freq"), nb::arg("scale"), nb::arg("offset"),
-        "Rotary embedding with per-row offsets (float32).");
+        "Rotary embedding with per-row offsets (float32, float16 or bfloat16).");
   m.def("linear", &mlxlmb::linear, nb::arg("x"), nb::arg("weight"),
         nb::arg("bias") = nb::none(), "x @ weight.T (+ bias) as one node (float32).");
   m.def("swiglu", &mlxlmb::swiglu, nb::arg("gate"), nb::arg("up"),
-        "silu(gate) * up as one node (float32).");
+        "silu(gate) * up as one node (float32, float16 or bfloat16).");
   m.def("quantized_linear", &mlxlmb::quantized_linear, nb::arg("x"), nb::arg("w"),
         nb::arg("scales"), nb::arg("biases"), nb::arg("bias") = nb::none(),
         nb::arg("group_size"), nb::arg("bits"),

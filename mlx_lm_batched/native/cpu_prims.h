@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <stdexcept>
@@ -15,9 +16,63 @@
 #include "mlx/primitives.h"
 #include "mlx/transforms.h"
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 namespace mx = mlx::core;
 
 namespace mlxlmb {
+
+/* Half-precision values to float32 and back, a span at a time. MLX's element types
+ * convert one value per call (on x86 its float16 is software): a bfloat16 SwiGLU of
+ * 1.6 M elements took 6x the float32 one in those conversions. Here bfloat16 is integer
+ * operations the compiler vectorises (a bfloat16 is a float32's upper half; rounding to
+ * nearest even and NaN as MLX's bfloat16_t does), float16 is F16C's conversions where the
+ * build has them (IEEE round to nearest even, as MLX's), else MLX's own. The same values
+ * as MLX's conversions. */
+inline void bf16_to_float(const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(dst + i, &bits, sizeof bits);
+  }
+}
+inline void float_to_bf16(const float* src, uint16_t* dst, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    uint32_t bits;
+    std::memcpy(&bits, src + i, sizeof bits);
+    const uint32_t rounded = (bits + ((bits >> 16) & 1u) + 0x7FFFu) >> 16;
+    dst[i] = (bits & 0x7FFFFFFFu) > 0x7F800000u ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
+  }
+}
+inline void f16_to_float(const mx::float16_t* src, float* dst, size_t n) {
+  size_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+  for (; i < n; i++) dst[i] = static_cast<float>(src[i]);
+}
+inline void float_to_f16(const float* src, mx::float16_t* dst, size_t n) {
+  size_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+  for (; i < n; i++) dst[i] = src[i];
+}
+
+/* n values of type Src as float32 (Src: float, mx::float16_t or mx::bfloat16_t). */
+template <typename Src>
+inline void to_float(const Src* src, float* dst, size_t n) {
+  if constexpr (std::is_same_v<Src, mx::bfloat16_t>)
+    bf16_to_float(reinterpret_cast<const uint16_t*>(src), dst, n);
+  else if constexpr (std::is_same_v<Src, mx::float16_t>)
+    f16_to_float(src, dst, n);
+  else
+    for (size_t i = 0; i < n; i++) dst[i] = static_cast<float>(src[i]);
+}
 
 /* The stream every primitive here runs on: the CPU's default. */
 inline mx::Stream cpu_stream() {
@@ -99,12 +154,65 @@ inline const T* row_major(const mx::array& a, std::vector<T>& scratch) {
   const Src* src = a.data<Src>();
   scratch.resize(a.size());
   T* dst = scratch.data();
+  if constexpr (std::is_same_v<T, float> && !std::is_same_v<Src, float>) {
+    if (a.flags().row_contiguous) {  /* one span, converted a vector at a time */
+      to_float(src, dst, a.size());
+      return scratch.data();
+    }
+    if (step == 1) {
+      for (int64_t offset : row_offsets(a)) {
+        to_float(src + offset, dst, D);
+        dst += D;
+      }
+      return scratch.data();
+    }
+  }
   for (int64_t offset : row_offsets(a)) {
     for (int64_t d = 0; d < D; d++) dst[d] = static_cast<T>(src[offset + d * step]);
     dst += D;
   }
   return scratch.data();
 }
+
+/* The float dtypes the primitives read: float32, and float16 and bfloat16 computed in
+ * float32 (each half value converts exactly) with the results rounded once to the
+ * output's dtype. */
+inline bool float_dtype(mx::Dtype t) {
+  return t == mx::float32 || t == mx::float16 || t == mx::bfloat16;
+}
+
+/* A float32, float16 or bfloat16 array as row-major float32 (`row_major`: in place for
+ * row-contiguous float32, else converted into `scratch`). */
+inline const float* float_rows(const mx::array& a, std::vector<float>& scratch) {
+  if (a.dtype() == mx::float16) return row_major<float, mx::float16_t>(a, scratch);
+  if (a.dtype() == mx::bfloat16) return row_major<float, mx::bfloat16_t>(a, scratch);
+  return row_major(a, scratch);
+}
+
+/* The float32 results `y` into a float16 or bfloat16 output, rounded once. */
+inline void store_half(mx::array& out, const std::vector<float>& y) {
+  if (out.dtype() == mx::float16)
+    float_to_f16(y.data(), out.data<mx::float16_t>(), y.size());
+  else if (out.dtype() == mx::bfloat16)
+    float_to_bf16(y.data(), reinterpret_cast<uint16_t*>(out.data<mx::bfloat16_t>()), y.size());
+}
+
+/* Where a primitive writes its float32 results, row-major: `out`'s own memory when it is
+ * float32, else a buffer that `finish` rounds into `out` (float16 or bfloat16) once. */
+class FloatOut {
+ public:
+  explicit FloatOut(mx::array& out) : out_(out) {
+    if (out.dtype() != mx::float32) buffer_.resize(out.size());
+  }
+  float* data() { return buffer_.empty() ? out_.data<float>() : buffer_.data(); }
+  void finish() {
+    if (!buffer_.empty()) store_half(out_, buffer_);
+  }
+
+ private:
+  mx::array& out_;
+  std::vector<float> buffer_;
+};
 
 /* softmax(q k^T * scale) v for one query per row (decode_attention.cpp). */
 mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,

@@ -15,7 +15,9 @@
  * product in 16 lanes then lanes.h's fixed tree (as native/small_gemm.c's products);
  * the exponential is 2^(x log2 e) from the exponent bits times a degree-7 polynomial
  * (as layers/cpu_ops.py); the softmax's sum goes in 16 lanes by attended-key index,
- * then the same tree; the values are summed in slot order.
+ * then the same tree; the values are summed in slot order. Float16 and bfloat16 queries,
+ * keys and values (a model and cache in half precision) are converted to float32 as each
+ * row is read, and the output rounded once to their dtype.
  *
  * Built by mlx_lm_batched/_cpu_prims.py with the system's C++ compiler against
  * the installed MLX and nanobind (once per machine, cached).
@@ -74,12 +76,30 @@ inline float max_of(const float* x, int n) {
   return top;
 }
 
-/* Where one operand's elements are: base pointer and element strides (rows, heads,
- * slots, features). */
+/* The element types read here: float32, and float16 and bfloat16 converted to float32
+ * as they are read (exactly). */
+enum class Elem { f32, f16, bf16 };
+
+/* Where one operand's elements are: base pointer, element strides (rows, heads, slots,
+ * features) and element type (the mask: f32, unused). */
 struct View {
   const void* data;
   int64_t s0, s1, s2, s3;
+  Elem elem = Elem::f32;
 };
+
+inline size_t elem_bytes(Elem e) { return e == Elem::f32 ? 4 : 2; }
+
+/* The address `offset` elements past `base`. */
+inline const void* advance(const void* base, int64_t offset, Elem e) {
+  return static_cast<const char*>(base) + offset * static_cast<int64_t>(elem_bytes(e));
+}
+
+inline float read_float(const void* p, int64_t i, Elem e) {
+  if (e == Elem::f16) return static_cast<float>(static_cast<const mx::float16_t*>(p)[i]);
+  if (e == Elem::bf16) return static_cast<float>(static_cast<const mx::bfloat16_t*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
 
 /* Keys and values of consecutive slots: a row's slots are its segments' in order (one
  * segment for a plain cache; a shared prefix's blocks then the row's own slots for a
@@ -97,19 +117,28 @@ struct Geometry {
   float* out;                    /* (B, H, 1, Dv), contiguous */
 };
 
-/* Per task: where each attended slot's key and value rows are, and their strides. */
+/* Per task: where each attended slot's key and value rows are, their strides and element
+ * types. */
 struct SlotRows {
-  std::vector<const float*> k, v;
+  std::vector<const void*> k, v;
   std::vector<int64_t> k_step, v_step;
+  std::vector<Elem> k_elem, v_elem;
 };
 
 int configured_threads = 1;
 
-/* A row of `n` floats with stride `stride` as a contiguous pointer (copied into
- * `scratch` when strided). */
-inline const float* contiguous_row(const float* p, int64_t stride, int n, float* scratch) {
-  if (stride == 1) return p;
-  for (int i = 0; i < n; i++) scratch[i] = p[i * stride];
+/* A row of `n` elements with stride `stride` as contiguous float32: in place when it is
+ * float32 and contiguous, else copied (converted) into `scratch`. */
+inline const float* float_row(const void* p, int64_t stride, Elem e, int n, float* scratch) {
+  if (e == Elem::f32 && stride == 1) return static_cast<const float*>(p);
+  if (stride == 1) {  /* a span, converted a vector at a time (cpu_prims.h) */
+    if (e == Elem::bf16)
+      bf16_to_float(static_cast<const uint16_t*>(p), scratch, n);
+    else
+      f16_to_float(static_cast<const mx::float16_t*>(p), scratch, n);
+    return scratch;
+  }
+  for (int i = 0; i < n; i++) scratch[i] = read_float(p, i * stride, e);
   return scratch;
 }
 
@@ -118,7 +147,7 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
                 SlotRows& at) {
   const int G = g.H / g.n_kv, D = g.D, Dv = g.Dv;
   const int h0 = kvh * G;
-  const float* qb = static_cast<const float*>(g.q.data) + b * g.q.s0;
+  const void* qb = advance(g.q.data, b * g.q.s0, g.q.elem);
   const bool* mb = g.mask.data
       ? static_cast<const bool*>(g.mask.data) + b * g.mask.s0  /* one mask for all heads */
       : nullptr;
@@ -129,16 +158,19 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
   at.v.clear();
   at.k_step.clear();
   at.v_step.clear();
+  at.k_elem.clear();
+  at.v_elem.clear();
   int j = 0;
   for (const Segment& seg : g.segments) {
-    const float* kb = static_cast<const float*>(seg.k.data) + b * seg.k.s0 + kvh * seg.k.s1;
-    const float* vb = static_cast<const float*>(seg.v.data) + b * seg.v.s0 + kvh * seg.v.s1;
+    const int64_t k_base = b * seg.k.s0 + kvh * seg.k.s1, v_base = b * seg.v.s0 + kvh * seg.v.s1;
     for (int i = 0; i < seg.len; i++, j++) {
       if (mb && !mb[j * g.mask.s3]) continue;
-      at.k.push_back(kb + i * seg.k.s2);
-      at.v.push_back(vb + i * seg.v.s2);
+      at.k.push_back(advance(seg.k.data, k_base + i * seg.k.s2, seg.k.elem));
+      at.v.push_back(advance(seg.v.data, v_base + i * seg.v.s2, seg.v.elem));
       at.k_step.push_back(seg.k.s3);
       at.v_step.push_back(seg.v.s3);
+      at.k_elem.push_back(seg.k.elem);
+      at.v_elem.push_back(seg.v.elem);
     }
   }
   const int n = static_cast<int>(at.k.size());
@@ -155,8 +187,9 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
   float* inv = acc + static_cast<size_t>(G) * Dv;
 
   for (int h = 0; h < G; h++) {
-    const float* qh = qb + (h0 + h) * g.q.s1;
-    for (int d = 0; d < D; d++) qs[h * D + d] = qh[d * g.q.s3] * g.scale;
+    const int64_t at_head = (h0 + h) * g.q.s1;
+    for (int d = 0; d < D; d++)
+      qs[h * D + d] = read_float(qb, at_head + d * g.q.s3, g.q.elem) * g.scale;
   }
   float* out0 = g.out + (static_cast<int64_t>(b) * g.H + h0) * Dv;
   if (n == 0) { /* nothing attended (never for a decode query: it attends itself) */
@@ -200,7 +233,8 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
   for (; c + VW <= n; c += VW) {
     const float* rows[VW];
     for (int i = 0; i < VW; i++)
-      rows[i] = contiguous_row(at.k[c + i], at.k_step[c + i], D, key_scratch + i * D);
+      rows[i] = float_row(at.k[c + i], at.k_step[c + i], at.k_elem[c + i], D,
+                          key_scratch + i * D);
     for (int h = 0; h < G; h++) {
       vf acc[VW];
       for (int i = 0; i < VW; i++) acc[i] = dot_lanes(qs + h * D, rows[i]);
@@ -210,7 +244,7 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
   }
 #endif
   for (; c < n; c++) {  /* the keys left over (on AVX2, every key) */
-    const float* kj = contiguous_row(at.k[c], at.k_step[c], D, key_scratch);
+    const float* kj = float_row(at.k[c], at.k_step[c], at.k_elem[c], D, key_scratch);
     for (int h = 0; h < G; h++) scores[h * n + c] = dot(qs + h * D, kj);
   }
 
@@ -223,7 +257,7 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
   /* Weighted sums of the value rows, in slot order. */
   std::memset(acc, 0, sizeof(float) * G * Dv);
   for (c = 0; c < n; c++) {
-    const float* vj = contiguous_row(at.v[c], at.v_step[c], Dv, value_scratch);
+    const float* vj = float_row(at.v[c], at.v_step[c], at.v_elem[c], Dv, value_scratch);
     for (int h = 0; h < G; h++) {
       const float w = scores[h * n + c];
       float* ah = acc + h * Dv;
@@ -248,7 +282,10 @@ void attend_all(const Geometry& g) {
 
 View view_of(const mx::array& a) {
   const auto& st = a.strides();
-  return {a.data<void>(), st[0], st[1], st[2], st[3]};
+  const Elem e = a.dtype() == mx::float16    ? Elem::f16
+                 : a.dtype() == mx::bfloat16 ? Elem::bf16
+                                             : Elem::f32;
+  return {a.data<void>(), st[0], st[1], st[2], st[3], e};
 }
 
 /* Inputs: q, the keys of each segment, the values of each segment, then the mask (if
@@ -279,8 +316,12 @@ class DecodeAttention : public CpuPrimitive {
     g.q = view_of(q);
     const size_t masked = 1 + 2 * static_cast<size_t>(segments_);
     g.mask = inputs.size() > masked ? view_of(inputs[masked]) : View{nullptr, 0, 0, 0, 0};
-    g.out = out.data<float>();
-    run_on_cpu(inputs, out, [g, inputs, out]() { attend_all(g); });
+    run_on_cpu(inputs, out, [g, inputs, out]() mutable {
+      FloatOut result(out);
+      g.out = result.data();
+      attend_all(g);
+      result.finish();
+    });
   }
 
   /* Gradients (training on the CPU, one query per row): those of the same attention
@@ -356,14 +397,14 @@ mx::array decode_attention_segments(const mx::array& q, const std::vector<mx::ar
         k.shape(1) != n_kv || v.shape(1) != n_kv || v.shape(2) != k.shape(2) ||
         k.shape(3) != q.shape(3) || v.shape(3) != vs[0].shape(3))
       throw std::invalid_argument("decode_attention: q, k and v shapes disagree");
-    if (k.dtype() != mx::float32 || v.dtype() != mx::float32)
-      throw std::invalid_argument("decode_attention: float32 only");
+    if (k.dtype() != q.dtype() || v.dtype() != q.dtype())
+      throw std::invalid_argument("decode_attention: q, k and v of one dtype");
     S += k.shape(2);
   }
   if (n_kv == 0 || H % n_kv != 0)
     throw std::invalid_argument("decode_attention: q, k and v shapes disagree");
-  if (q.dtype() != mx::float32)
-    throw std::invalid_argument("decode_attention: float32 only");
+  if (!float_dtype(q.dtype()))
+    throw std::invalid_argument("decode_attention: float32, float16 or bfloat16");
   auto stream = cpu_stream();
   std::vector<mx::array> inputs = {q};
   inputs.insert(inputs.end(), ks.begin(), ks.end());
@@ -373,7 +414,7 @@ mx::array decode_attention_segments(const mx::array& q, const std::vector<mx::ar
       throw std::invalid_argument("decode_attention: the mask must be boolean");
     inputs.push_back(mx::broadcast_to(*mask, {B, 1, 1, S}, stream));
   }
-  return mx::array({B, H, 1, vs[0].shape(3)}, mx::float32,
+  return mx::array({B, H, 1, vs[0].shape(3)}, q.dtype(),
                    std::make_shared<DecodeAttention>(stream, scale, static_cast<int>(ks.size())),
                    std::move(inputs));
 }

@@ -31,6 +31,22 @@ namespace mlxlmb {
 
 namespace {
 
+/* A float32, float16 or bfloat16 input's rows as float32: its own memory (`offsets`, the
+ * last axis' stride) when float32, else a row-major converted copy in `scratch`. */
+struct FloatView {
+  const float* data;
+  std::vector<int64_t> rows;  // element offset of each row
+  int64_t step;               // between a row's elements
+};
+FloatView float_view(const mx::array& x, const std::vector<int64_t>& offsets,
+                     std::vector<float>& scratch) {
+  if (x.dtype() == mx::float32) return {x.data<float>(), offsets, x.strides().back()};
+  const int64_t D = x.shape(-1);
+  std::vector<int64_t> rows(offsets.size());
+  for (size_t r = 0; r < rows.size(); r++) rows[r] = static_cast<int64_t>(r) * D;
+  return {float_rows(x, scratch), std::move(rows), 1};
+}
+
 class RMSNorm : public CpuPrimitive {
  public:
   RMSNorm(mx::Stream stream, float eps) : CpuPrimitive(stream), eps_(eps) {}
@@ -40,16 +56,15 @@ class RMSNorm : public CpuPrimitive {
     auto& out = outputs[0];
     out.set_data(mx::allocator::malloc(out.nbytes()));
     const int D = x.shape(-1);
-    const int64_t x_step = x.strides().back();
-    const float* w = inputs.size() > 1 ? inputs[1].data<float>() : nullptr;
-    const int64_t w_step = inputs.size() > 1 ? inputs[1].strides().back() : 0;
-    run_on_cpu(inputs, out, [inputs, out, offsets = row_offsets(x), D, x_step, w, w_step,
-                      eps = eps_]() mutable {
-      const float* xp = inputs[0].data<float>();
-      float* op = out.data<float>();
+    run_on_cpu(inputs, out, [inputs, out, offsets = row_offsets(x), D, eps = eps_]() mutable {
+      std::vector<float> x_copy, w_copy;
+      const auto [xp, rows, x_step] = float_view(inputs[0], offsets, x_copy);
+      const float* w = inputs.size() > 1 ? float_rows(inputs[1], w_copy) : nullptr;
+      FloatOut result(out);
+      float* op = result.data();
       std::vector<float> row(D);
-      for (size_t r = 0; r < offsets.size(); r++) {
-        const float* xr = xp + offsets[r];
+      for (size_t r = 0; r < rows.size(); r++) {
+        const float* xr = xp + rows[r];
         if (x_step != 1) {
           for (int d = 0; d < D; d++) row[d] = xr[d * x_step];
           xr = row.data();
@@ -67,11 +82,12 @@ class RMSNorm : public CpuPrimitive {
         const float scale = 1.0f / std::sqrt(hsum1(lanes) / D + eps);
         float* o = op + r * D;
         if (w) {
-          for (int d = 0; d < D; d++) o[d] = (xr[d] * scale) * w[d * w_step];
+          for (int d = 0; d < D; d++) o[d] = (xr[d] * scale) * w[d];
         } else {
           for (int d = 0; d < D; d++) o[d] = xr[d] * scale;
         }
       }
+      result.finish();
     });
   }
 
@@ -113,13 +129,15 @@ class RoPE : public CpuPrimitive {
     const int D = x.shape(-1), L = x.shape(-2), B = x.shape(0);
     const int64_t per_row = x.size() / (static_cast<int64_t>(B) * D); /* rows per batch row */
     run_on_cpu(inputs, out, [inputs, out, offsets = row_offsets(x), D, L, B, per_row,
-                      x_step = x.strides().back(), off_step = inputs[1].strides()[0],
+                      off_step = inputs[1].strides()[0],
                       freq_step = inputs[2].strides()[0], dims = dims_,
                       traditional = traditional_, scale = scale_]() mutable {
-      const float* xp = inputs[0].data<float>();
+      std::vector<float> x_copy;
+      const auto [xp, rows, x_step] = float_view(inputs[0], offsets, x_copy);
       const int32_t* positions = inputs[1].data<int32_t>();
       const float* inv_freq = inputs[2].data<float>();
-      float* op = out.data<float>();
+      FloatOut result(out);
+      float* op = result.data();
       const int half = dims / 2;
       /* cos and sin of each (row, query position, pair), computed once for the heads. */
       std::vector<float> cosines(static_cast<size_t>(B) * L * half), sines(cosines.size());
@@ -132,11 +150,11 @@ class RoPE : public CpuPrimitive {
             sines[(static_cast<size_t>(b) * L + l) * half + i] = std::sin(theta);
           }
         }
-      for (size_t r = 0; r < offsets.size(); r++) {
+      for (size_t r = 0; r < rows.size(); r++) {
         const int b = static_cast<int>(r / per_row), l = static_cast<int>(r % L);
         const float* c = cosines.data() + (static_cast<size_t>(b) * L + l) * half;
         const float* s = sines.data() + (static_cast<size_t>(b) * L + l) * half;
-        const float* xr = xp + offsets[r];
+        const float* xr = xp + rows[r];
         float* o = op + r * D;
         for (int i = 0; i < half; i++) {
           const int i1 = traditional ? 2 * i : i, i2 = traditional ? 2 * i + 1 : i + half;
@@ -146,6 +164,7 @@ class RoPE : public CpuPrimitive {
         }
         for (int d = 2 * half; d < D; d++) o[d] = xr[d * x_step];
       }
+      result.finish();
     });
   }
 
@@ -159,7 +178,7 @@ class RoPE : public CpuPrimitive {
     for (int a : argnums) {
       if (a == 0) {
         auto opposite = mx::negative(primals[2], stream());
-        out.push_back(mx::array(cotangents[0].shape(), mx::float32,
+        out.push_back(mx::array(cotangents[0].shape(), cotangents[0].dtype(),
                                 std::make_shared<RoPE>(stream(), dims_, traditional_, scale_),
                                 {cotangents[0], primals[1], opposite}));
       } else {
@@ -186,23 +205,25 @@ class RoPE : public CpuPrimitive {
 }  // namespace
 
 mx::array rms_norm(const mx::array& x, std::optional<mx::array> weight, float eps) {
-  if (x.ndim() < 1 || x.dtype() != mx::float32)
-    throw std::invalid_argument("rms_norm: float32 input with a last axis");
+  if (x.ndim() < 1 || !float_dtype(x.dtype()))
+    throw std::invalid_argument("rms_norm: a float32, float16 or bfloat16 input with a last axis");
   std::vector<mx::array> inputs = {x};
+  auto dtype = x.dtype();
   if (weight) {
-    if (weight->dtype() != mx::float32 || weight->ndim() != 1 ||
+    if (!float_dtype(weight->dtype()) || weight->ndim() != 1 ||
         weight->shape(0) != x.shape(-1))
-      throw std::invalid_argument("rms_norm: the weight must be float32 of the last axis' size");
+      throw std::invalid_argument("rms_norm: the weight must be a float array of the last axis' size");
     inputs.push_back(*weight);
+    dtype = mx::promote_types(dtype, weight->dtype());  // mx.fast.rms_norm's output dtype
   }
-  return mx::array(x.shape(), mx::float32, std::make_shared<RMSNorm>(cpu_stream(), eps),
+  return mx::array(x.shape(), dtype, std::make_shared<RMSNorm>(cpu_stream(), eps),
                    std::move(inputs));
 }
 
 mx::array rope(const mx::array& x, int dims, bool traditional, const mx::array& inv_freq,
                float scale, const mx::array& offset) {
-  if (x.ndim() < 3 || x.dtype() != mx::float32)
-    throw std::invalid_argument("rope: float32 input (B, ..., L, D)");
+  if (x.ndim() < 3 || !float_dtype(x.dtype()))
+    throw std::invalid_argument("rope: a float32, float16 or bfloat16 input (B, ..., L, D)");
   if (dims % 2 != 0 || dims > x.shape(-1) || dims <= 0)
     throw std::invalid_argument("rope: dims must be even and at most the last axis' size");
   if (inv_freq.dtype() != mx::float32 || inv_freq.ndim() != 1 || inv_freq.shape(0) != dims / 2)
@@ -212,7 +233,7 @@ mx::array rope(const mx::array& x, int dims, bool traditional, const mx::array& 
     throw std::invalid_argument("rope: offset must be int32 of shape (B,) or (1,)");
   auto stream = cpu_stream();
   auto positions = mx::broadcast_to(offset, {x.shape(0)}, stream);
-  return mx::array(x.shape(), mx::float32,
+  return mx::array(x.shape(), x.dtype(),
                    std::make_shared<RoPE>(stream, dims, traditional, scale),
                    {x, positions, inv_freq});
 }

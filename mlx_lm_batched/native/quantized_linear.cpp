@@ -352,10 +352,6 @@ class QuantizedLinear : public CpuPrimitive {
   int group_, bits_;
 };
 
-bool float_dtype(mx::Dtype t) {
-  return t == mx::float32 || t == mx::float16 || t == mx::bfloat16;
-}
-
 }  // namespace
 
 mx::array quantized_linear(const mx::array& x, const mx::array& w, const mx::array& scales,

@@ -1,6 +1,6 @@
 /* A decode step's rows of quantized_linear by an instruction-set specific kernel
- * (quantized_rows_avx2.cpp; the arrays taken apart in quantized_rows.cpp), and the
- * conversions quantized_linear.cpp shares with them. */
+ * (quantized_rows_avx2.cpp; the arrays taken apart in quantized_rows.cpp). The float
+ * conversions they share with the other primitives are cpu_prims.h's. */
 #pragma once
 
 #include <cstdint>
@@ -35,21 +35,5 @@ bool quantized_rows_fast(const QuantizedRows& p, int threads);
  * quantized_rows_fast: true, or false with nothing done where it does not serve them. */
 bool fast_rows(const std::vector<mx::array>& inputs, mx::array& out, int M, int N, int K,
                int group, int bits);
-
-/* A float32, float16 or bfloat16 array as row-major float32 (`row_major`: in place for
- * row-contiguous float32, else converted into `scratch`). */
-inline const float* float_rows(const mx::array& a, std::vector<float>& scratch) {
-  if (a.dtype() == mx::float16) return row_major<float, mx::float16_t>(a, scratch);
-  if (a.dtype() == mx::bfloat16) return row_major<float, mx::bfloat16_t>(a, scratch);
-  return row_major(a, scratch);
-}
-
-/* The float32 results `y` into a float16 or bfloat16 output, rounded once. */
-inline void store_half(mx::array& out, const std::vector<float>& y) {
-  if (out.dtype() == mx::float16)
-    for (size_t i = 0; i < y.size(); i++) out.data<mx::float16_t>()[i] = y[i];
-  else if (out.dtype() == mx::bfloat16)
-    for (size_t i = 0; i < y.size(); i++) out.data<mx::bfloat16_t>()[i] = y[i];
-}
 
 }  // namespace mlxlmb

@@ -6,6 +6,7 @@
  * 1,260 after the linear primitive. Here it is one node and one pass: the same formula
  * (exp_lanes.h), the same operation order (gate / (1 + exp(-gate)), then times up), so
  * the values are those of cpu_ops, and each element depends on its own inputs only.
+ * Float16 and bfloat16 operands are computed in float32 and the result rounded once.
  */
 #include <cstring>
 #include <stdexcept>
@@ -47,10 +48,10 @@ class SwiGLU : public CpuPrimitive {
     run_on_cpu(inputs, out, [inputs, out]() mutable {
       /* Split halves of a fused gate_up projection are strided views: copied first. */
       std::vector<float> gate_copy, up_copy;
-      const auto& gate = inputs[0];
-      const auto& up = inputs[1];
-      swiglu_span(row_major(gate, gate_copy), row_major(up, up_copy), out.data<float>(),
-                  out.size());
+      FloatOut result(out);
+      swiglu_span(float_rows(inputs[0], gate_copy), float_rows(inputs[1], up_copy),
+                  result.data(), out.size());
+      result.finish();
     });
   }
 
@@ -76,12 +77,12 @@ class SwiGLU : public CpuPrimitive {
 }  // namespace
 
 mx::array swiglu(const mx::array& gate, const mx::array& up) {
-  if (gate.dtype() != mx::float32 || up.dtype() != mx::float32)
-    throw std::invalid_argument("swiglu: float32 gate and up");
+  if (!float_dtype(gate.dtype()) || !float_dtype(up.dtype()))
+    throw std::invalid_argument("swiglu: float32, float16 or bfloat16 gate and up");
   if (gate.shape() != up.shape())
     throw std::invalid_argument("swiglu: gate and up must have the same shape");
-  return mx::array(gate.shape(), mx::float32, std::make_shared<SwiGLU>(cpu_stream()),
-                   {gate, up});
+  return mx::array(gate.shape(), mx::promote_types(gate.dtype(), up.dtype()),
+                   std::make_shared<SwiGLU>(cpu_stream()), {gate, up});
 }
 
 }  // namespace mlxlmb

@@ -1,0 +1,218 @@
+"""The CPU primitives on float16 and bfloat16 (a model as mlx-community ships it: 4-bit
+weights with bfloat16 scales, norms and activations, its KV cache in bfloat16).
+
+Each primitive computes in float32 from the exactly converted half values and rounds its
+output once: its result is the float32 primitive's on the same values, rounded by MLX's
+own ``astype`` (bit for bit), and within half-precision rounding of MLX's ops. A row keeps
+its bits alone and in a padded batch, and a real bfloat16 model decodes through the
+primitives, within bfloat16 rounding alone and in a batch and of its float32 copy."""
+
+import sys
+
+import numpy as np
+import pytest
+
+import mlx_lm_batched  # noqa: F401  (the BLAS and the kernels load before mlx.core)
+import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
+from conftest import corpus_prompts  # noqa: E402
+from mlx_lm_batched import _cpu_prims  # noqa: E402
+from mlx_lm_batched.engine.batch_engine import BatchEngine  # noqa: E402
+from mlx_lm_batched.layers import cpu_ops  # noqa: E402
+from mlx_lm_batched.loading.dequantize import cast_floats  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the kernels are built on Linux (the CPU backend's)")
+
+HALVES = [mx.bfloat16, mx.float16]
+# MLX's own half-precision ops round after every step; ours once: they agree to a few
+# units in the last place of the half type (bfloat16 keeps 8 bits, float16 11).
+ULP = {mx.bfloat16: 2.0 ** -7, mx.float16: 2.0 ** -10}
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    module = _cpu_prims.module()
+    assert module is not None, _cpu_prims.problem
+    return module
+
+
+def random(shape, seed, dtype, scale=1.0):
+    return (mx.random.normal(shape, key=mx.random.key(seed)) * scale).astype(dtype)
+
+
+def f32(*arrays):
+    return [a.astype(mx.float32) for a in arrays]
+
+
+def assert_near(got, want, dtype, ulps=4):
+    """Within ``ulps`` units of the half type's last place of the larger magnitude."""
+    got, want = np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32))
+    bound = ulps * ULP[dtype] * np.maximum(np.abs(want), 1.0)
+    assert (np.abs(got - want) <= bound).all(), float(np.abs(got - want).max())
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_rms_norm_is_the_float32_norm_rounded_once(kernel, dtype):
+    x, w = random((4, 3, 576), 1, dtype, 3.0), random((576,), 2, dtype)
+    got = kernel.rms_norm(x, w, 1e-5)
+    assert got.dtype == dtype
+    assert mx.array_equal(got, kernel.rms_norm(*f32(x, w), 1e-5).astype(dtype)).item()
+    assert_near(got, mx.fast.rms_norm(x, w, 1e-5), dtype)
+    # A float32 weight promotes the output to float32, as mx.fast.rms_norm does.
+    promoted = kernel.rms_norm(x, w.astype(mx.float32), 1e-5)
+    assert promoted.dtype == mx.float32
+    assert mx.array_equal(promoted, kernel.rms_norm(*f32(x, w), 1e-5)).item()
+    # A strided view (the last axis transposed in) is read as its values.
+    view = random((4, 576, 3), 3, dtype).swapaxes(1, 2)
+    assert mx.array_equal(kernel.rms_norm(view, None, 1e-5),
+                          kernel.rms_norm(view.astype(mx.float32), None, 1e-5).astype(dtype)).item()
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_rope_and_swiglu_are_the_float32_ones_rounded_once(kernel, dtype):
+    x = random((2, 9, 5, 64), 4, dtype)
+    inv = _cpu_prims.inverse_frequencies(64, 10000.0)
+    offset = mx.array([3, 200], dtype=mx.int32)
+    got = kernel.rope(x, 64, False, inv, 1.0, offset)
+    assert got.dtype == dtype
+    assert mx.array_equal(got, kernel.rope(*f32(x), 64, False, inv, 1.0, offset).astype(dtype)).item()
+    for b in range(2):
+        want = mx.fast.rope(x[b:b + 1], 64, traditional=False, base=10000.0, scale=1.0,
+                            offset=int(offset[b]))
+        assert_near(got[b:b + 1], want, dtype)
+    gate, up = random((3, 2, 1536), 5, dtype, 4.0), random((3, 2, 1536), 6, dtype)
+    got = kernel.swiglu(gate, up)
+    assert got.dtype == dtype
+    assert mx.array_equal(got, kernel.swiglu(*f32(gate, up)).astype(dtype)).item()
+    assert_near(got, nn.silu(gate) * up, dtype, ulps=8)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_decode_attention_reads_half_keys_and_values_in_place(kernel, dtype):
+    B, H, n_kv, S, D = 3, 9, 3, 70, 64
+    q, k, v = random((B, H, 1, D), 7, dtype), random((B, n_kv, S, D), 8, dtype), \
+        random((B, n_kv, S, D), 9, dtype)
+    mask = mx.array(np.random.default_rng(0).random((B, 1, 1, S)) > 0.3)
+    got = kernel.decode_attention(q, k, v, 0.125, mask)
+    assert got.dtype == dtype
+    want = kernel.decode_attention(*f32(q, k, v), 0.125, mask).astype(dtype)
+    assert mx.array_equal(got, want).item()
+    # Keys as a strided view (a cache laid out slots first), and held in two segments.
+    k_view = random((B, S, n_kv, D), 8, dtype).swapaxes(1, 2)
+    assert mx.array_equal(kernel.decode_attention(q, k_view, v, 0.125, mask),
+                          kernel.decode_attention(*f32(q, k_view, v), 0.125, mask).astype(dtype)).item()
+    split = kernel.decode_attention_segments(q, [k[:, :, :20], k[:, :, 20:]],
+                                             [v[:, :, :20], v[:, :, 20:]], 0.125, mask)
+    assert mx.array_equal(split, got).item()
+    # MLX's attention in the half type, masked slots at -inf.
+    scores = (q.astype(mx.float32) * 0.125) @ mx.repeat(k, H // n_kv, 1).astype(mx.float32).swapaxes(-1, -2)
+    scores = mx.where(mask, scores, -mx.inf)
+    reference = mx.softmax(scores, -1) @ mx.repeat(v, H // n_kv, 1).astype(mx.float32)
+    assert_near(got, reference, dtype)
+    # One dtype for the three.
+    with pytest.raises(ValueError, match="one dtype"):
+        kernel.decode_attention(q, *f32(k, v), 0.125, mask)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_a_row_keeps_its_bits_alone_and_in_a_padded_batch(kernel, dtype):
+    q, k, v = random((1, 4, 1, 32), 10, dtype), random((1, 2, 12, 32), 11, dtype), \
+        random((1, 2, 12, 32), 12, dtype)
+    alone = kernel.decode_attention(q, k, v, 0.5, None)
+    pad = 5  # the row left-padded by 5 slots in a batch with another row
+    other = [random((1, 4, 1, 32), 13, dtype), random((1, 2, 17, 32), 14, dtype),
+             random((1, 2, 17, 32), 15, dtype)]
+    batch_k = mx.concatenate([mx.concatenate([mx.zeros((1, 2, pad, 32), dtype), k], 2),
+                              other[1]])
+    batch_v = mx.concatenate([mx.concatenate([mx.zeros((1, 2, pad, 32), dtype), v], 2),
+                              other[2]])
+    mask = mx.concatenate([mx.array([[[[False] * pad + [True] * 12]]]),
+                           mx.ones((1, 1, 1, 17), mx.bool_)])
+    batched = kernel.decode_attention(mx.concatenate([q, other[0]]), batch_k, batch_v, 0.5, mask)
+    assert mx.array_equal(batched[:1], alone).item()
+    x = random((5, 576), 16, dtype)
+    assert mx.array_equal(kernel.rms_norm(x, None, 1e-6)[2:3], kernel.rms_norm(x[2:3], None, 1e-6)).item()
+
+
+def test_prefill_attention_of_half_inputs_runs_in_float32(kernel):
+    q, k, v = (random((2, 4, 48, 32), s, mx.bfloat16) for s in (17, 18, 19))
+    mask = mx.tril(mx.ones((48, 48), mx.bool_))
+    got = cpu_ops.attention(q, k, v, 0.2, mask)
+    assert got.dtype == mx.bfloat16
+    assert mx.array_equal(got, cpu_ops.attention(*f32(q, k, v), 0.2, mask).astype(mx.bfloat16)).item()
+
+
+def bf16_quantized(model):
+    """``model`` as mlx-community ships SmolLM2: 4-bit weights (group 64), bfloat16 scales,
+    norms and activations."""
+    cast_floats(model, mx.bfloat16)
+    nn.quantize(model, group_size=64, bits=4)
+    mx.eval(model.parameters())
+    return model
+
+
+def greedy(model, prompts, steps):
+    width = max(len(p) for p in prompts)
+    padding = [width - len(p) for p in prompts]
+    engine = BatchEngine(model)
+    engine.reserve(steps + 1)
+    y, lp = engine.prefill(mx.array([[0] * n + p for n, p in zip(padding, prompts)]), padding)
+    tokens, logprobs = [y], [lp]
+    for _ in range(steps):
+        y, lp = engine.step(y)
+        tokens.append(y)
+        logprobs.append(lp)
+    return np.array(mx.stack(tokens)), np.array(mx.stack(logprobs).astype(mx.float32))
+
+
+def test_a_bfloat16_quantized_model_decodes_through_the_primitives(float_dirs, kernel, monkeypatch):
+    from mlx_lm_batched import load
+
+    model, tokenizer = load(str(float_dirs["smollm2"]))
+    model = bf16_quantized(model)
+    prompts = corpus_prompts(tokenizer, (30, 52, 41))
+    calls = {name: [] for name in ("attend", "rms_norm", "rope", "swiglu")}
+    for name in calls:
+        function = getattr(_cpu_prims, name)
+
+        def counted(*args, _name=name, _function=function):
+            out = _function(*args)
+            if out is not None:
+                calls[_name].append((args[0].shape, out.dtype))
+            return out
+        monkeypatch.setattr(_cpu_prims, name, counted)
+    tokens, logprobs = greedy(model, prompts, 6)
+    monkeypatch.undo()
+    layers = len(model.layers)
+    # Every layer of every one-column call of the batch (the prefill's last column, fed
+    # alone as mlx-lm's, and the 6 steps) through the decode attention, in bfloat16.
+    assert sum(shape[0] == 3 for shape, _ in calls["attend"]) == 7 * layers
+    # Norms, RoPE and SwiGLU through the primitives, in every layer of every step.
+    decode = {name: sum(shape[:2] == (3, 1) or shape[0] == 3 and shape[2] == 1
+                        for shape, _ in found) for name, found in calls.items()}
+    assert decode["rms_norm"] >= 6 * (2 * layers + 1), decode
+    assert decode["rope"] >= 6 * 2 * layers and decode["swiglu"] >= 6 * layers, decode
+    assert {dtype for found in calls.values() for _, dtype in found} == {mx.bfloat16}
+    # Each row alone: its first token and log-probabilities within bfloat16 rounding.
+    # Not bit for bit: alone, a prompt of 64 tokens or fewer takes the decode kernel, in a
+    # batch the BLAS (float32 sums in another order, rounded to bfloat16 after every
+    # layer), so a later greedy token may differ where two candidates are within rounding
+    # (as before the primitives read bfloat16: the quantized prefill chose its kernel by
+    # row count already).
+    for i, prompt in enumerate(prompts):
+        alone_tokens, alone_logprobs = greedy(model, [prompt], 0)
+        assert alone_tokens[0, 0] == tokens[0, i]
+        # bfloat16 logits near 20 are 0.125 apart: two steps at most.
+        np.testing.assert_allclose(alone_logprobs[0, 0], logprobs[0, i], rtol=0.02, atol=0.25)
+    # Near the same weights with float32 activations (the floats cast up): each row's
+    # first greedy token is the float32 model's best or within 0.1 of it (a near tie:
+    # -2.354 against -2.340 for the first prompt here), and the log-probabilities differ
+    # by bfloat16 rounding through 30 layers (median 0.04-0.05, at most 0.31 here).
+    cast_floats(model, mx.float32)
+    f32_tokens, f32_logprobs = greedy(model, prompts, 0)
+    best = np.take_along_axis(f32_logprobs[0], f32_tokens[0][:, None], -1)
+    ours = np.take_along_axis(f32_logprobs[0], tokens[0][:, None].astype(np.int64), -1)
+    assert (best - ours).max() < 0.1
+    difference = np.abs(logprobs[0] - f32_logprobs[0])
+    assert np.median(difference) < 0.1 and difference.max() < 0.5
