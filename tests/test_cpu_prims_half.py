@@ -135,6 +135,55 @@ def test_a_row_keeps_its_bits_alone_and_in_a_padded_batch(kernel, dtype):
     assert mx.array_equal(kernel.rms_norm(x, None, 1e-6)[2:3], kernel.rms_norm(x[2:3], None, 1e-6)).item()
 
 
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("rows,K,N", [(1, 576, 192), (3, 100, 37), (64, 576, 1536),
+                                      (65, 576, 1536), (300, 1536, 576)])
+def test_half_weights_multiply_in_float32(kernel, dtype, rows, K, N):
+    # Decode rows (up to 64) by the kernel reading the half weight in place, more by the
+    # BLAS on converted blocks: both to float32 rounding of the float64 product, the
+    # output in the dtype MLX's matmul gives.
+    x = random((rows, K), 30, mx.float32)
+    w, b = random((N, K), 31, dtype, 0.05), random((N,), 32, dtype)
+    want = np.array(x).astype(np.float64) @ np.array(w.astype(mx.float32)).astype(np.float64).T \
+        + np.array(b.astype(mx.float32))
+    got = kernel.half_linear(x, w, b)
+    assert got.dtype == mx.float32
+    np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    half = kernel.half_linear(x.astype(dtype), w, b)
+    assert half.dtype == dtype
+    assert mx.array_equal(half, kernel.half_linear(x.astype(dtype).astype(mx.float32), w, b)
+                          .astype(dtype)).item()
+    # A strided weight (a transposed view) is read as its values.
+    view = random((K, N), 33, dtype).T
+    assert mx.allclose(kernel.half_linear(x, view), x @ view.astype(mx.float32).T,
+                       rtol=1e-5, atol=1e-4).item()
+
+
+def test_a_row_of_half_weights_keeps_its_bits_in_any_decode_batch(kernel):
+    x = random((64, 576), 34, mx.float32)
+    w = random((1536, 576), 35, mx.bfloat16, 0.05)
+    full = kernel.half_linear(x, w)
+    for rows in (slice(0, 1), slice(5, 9), slice(60, 64), slice(3, 40)):
+        assert mx.array_equal(kernel.half_linear(x[rows], w), full[rows]).item()
+    with pytest.raises(ValueError, match="float16 or bfloat16 weight"):
+        kernel.half_linear(x, w.astype(mx.float32))
+
+
+def test_layers_route_half_linears_and_embeddings_through_it(kernel, monkeypatch):
+    layer = nn.Linear(64, 32, bias=True)
+    layer.set_dtype(mx.bfloat16)
+    embedding = nn.Embedding(50, 64)
+    embedding.set_dtype(mx.bfloat16)
+    x = random((2, 1, 64), 36, mx.bfloat16)
+    calls = []
+    half_linear = _cpu_prims.linear
+    monkeypatch.setattr(_cpu_prims, "linear", lambda *a: calls.append(a[1].dtype) or half_linear(*a))
+    out, logits = cpu_ops.linear(layer, x), cpu_ops.tied_logits(embedding, x)
+    assert calls == [mx.bfloat16, mx.bfloat16] and out.dtype == logits.dtype == mx.bfloat16
+    assert_near(out, layer(x), mx.bfloat16)
+    assert_near(logits, embedding.as_linear(x), mx.bfloat16, ulps=8)
+
+
 def test_prefill_attention_of_half_inputs_runs_in_float32(kernel):
     q, k, v = (random((2, 4, 48, 32), s, mx.bfloat16) for s in (17, 18, 19))
     mask = mx.tril(mx.ones((48, 48), mx.bool_))
@@ -216,3 +265,40 @@ def test_a_bfloat16_quantized_model_decodes_through_the_primitives(float_dirs, k
     assert (best - ours).max() < 0.1
     difference = np.abs(logprobs[0] - f32_logprobs[0])
     assert np.median(difference) < 0.1 and difference.max() < 0.5
+
+
+def test_a_bfloat16_model_runs_at_float32_speed_within_its_rounding(float_dirs, kernel):
+    # Most checkpoints on the hub are bfloat16, and load keeps their dtype: every linear
+    # layer and the tied LM head read the half weights (about 20 tok/s of prefill through
+    # MLX's half matmul before, 350-450 now, 2-core EPYC).
+    from mlx_lm_batched import load
+
+    model, tokenizer = load(str(float_dirs["smollm2"]))
+    prompts = corpus_prompts(tokenizer, (30, 52, 41))
+    f32_tokens, f32_logprobs = greedy(model, prompts, 0)
+    cast_floats(model, mx.bfloat16)
+    tokens, logprobs = greedy(model, prompts, 0)
+    best = np.take_along_axis(f32_logprobs[0], f32_tokens[0][:, None], -1)
+    ours = np.take_along_axis(f32_logprobs[0], tokens[0][:, None].astype(np.int64), -1)
+    assert (best - ours).max() < 0.1
+    difference = np.abs(logprobs[0] - f32_logprobs[0])
+    assert np.median(difference) < 0.1 and difference.max() < 0.5
+    # Speed, as a ratio in one process: a bfloat16 decode step within 2x of the float32
+    # model's (MLX's half matmul took 4-15x).
+    import time
+
+    def step_seconds(m):
+        engine = BatchEngine(m)
+        engine.reserve(9)
+        y, _ = engine.prefill(mx.array([prompts[0]]), [0])
+        times = []
+        for _ in range(8):
+            tic = time.perf_counter()
+            y, lp = engine.step(y)
+            mx.eval(lp)
+            times.append(time.perf_counter() - tic)
+        return sorted(times)[len(times) // 2]
+
+    half = step_seconds(model)
+    cast_floats(model, mx.float32)
+    assert half < 2 * step_seconds(model)

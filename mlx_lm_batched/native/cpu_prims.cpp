@@ -24,6 +24,9 @@ NB_MODULE(_mlxlmb_cpu_prims, m) {
         "Rotary embedding with per-row offsets (float32, float16 or bfloat16).");
   m.def("linear", &mlxlmb::linear, nb::arg("x"), nb::arg("weight"),
         nb::arg("bias") = nb::none(), "x @ weight.T (+ bias) as one node (float32).");
+  m.def("half_linear", &mlxlmb::half_linear, nb::arg("x"), nb::arg("weight"),
+        nb::arg("bias") = nb::none(),
+        "x @ weight.T (+ bias) for a float16 or bfloat16 weight, computed in float32.");
   m.def("swiglu", &mlxlmb::swiglu, nb::arg("gate"), nb::arg("up"),
         "silu(gate) * up as one node (float32, float16 or bfloat16).");
   m.def("quantized_linear", &mlxlmb::quantized_linear, nb::arg("x"), nb::arg("w"),

@@ -235,6 +235,9 @@ mx::array rope(const mx::array& x, int dims, bool traditional, const mx::array& 
 
 /* x @ weight^T (+ bias) as MLX's Matmul/AddMM compute it, one node (linear.cpp). */
 mx::array linear(const mx::array& x, const mx::array& weight, std::optional<mx::array> bias);
+/* x @ weight^T (+ bias) for a float16 or bfloat16 weight, computed in float32, one node
+ * (half_linear.cpp). */
+mx::array half_linear(const mx::array& x, const mx::array& weight, std::optional<mx::array> bias);
 /* silu(gate) * up, elementwise, with layers/cpu_ops.py's exp (swiglu.cpp). */
 mx::array swiglu(const mx::array& gate, const mx::array& up);
 
