@@ -71,12 +71,8 @@ def test_generates_for_prompt_files_with_outputs(tmp_path, prompt_files):
     # The summary reports throughput, memory, the weights' form and the BLAS.
     assert "[summary] 4 prompts" in proc.stderr and "tok/s" in proc.stderr
     assert "peak memory" in proc.stderr and "BLAS: " in proc.stderr
-    # The default model is quantized: floats by default on the CPU, kept on a GPU.
-    import mlx.core as mx
-
-    on_cpu = mx.default_device() == mx.cpu
-    expected = "dequantized (default on the CPU)" if on_cpu else "quantized (default on a GPU)"
-    assert f"weights: {expected}" in proc.stderr
+    # The default model is quantized: kept as stored, as load() and the server keep it.
+    assert "weights: quantized" in proc.stderr
 
 
 def test_batch_output_matches_single_prompt_run(prompt_files):
@@ -87,6 +83,22 @@ def test_batch_output_matches_single_prompt_run(prompt_files):
     text_both = {json.loads(l)["source"]: json.loads(l)["text"] for l in both.stdout.splitlines()}
     text_alone = json.loads(alone.stdout.splitlines()[0])["text"]
     assert text_both[str(b)] == text_alone
+
+
+def test_the_cli_gives_the_python_apis_text(prompt_files):
+    # One path: the CLI keeps the default quantized model as load() does, so a prompt
+    # gets the tokens generate() gives it in Python.
+    from mlx_lm_batched import generate, load
+    from mlx_lm_batched.demo_models import smollm2_gguf_path
+
+    _, b = prompt_files
+    proc = run_cli("--prompts", b, "--max-tokens", 16, "--jsonl", "-", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    model, tokenizer = load(str(smollm2_gguf_path()))
+    tokens = tokenizer.apply_chat_template([{"role": "user", "content": b.read_text()}],
+                                           add_generation_prompt=True)
+    text = generate(model, tokenizer, tokens, max_tokens=16)
+    assert json.loads(proc.stdout.splitlines()[0])["text"] == text
 
 
 def test_missing_and_empty_files_do_not_stop_the_others(tmp_path, prompt_files):

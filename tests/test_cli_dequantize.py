@@ -1,10 +1,10 @@
-"""The CLI's CPU default dequantizes a quantized model only while its float32 weights fit.
+"""The CLI keeps a quantized model as stored (as ``load`` and the server do) unless asked
+to dequantize it, and ``--dequantize`` stops with one line when the floats cannot fit.
 
-A 7B 4-bit model (about 4 GB packed) would take 30 GB as float32: dequantizing it by default
-on a 24 GB machine gets the process killed. ``dequantized_bytes`` reads the float size from
-shapes alone; ``load_model`` keeps the model quantized when that is more than half the memory
-available, and says why in the summary. The machine's memory is what varies here: the tests
-shrink what ``available_memory`` reports to stand for a smaller machine.
+A 7B 4-bit model (about 4 GB packed) would take 30 GB as float32: dequantizing it on a 24
+GB machine gets the process killed. ``dequantized_bytes`` reads the float size from shapes
+alone. The machine's memory is what varies here: the tests shrink what
+``available_memory`` reports to stand for a smaller machine.
 """
 
 import mlx.core as mx
@@ -52,24 +52,20 @@ def packed_and_float_bytes():
     return packed, dequantized_bytes(model, mx.float32)
 
 
-def test_default_keeps_quantized_when_floats_would_take_over_half_the_memory(monkeypatch):
+def test_default_keeps_the_weights_as_stored_whatever_the_memory(monkeypatch):
     packed, floats = packed_and_float_bytes()
-    # A machine with room for the floats only once over: more than half of it -> quantized.
-    monkeypatch.setattr(kv_budget, "available_memory", lambda: floats - packed)
-    model, _, weights = cli_model.load_model(str(smollm2_gguf_path()), args_for())
-    assert is_quantized(model)
-    down = model.layers[0].mlp.down_proj
-    assert down.bits == 4 and down.weight.dtype == mx.uint32
-    # The GGUF's float16 scales and norms become float32 (MLX's float16 CPU ops are slow).
-    assert down.scales.dtype == mx.float32 and model.model.norm.weight.dtype == mx.float32
-    assert weights == (f"quantized (default on the CPU: float32 weights would take "
-                       f"{floats / 1e9:.1f} GB of {floats / 1e9:.1f} GB available)")
-    # Three times the room: dequantized, as before.
-    monkeypatch.setattr(kv_budget, "available_memory", lambda: 3 * floats)
-    model, _, weights = cli_model.load_model(str(smollm2_gguf_path()), args_for())
-    assert not is_quantized(model)
-    assert model.layers[0].mlp.down_proj.weight.dtype == mx.float32
-    assert weights == "dequantized (default on the CPU)"
+    for available in (floats - packed, 3 * floats):
+        monkeypatch.setattr(kv_budget, "available_memory", lambda: available)
+        model, _, weights = cli_model.load_model(str(smollm2_gguf_path()), args_for())
+        assert weights == "quantized" and is_quantized(model)
+        down = model.layers[0].mlp.down_proj
+        assert down.bits == 4 and down.weight.dtype == mx.uint32
+        # As load() keeps the GGUF: float16 scales, float32 norms (the same computation
+        # as the Python API and the server).
+        reference, _ = load(str(smollm2_gguf_path()))
+        for (name, ours), (_, theirs) in zip(tree_flatten(model.parameters()),
+                                             tree_flatten(reference.parameters())):
+            assert ours.dtype == theirs.dtype and mx.array_equal(ours, theirs).item(), name
 
 
 def test_explicit_flags(monkeypatch):

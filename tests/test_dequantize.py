@@ -116,16 +116,16 @@ def test_dequantized_gguf_equals_its_float32_conversion(float_dirs):
         assert mx.array_equal(got[name], value).item(), name
 
 
-def test_cli_dequantizes_the_default_model_to_float32():
+def test_cli_dequantizes_the_default_model_to_float32_when_asked():
     # The CLI's own loader (not load(dequantize=True)): the Q4_1 GGUF's float16 scales once
     # made its dequantized layers float16, which MLX's CPU matmuls run 5x slower.
     from mlx_lm_batched.cli.model import load_model
     from mlx_lm_batched.demo_models import smollm2_gguf_path
 
-    args = build_parser().parse_args([])
-    model, _, weights = load_model(smollm2_gguf_path(), args)
-    assert weights == "dequantized (default on the CPU)"
+    model, _, weights = load_model(smollm2_gguf_path(), build_parser().parse_args(["--dequantize"]))
+    assert weights == "dequantized"
     assert {v.dtype for _, v in tree_flatten(model.parameters())} == {mx.float32}
-    kept, _, weights = load_model(smollm2_gguf_path(), build_parser().parse_args(["--no-dequantize"]))
-    assert weights == "quantized"
-    assert isinstance(kept.model.layers[0].mlp.up_proj, nn.QuantizedLinear)
+    for flags in ([], ["--no-dequantize"]):
+        kept, _, weights = load_model(smollm2_gguf_path(), build_parser().parse_args(flags))
+        assert weights == "quantized"
+        assert isinstance(kept.model.layers[0].mlp.up_proj, nn.QuantizedLinear)

@@ -119,9 +119,9 @@ def build_parser():
     p.add_argument("--batch-size", type=int, default=32,
                    help="rows generated together; more prompts run in batches of this size")
     p.add_argument("--dequantize", action=argparse.BooleanOptionalAction, default=None,
-                   help="turn a quantized model's weights into float32 at load (default: yes on "
-                   "the CPU while they take at most half the available memory, since float "
-                   "matmuls are faster there at batch 8 and up; no on a GPU)")
+                   help="turn a quantized model's weights into floats at load (float32 on the "
+                   "CPU: 4-8x the memory, faster there from about 16 rows; stops with one "
+                   "line if they cannot fit); default: as stored, like load() and the server")
     p.add_argument("--distributed", choices=("auto", "tensor", "pipeline", "off"), default="auto",
                    help="under mlx.launch: auto/tensor shard heads and MLP columns over the ranks, "
                    "pipeline gives each rank a range of layers (rank 0 prints and writes; the "

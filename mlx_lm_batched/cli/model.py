@@ -15,10 +15,10 @@ MIN_CPU_CHUNK = 16
 
 def load_model(model_path, args, adapter_path=None):
     """``(model, tokenizer, weights)``; ``weights`` says, for the summary, whether a
-    quantized model was dequantized (default on the CPU while the float32 weights fit)
-    or kept quantized (default on a GPU, and on the CPU when the floats would not fit):
-    ``loading.dequantize.weights_for_device``. The choice never depends on the number of
-    prompts, so a prompt gets the same tokens alone as with others. ``adapter_path``: an
+    quantized model was kept as stored (the default, as ``load`` and the server keep it)
+    or dequantized (``--dequantize``): ``loading.dequantize.weights_for_device``. The
+    choice never depends on the number of prompts, so a prompt gets the same tokens alone
+    as with others, and as from the Python API. ``adapter_path``: an
     adapter directory applied to the model (``load``'s argument; not with
     ``--distributed``)."""
     from ..loading.dequantize import DequantizeDoesNotFit

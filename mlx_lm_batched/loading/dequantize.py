@@ -1,5 +1,6 @@
-"""Float weights from quantized or half-precision ones: what the CLI and ``convert`` use
-to run float32 on the CPU (whose half-float matmuls skip the BLAS)."""
+"""Float weights from quantized or half-precision ones: what ``--dequantize`` (the CLI,
+the server) and ``convert`` use to run float32 on the CPU (whose half-float matmuls skip
+the BLAS)."""
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -34,13 +35,6 @@ def dequantize_for_device(model, dtype=None, evaluate=True):
         cast_floats(model, dtype, evaluate)
 
 
-# On the CPU a quantized model is dequantized by default only while its float32 weights
-# take at most this share of the memory available: the rest is for the KV cache and
-# activations, and a 7B 4-bit model (about 4 GB) needs 30 GB as float32, which would get
-# the process killed.
-DEQUANTIZE_MEMORY_SHARE = 0.5
-
-
 class DequantizeDoesNotFit(ValueError):
     """An asked ``--dequantize`` whose float32 weights cannot fit in the memory available."""
 
@@ -54,45 +48,32 @@ def is_quantized(model):
 def weights_for_device(model, dequantize, available, shards=1, evaluate=True):
     """Put a loaded model's weights in the form the CLI and the server run, and describe it.
 
-    ``dequantize``: True / False as asked (``--dequantize`` / ``--no-dequantize``), or None
-    for the default: on the CPU, float32 (the BLAS is 1.4-1.8x the quantized kernel per
-    decode step from 8 rows) while those weights take at most
-    :data:`DEQUANTIZE_MEMORY_SHARE` of ``available`` bytes (None: unknown, no limit),
-    else kept quantized with the other floats in float32; on a GPU, as stored. ``shards``:
-    ranks the weights will be split over (a lazily loaded model). Returns the summary's
-    words ("float", "dequantized", "quantized (default on the CPU: ...)"); raises
-    :class:`DequantizeDoesNotFit` (a ValueError, one line) for an asked dequantizing that
-    cannot fit."""
+    ``dequantize``: True (``--dequantize``): a quantized model's weights become floats
+    (float32 on the CPU, the scales' dtype on a GPU); False or None (the default, as
+    ``load`` and mlx-lm keep them): as stored, packed weights and the checkpoint's float
+    dtype, so the CLI, the server and the Python API compute the same thing. ``available``:
+    bytes of memory free (None: unknown, no check); ``shards``: ranks the weights will be
+    split over (a lazily loaded model). Returns the summary's words ("float",
+    "dequantized", "quantized"); raises :class:`DequantizeDoesNotFit` (a ValueError, one
+    line) for an asked dequantizing that cannot fit."""
     if not is_quantized(model):
         return "float"
-    on_cpu = mx.default_device() == mx.cpu
-    want = dequantize if dequantize is not None else on_cpu
-    why_not = ""
-    if want and on_cpu and available is not None:
+    if not dequantize:
+        return "quantized"
+    if mx.default_device() == mx.cpu and available is not None:
         from mlx.utils import tree_flatten
 
         need = dequantized_bytes(model, mx.float32) // shards
         if shards == 1:  # dequantizing frees the packed weights, already held
             available += sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-        if dequantize and need > available:
+        if need > available:
             raise DequantizeDoesNotFit(f"--dequantize: the float32 weights need {need / 1e9:.1f} GB and "
-                             f"{available / 1e9:.1f} GB is available; run without it "
-                             f"(kept quantized)")
-        if dequantize is None and need > DEQUANTIZE_MEMORY_SHARE * available:
-            want, why_not = False, (f": float32 weights would take {need / 1e9:.1f} GB of "
-                                    f"{available / 1e9:.1f} GB available")
-    if want:
-        # float32 on the CPU, whose float16 matmuls skip the BLAS (a GGUF's float16
-        # scales made the default model decode 5x slower).
-        dequantize_for_device(model, evaluate=evaluate)
-    elif on_cpu and dequantize is None:
-        # Kept packed because the floats would not fit: scales, norms and embeddings in
-        # float32 (half a bit more per weight at 4 bits), as MLX's float16 CPU ops are slow.
-        cast_floats(model, mx.float32, evaluate)
-    words = "dequantized" if want else "quantized"
-    if dequantize is None:
-        words += " (default on " + ("the CPU" if on_cpu else "a GPU") + why_not + ")"
-    return words
+                                       f"{available / 1e9:.1f} GB is available; run without it "
+                                       f"(kept quantized)")
+    # float32 on the CPU, whose float16 matmuls skip the BLAS (a GGUF's float16 scales
+    # made the default model decode 5x slower).
+    dequantize_for_device(model, evaluate=evaluate)
+    return "dequantized"
 
 
 def dequantized_bytes(model, dtype=mx.float32):

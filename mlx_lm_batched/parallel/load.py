@@ -55,8 +55,8 @@ def load_for_device(path, dequantize, group=None, mode="auto", **load_kwargs):
     """The model the CLI and the server run: ``(model, tokenizer, weights)``.
 
     Loads ``path`` (lazily under ``group``), puts its weights in the form
-    ``loading.dequantize.weights_for_device`` picks for ``dequantize`` (True, False, or
-    None for the device's default) against the memory available now, then, under
+    ``loading.dequantize.weights_for_device`` picks for ``dequantize`` (True, or False /
+    None: as stored) against the memory available now, then, under
     ``group``, shards it (``mode``: ``finish_sharding``'s) after dequantizing, so the float
     layers are the ones split. ``weights``: the summary's words for that form.
     ``load_kwargs`` go to :func:`~mlx_lm_batched.loading.load.load`, whose errors pass

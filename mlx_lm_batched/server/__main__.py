@@ -53,8 +53,8 @@ def build_parser():
     p.add_argument("--prefill-step-size", type=_positive(int), default=2048)
     p.add_argument("--dequantize", action="store_true",
                    help="turn a quantized model's weights into floats at load (float32 on the "
-                   "CPU, where the BLAS decodes batches 1.4-1.8x faster than the quantized "
-                   "kernel; stops with one line if they cannot fit); default: as stored")
+                   "CPU: 4-8x the memory, faster there from about 16 rows; stops with one "
+                   "line if they cannot fit); default: as stored, like load() and the CLI")
     p.add_argument("--prefill-tokens-per-step", type=_positive(int, zero_ok=True), default=0,
                    help="while rows decode, each step prefills at most this many prompt "
                    "tokens (rows x columns), bounding how long running streams wait for "
