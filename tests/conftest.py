@@ -87,6 +87,27 @@ def float_models(float_dirs):
     return {name: load(str(d)) for name, d in float_dirs.items()}
 
 
+def greedy_logprobs(model, prompts, steps):
+    """Log-probabilities (as float32) and tokens of ``steps`` greedy decode steps of the
+    left-padded batch of ``prompts``, after the prefill's: arrays ``(steps + 1, rows,
+    vocabulary)`` and ``(steps + 1, rows)``."""
+    import numpy as np
+
+    from mlx_lm_batched.engine.batch_engine import BatchEngine
+
+    width = max(len(p) for p in prompts)
+    padding = [width - len(p) for p in prompts]
+    engine = BatchEngine(model)
+    engine.reserve(steps + 1)
+    y, lp = engine.prefill(mx.array([[0] * n + p for n, p in zip(padding, prompts)]), padding)
+    out, tokens = [lp], [y]
+    for _ in range(steps):
+        y, lp = engine.step(y)
+        out.append(lp)
+        tokens.append(y)
+    return np.array(mx.stack(out).astype(mx.float32)), np.array(mx.stack(tokens))
+
+
 def corpus_prompts(tokenizer, lengths, stride=37):
     """Token prompts of exactly ``lengths`` cut from the corpus at different places.
 

@@ -23,7 +23,7 @@ import pytest
 import mlx_lm_batched  # noqa: F401  (the BLAS and the kernels load before mlx.core)
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
-from conftest import corpus_prompts  # noqa: E402
+from conftest import corpus_prompts, greedy_logprobs  # noqa: E402
 from mlx_lm_batched import _cpu_prims, _small_gemm  # noqa: E402
 from mlx_lm_batched.engine.batch_engine import BatchEngine  # noqa: E402
 from mlx_lm_batched.layers import cpu_ops  # noqa: E402
@@ -248,22 +248,6 @@ def test_gradients_match_mlx_ops(kernel):
     want = mx.vjp(composed, [q, k, v], [cot])[1]
     for g, r in zip(got, want):
         np.testing.assert_allclose(np.array(g), np.array(r), rtol=1e-4, atol=1e-5)
-
-
-def greedy_logprobs(model, prompts, steps):
-    """Log-probabilities and tokens of ``steps`` greedy decode steps of the left-padded
-    batch of ``prompts``."""
-    width = max(len(p) for p in prompts)
-    padding = [width - len(p) for p in prompts]
-    engine = BatchEngine(model)
-    engine.reserve(steps + 1)
-    y, lp = engine.prefill(mx.array([[0] * n + p for n, p in zip(padding, prompts)]), padding)
-    out, tokens = [lp], [y]
-    for _ in range(steps):
-        y, lp = engine.step(y)
-        out.append(lp)
-        tokens.append(y)
-    return np.array(mx.stack(out)), np.array(mx.stack(tokens))
 
 
 def decode_with_and_without(model, tokenizer, monkeypatch, primitive):

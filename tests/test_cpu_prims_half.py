@@ -15,7 +15,7 @@ import pytest
 import mlx_lm_batched  # noqa: F401  (the BLAS and the kernels load before mlx.core)
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
-from conftest import corpus_prompts  # noqa: E402
+from conftest import corpus_prompts, greedy_logprobs  # noqa: E402
 from mlx_lm_batched import _cpu_prims  # noqa: E402
 from mlx_lm_batched.engine.batch_engine import BatchEngine  # noqa: E402
 from mlx_lm_batched.layers import cpu_ops  # noqa: E402
@@ -202,17 +202,21 @@ def bf16_quantized(model):
 
 
 def greedy(model, prompts, steps):
-    width = max(len(p) for p in prompts)
-    padding = [width - len(p) for p in prompts]
-    engine = BatchEngine(model)
-    engine.reserve(steps + 1)
-    y, lp = engine.prefill(mx.array([[0] * n + p for n, p in zip(padding, prompts)]), padding)
-    tokens, logprobs = [y], [lp]
-    for _ in range(steps):
-        y, lp = engine.step(y)
-        tokens.append(y)
-        logprobs.append(lp)
-    return np.array(mx.stack(tokens)), np.array(mx.stack(logprobs).astype(mx.float32))
+    logprobs, tokens = greedy_logprobs(model, prompts, steps)
+    return tokens, logprobs
+
+
+def assert_near_the_float32_model(model, prompts, tokens, logprobs):
+    """Cast ``model``'s floats to float32 and compare the first greedy step: each row's
+    half-precision token is the float32 model's best or within 0.1 of it (a near tie), and
+    the log-probabilities differ by half-precision rounding through the layers."""
+    cast_floats(model, mx.float32)
+    f32_tokens, f32_logprobs = greedy(model, prompts, 0)
+    best = np.take_along_axis(f32_logprobs[0], f32_tokens[0][:, None], -1)
+    ours = np.take_along_axis(f32_logprobs[0], tokens[0][:, None].astype(np.int64), -1)
+    assert (best - ours).max() < 0.1
+    difference = np.abs(logprobs[0] - f32_logprobs[0])
+    assert np.median(difference) < 0.1 and difference.max() < 0.5
 
 
 def test_a_bfloat16_quantized_model_decodes_through_the_primitives(float_dirs, kernel, monkeypatch):
@@ -254,17 +258,10 @@ def test_a_bfloat16_quantized_model_decodes_through_the_primitives(float_dirs, k
         assert alone_tokens[0, 0] == tokens[0, i]
         # bfloat16 logits near 20 are 0.125 apart: two steps at most.
         np.testing.assert_allclose(alone_logprobs[0, 0], logprobs[0, i], rtol=0.02, atol=0.25)
-    # Near the same weights with float32 activations (the floats cast up): each row's
-    # first greedy token is the float32 model's best or within 0.1 of it (a near tie:
-    # -2.354 against -2.340 for the first prompt here), and the log-probabilities differ
-    # by bfloat16 rounding through 30 layers (median 0.04-0.05, at most 0.31 here).
-    cast_floats(model, mx.float32)
-    f32_tokens, f32_logprobs = greedy(model, prompts, 0)
-    best = np.take_along_axis(f32_logprobs[0], f32_tokens[0][:, None], -1)
-    ours = np.take_along_axis(f32_logprobs[0], tokens[0][:, None].astype(np.int64), -1)
-    assert (best - ours).max() < 0.1
-    difference = np.abs(logprobs[0] - f32_logprobs[0])
-    assert np.median(difference) < 0.1 and difference.max() < 0.5
+    # Near the same weights with float32 activations (the floats cast up): the first
+    # prompt's first token is a near tie here (-2.354 against -2.340 in float32); the
+    # log-probabilities differ by at most 0.31, median 0.04-0.05.
+    assert_near_the_float32_model(model, prompts, tokens, logprobs)
 
 
 def test_a_bfloat16_model_runs_at_float32_speed_within_its_rounding(float_dirs, kernel):
@@ -275,14 +272,10 @@ def test_a_bfloat16_model_runs_at_float32_speed_within_its_rounding(float_dirs, 
 
     model, tokenizer = load(str(float_dirs["smollm2"]))
     prompts = corpus_prompts(tokenizer, (30, 52, 41))
-    f32_tokens, f32_logprobs = greedy(model, prompts, 0)
     cast_floats(model, mx.bfloat16)
     tokens, logprobs = greedy(model, prompts, 0)
-    best = np.take_along_axis(f32_logprobs[0], f32_tokens[0][:, None], -1)
-    ours = np.take_along_axis(f32_logprobs[0], tokens[0][:, None].astype(np.int64), -1)
-    assert (best - ours).max() < 0.1
-    difference = np.abs(logprobs[0] - f32_logprobs[0])
-    assert np.median(difference) < 0.1 and difference.max() < 0.5
+    assert_near_the_float32_model(model, prompts, tokens, logprobs)
+    cast_floats(model, mx.bfloat16)
     # Speed, as a ratio in one process: a bfloat16 decode step within 2x of the float32
     # model's (MLX's half matmul took 4-15x).
     import time

@@ -266,6 +266,14 @@ void sgemm_split(int M, int N, int K, const float* a, bool a_transposed, int lda
                  const float* b, bool b_transposed, int ldb, float beta, float* c,
                  int threads);
 
+/* out (M, N) = x (M, K) @ W^T (+ bias) where `weight_row(n, row)` writes W's row n as K
+ * float32 values (a quantized or half-precision weight): rows converted 1 MB at a time
+ * into a buffer that stays in cache, each block one sgemm_nt, the output's columns split
+ * over `threads` by for_blocks (split_gemm.cpp). A prefill's product for weights the BLAS
+ * cannot read. */
+void gemm_converted_rows(int M, int N, int K, const float* x, const float* bias, float* out,
+                         int threads, const std::function<void(int, float*)>& weight_row);
+
 /* x @ dequantize(w, scales, biases)^T (+ bias) for MLX's affine quantization, 4 or 8 bits
  * (quantized_linear.cpp). */
 mx::array quantized_linear(const mx::array& x, const mx::array& w, const mx::array& scales,

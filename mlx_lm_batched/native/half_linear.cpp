@@ -41,7 +41,6 @@ namespace {
 
 constexpr int SMALL_ROWS = 64;   // as quantized_linear.cpp: decode steps below, prefill above
 constexpr int WEIGHT_ROWS = 4;   // weight rows per block (one thread's unit of work)
-constexpr int BLOCK_FLOATS = 1 << 18;  // 1 MB of converted weight rows per prefill block
 
 struct Problem {
   int M, N, K;
@@ -185,21 +184,10 @@ void small_rows(const Problem& p, int threads) {
   }
 }
 
-/* A prefill's rows: weight rows converted to float32 a block at a time (1 MB, in cache)
- * and multiplied by the BLAS, the output's columns split over our threads. */
+/* A prefill's rows: weight rows converted to float32 a block at a time for the BLAS. */
 void many_rows(const Problem& p, int threads) {
-  const int most = std::max(64, BLOCK_FLOATS / std::max(p.K, 1));
-  if (p.bias)
-    for (int m = 0; m < p.M; m++)
-      std::memcpy(p.out + static_cast<size_t>(m) * p.N, p.bias, sizeof(float) * p.N);
-  for_blocks(p.N, p.M, p.K, threads, [&](int first, int count) {
-    std::vector<float> weight(static_cast<size_t>(std::min(most, count)) * p.K);
-    for (int n0 = first; n0 < first + count; n0 += most) {
-      const int rows = std::min(most, first + count - n0);
-      for (int r = 0; r < rows; r++) weight_row(p, n0 + r, weight.data() + static_cast<size_t>(r) * p.K);
-      sgemm_nt(p.M, rows, p.K, p.x, weight.data(), p.out + n0, p.bias ? 1.0f : 0.0f, p.N);
-    }
-  });
+  gemm_converted_rows(p.M, p.N, p.K, p.x, p.bias, p.out, threads,
+                      [&](int n, float* row) { weight_row(p, n, row); });
 }
 
 class HalfLinear : public CpuPrimitive {

@@ -44,7 +44,6 @@ namespace {
  * path at 64 rows and 0.6-0.8x at 256 (2-core AMD EPYC, OpenBLAS), and it is batch-
  * invariant. */
 constexpr int SMALL_ROWS = 64;
-constexpr int DEQUANT_BLOCK_FLOATS = 1 << 18;  // 1 MB of dequantized weight rows
 constexpr int LANES = 16;
 
 /* A fixed-order sum of 16 lanes (pairwise halves): the same bits wherever it runs. */
@@ -249,27 +248,15 @@ void small_rows(const Problem& p, int threads) {
  * vocabulary) cost more than the product: 125 ms of a 33-row lm_head's 128. The output
  * columns are split over our threads as they come free (for_blocks, split_gemm.cpp:
  * OpenBLAS held to one thread meanwhile), each thread dequantizing its own blocks: the
- * dequantizing ran on the calling thread alone before, beside the BLAS's two threads. */
+ * dequantizing ran on the calling thread alone before, beside the BLAS's two threads
+ * (gemm_converted_rows, split_gemm.cpp). */
 void many_rows(const Problem& p, int threads) {
   const int groups = p.K / p.group, words = p.K * p.bits / 32;
-  const int most = std::max(64, DEQUANT_BLOCK_FLOATS / p.K);  // rows in 1 MB
-  if (p.bias)
-    for (int m = 0; m < p.M; m++)
-      std::memcpy(p.out + static_cast<size_t>(m) * p.N, p.bias, sizeof(float) * p.N);
-  for_blocks(p.N, p.M, p.K, threads, [&](int first, int count) {
-    std::vector<float> weight(static_cast<size_t>(std::min(most, count)) * p.K);
-    for (int n0 = first; n0 < first + count; n0 += most) {
-      const int rows = std::min(most, first + count - n0);
-      for (int r = 0; r < rows; r++) {
-        const int n = n0 + r;
-        float* row = weight.data() + static_cast<size_t>(r) * p.K;
-        unpack_row(p.w + static_cast<size_t>(n) * words, p.bits, p.K, row);
-        for (int k = 0; k < p.K; k++) {
-          const size_t g = static_cast<size_t>(n) * groups + k / p.group;
-          row[k] = p.scales[g] * row[k] + p.biases[g];
-        }
-      }
-      sgemm_nt(p.M, rows, p.K, p.x, weight.data(), p.out + n0, p.bias ? 1.0f : 0.0f, p.N);
+  gemm_converted_rows(p.M, p.N, p.K, p.x, p.bias, p.out, threads, [&](int n, float* row) {
+    unpack_row(p.w + static_cast<size_t>(n) * words, p.bits, p.K, row);
+    for (int k = 0; k < p.K; k++) {
+      const size_t g = static_cast<size_t>(n) * groups + k / p.group;
+      row[k] = p.scales[g] * row[k] + p.biases[g];
     }
   });
 }

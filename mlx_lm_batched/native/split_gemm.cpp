@@ -22,6 +22,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "cpu_prims.h"
 
@@ -107,6 +109,22 @@ void sgemm_split(int M, int N, int K, const float* a, bool a_transposed, int lda
     // op(b) is (K, N): stored transposed, column n is b's row n; else b's column n.
     const float* b_block = b_transposed ? b + static_cast<size_t>(n0) * ldb : b + n0;
     sgemm(a_transposed, b_transposed, M, n, K, a, lda, b_block, ldb, beta, c + n0, N);
+  });
+}
+
+void gemm_converted_rows(int M, int N, int K, const float* x, const float* bias, float* out,
+                         int threads, const std::function<void(int, float*)>& weight_row) {
+  constexpr int BLOCK_FLOATS = 1 << 18;  // 1 MB of converted weight rows: stays in cache
+  const int most = std::max(64, BLOCK_FLOATS / std::max(K, 1));
+  if (bias)
+    for (int m = 0; m < M; m++) std::memcpy(out + static_cast<size_t>(m) * N, bias, sizeof(float) * N);
+  for_blocks(N, M, K, threads, [&](int first, int count) {
+    std::vector<float> weight(static_cast<size_t>(std::min(most, count)) * K);
+    for (int n0 = first; n0 < first + count; n0 += most) {
+      const int rows = std::min(most, first + count - n0);
+      for (int r = 0; r < rows; r++) weight_row(n0 + r, weight.data() + static_cast<size_t>(r) * K);
+      sgemm_nt(M, rows, K, x, weight.data(), out + n0, bias ? 1.0f : 0.0f, N);
+    }
   });
 }
 
