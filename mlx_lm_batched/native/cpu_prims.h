@@ -121,6 +121,32 @@ class CpuPrimitive : public mx::Primitive {
   }
 };
 
+/* A primitive computing nn.Linear's x @ weight^T (+ bias) from inputs (x, weight[, bias]):
+ * its output shape, and gradients those of nn.Linear's ops (training on the CPU). */
+class LinearPrimitive : public CpuPrimitive {
+ public:
+  using CpuPrimitive::CpuPrimitive;
+
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums,
+                             const std::vector<mx::array>&) override {
+    const auto s = stream();
+    auto reference = [s](const std::vector<mx::array>& in) {
+      auto wt = mx::transpose(in[1], s);
+      if (in.size() > 2) return std::vector<mx::array>{mx::addmm(in[2], in[0], wt, 1.0f, 1.0f, s)};
+      return std::vector<mx::array>{mx::matmul(in[0], wt, s)};
+    };
+    return reference_vjp(reference, primals, cotangents, argnums, primals.size());
+  }
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    auto shape = inputs[0].shape();
+    shape.back() = inputs[1].shape(0);
+    return {shape};
+  }
+};
+
 /* Element offsets of each "row" of `a` (all axes but the last), in row-major order. */
 inline std::vector<int64_t> row_offsets(const mx::array& a) {
   const int nd = a.ndim();

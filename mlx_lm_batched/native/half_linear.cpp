@@ -190,9 +190,9 @@ void many_rows(const Problem& p, int threads) {
                       [&](int n, float* row) { weight_row(p, n, row); });
 }
 
-class HalfLinear : public CpuPrimitive {
+class HalfLinear : public LinearPrimitive {
  public:
-  using CpuPrimitive::CpuPrimitive;
+  using LinearPrimitive::LinearPrimitive;
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto& out = outputs[0];
@@ -217,26 +217,7 @@ class HalfLinear : public CpuPrimitive {
     });
   }
 
-  /* Gradients (training on the CPU): those of nn.Linear's ops, the same function. */
-  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
-                             const std::vector<mx::array>& cotangents,
-                             const std::vector<int>& argnums,
-                             const std::vector<mx::array>&) override {
-    const auto s = stream();
-    auto reference = [s](const std::vector<mx::array>& in) {
-      auto y = mx::matmul(in[0], mx::transpose(in[1], s), s);
-      if (in.size() > 2) y = mx::add(y, in[2], s);
-      return std::vector<mx::array>{y};
-    };
-    return reference_vjp(reference, primals, cotangents, argnums, primals.size());
-  }
   const char* name() const override { return "MlxlmbHalfLinear"; }
-  bool is_equivalent(const mx::Primitive&) const override { return true; }
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    auto shape = inputs[0].shape();
-    shape.back() = inputs[1].shape(0);
-    return {shape};
-  }
 };
 
 }  // namespace

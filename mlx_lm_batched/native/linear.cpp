@@ -65,9 +65,9 @@ Operand as_blas_operand(const float* data, int rows, int cols, int64_t s0, int64
   return {copy(), false, cols};
 }
 
-class Linear : public CpuPrimitive {
+class Linear : public LinearPrimitive {
  public:
-  explicit Linear(mx::Stream stream) : CpuPrimitive(stream) {}
+  using LinearPrimitive::LinearPrimitive;
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto& out = outputs[0];
@@ -115,26 +115,7 @@ class Linear : public CpuPrimitive {
     });
   }
 
-  /* Gradients (training on the CPU): those of nn.Linear's ops, the same function. */
-  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
-                             const std::vector<mx::array>& cotangents,
-                             const std::vector<int>& argnums,
-                             const std::vector<mx::array>&) override {
-    const auto s = stream();
-    auto reference = [s](const std::vector<mx::array>& in) {
-      auto wt = mx::transpose(in[1], s);
-      if (in.size() > 2) return std::vector<mx::array>{mx::addmm(in[2], in[0], wt, 1.0f, 1.0f, s)};
-      return std::vector<mx::array>{mx::matmul(in[0], wt, s)};
-    };
-    return reference_vjp(reference, primals, cotangents, argnums, primals.size());
-  }
   const char* name() const override { return "MlxlmbLinear"; }
-  bool is_equivalent(const mx::Primitive&) const override { return true; }
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    auto shape = inputs[0].shape();
-    shape.back() = inputs[1].shape(0);
-    return {shape};
-  }
 };
 
 }  // namespace
