@@ -57,7 +57,6 @@ CAUSAL_QUERY_BLOCK = 64
 # "0": run the formulas below as separate ops, not fused by mx.compile.
 COMPILE_ENV = "MLX_LM_BATCHED_COMPILE"
 _fused_ok = None  # decided at first use (fused())
-HALF_FLOATS = (mx.float16, mx.bfloat16)
 
 
 def use_fast(x):
@@ -223,7 +222,7 @@ def attention(q, k, v, scale, mask=None, softcap=None):
     B, H, L, _ = q.shape
     if fused_decode(q, k, v, mask, softcap):
         return _cpu_prims.attend(q, k, v, scale, mask)
-    if q.dtype in HALF_FLOATS and mx.default_device() == mx.cpu:
+    if q.dtype in _cpu_prims.HALF_FLOATS and mx.default_device() == mx.cpu:
         # The CPU's half-precision matmuls skip the BLAS (bfloat16 prefill of SmolLM2 ran
         # at half the float32 speed): scores, softmax and weighted sum in float32, the
         # output rounded once to the queries' dtype.
