@@ -16,13 +16,25 @@
 #include "mlx/primitives.h"
 #include "mlx/transforms.h"
 
-#if defined(__F16C__)
+#if defined(__AVX__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
 namespace mx = mlx::core;
 
 namespace mlxlmb {
+
+#if defined(__AVX__)
+/* The 8 lanes of an accumulator added in one order: lane l with l + 4, then l with l + 2,
+ * then 0 with 1 (the AVX2 decode kernels' last step: quantized_rows_avx2.cpp,
+ * half_linear.cpp). */
+inline float hsum8(__m256 v) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  a = _mm_add_ss(a, _mm_movehdup_ps(a));
+  return _mm_cvtss_f32(a);
+}
+#endif
 
 /* Half-precision values to float32 and back, a span at a time. MLX's element types
  * convert one value per call (on x86 its float16 is software): a bfloat16 SwiGLU of
@@ -207,20 +219,19 @@ inline bool float_dtype(mx::Dtype t) {
   return t == mx::float32 || t == mx::float16 || t == mx::bfloat16;
 }
 
+/* Which of those an array holds, for kernels that read its memory in its own dtype. */
+enum class FloatType { float32, float16, bfloat16 };
+inline FloatType float_type(mx::Dtype t) {
+  return t == mx::float16 ? FloatType::float16
+         : t == mx::bfloat16 ? FloatType::bfloat16 : FloatType::float32;
+}
+
 /* A float32, float16 or bfloat16 array as row-major float32 (`row_major`: in place for
  * row-contiguous float32, else converted into `scratch`). */
 inline const float* float_rows(const mx::array& a, std::vector<float>& scratch) {
   if (a.dtype() == mx::float16) return row_major<float, mx::float16_t>(a, scratch);
   if (a.dtype() == mx::bfloat16) return row_major<float, mx::bfloat16_t>(a, scratch);
   return row_major(a, scratch);
-}
-
-/* The float32 results `y` into a float16 or bfloat16 output, rounded once. */
-inline void store_half(mx::array& out, const std::vector<float>& y) {
-  if (out.dtype() == mx::float16)
-    float_to_f16(y.data(), out.data<mx::float16_t>(), y.size());
-  else if (out.dtype() == mx::bfloat16)
-    float_to_bf16(y.data(), reinterpret_cast<uint16_t*>(out.data<mx::bfloat16_t>()), y.size());
 }
 
 /* Where a primitive writes its float32 results, row-major: `out`'s own memory when it is
@@ -231,8 +242,12 @@ class FloatOut {
     if (out.dtype() != mx::float32) buffer_.resize(out.size());
   }
   float* data() { return buffer_.empty() ? out_.data<float>() : buffer_.data(); }
-  void finish() {
-    if (!buffer_.empty()) store_half(out_, buffer_);
+  void finish() {  /* the float32 results rounded once into a half output */
+    if (out_.dtype() == mx::float16)
+      float_to_f16(buffer_.data(), out_.data<mx::float16_t>(), buffer_.size());
+    else if (out_.dtype() == mx::bfloat16)
+      float_to_bf16(buffer_.data(), reinterpret_cast<uint16_t*>(out_.data<mx::bfloat16_t>()),
+                    buffer_.size());
   }
 
  private:

@@ -76,28 +76,25 @@ inline float max_of(const float* x, int n) {
   return top;
 }
 
-/* The element types read here: float32, and float16 and bfloat16 converted to float32
- * as they are read (exactly). */
-enum class Elem { f32, f16, bf16 };
-
 /* Where one operand's elements are: base pointer, element strides (rows, heads, slots,
- * features) and element type (the mask: f32, unused). */
+ * features) and element type (float16 and bfloat16 converted to float32 as they are read;
+ * the mask's: unused). */
 struct View {
   const void* data;
   int64_t s0, s1, s2, s3;
-  Elem elem = Elem::f32;
+  FloatType elem = FloatType::float32;
 };
 
-inline size_t elem_bytes(Elem e) { return e == Elem::f32 ? 4 : 2; }
+inline size_t elem_bytes(FloatType e) { return e == FloatType::float32 ? 4 : 2; }
 
 /* The address `offset` elements past `base`. */
-inline const void* advance(const void* base, int64_t offset, Elem e) {
+inline const void* advance(const void* base, int64_t offset, FloatType e) {
   return static_cast<const char*>(base) + offset * static_cast<int64_t>(elem_bytes(e));
 }
 
-inline float read_float(const void* p, int64_t i, Elem e) {
-  if (e == Elem::f16) return static_cast<float>(static_cast<const mx::float16_t*>(p)[i]);
-  if (e == Elem::bf16) return static_cast<float>(static_cast<const mx::bfloat16_t*>(p)[i]);
+inline float read_float(const void* p, int64_t i, FloatType e) {
+  if (e == FloatType::float16) return static_cast<float>(static_cast<const mx::float16_t*>(p)[i]);
+  if (e == FloatType::bfloat16) return static_cast<float>(static_cast<const mx::bfloat16_t*>(p)[i]);
   return static_cast<const float*>(p)[i];
 }
 
@@ -122,17 +119,17 @@ struct Geometry {
 struct SlotRows {
   std::vector<const void*> k, v;
   std::vector<int64_t> k_step, v_step;
-  std::vector<Elem> k_elem, v_elem;
+  std::vector<FloatType> k_elem, v_elem;
 };
 
 int configured_threads = 1;
 
 /* A row of `n` elements with stride `stride` as contiguous float32: in place when it is
  * float32 and contiguous, else copied (converted) into `scratch`. */
-inline const float* float_row(const void* p, int64_t stride, Elem e, int n, float* scratch) {
-  if (e == Elem::f32 && stride == 1) return static_cast<const float*>(p);
+inline const float* float_row(const void* p, int64_t stride, FloatType e, int n, float* scratch) {
+  if (e == FloatType::float32 && stride == 1) return static_cast<const float*>(p);
   if (stride == 1) {  /* a span, converted a vector at a time (cpu_prims.h) */
-    if (e == Elem::bf16)
+    if (e == FloatType::bfloat16)
       bf16_to_float(static_cast<const uint16_t*>(p), scratch, n);
     else
       f16_to_float(static_cast<const mx::float16_t*>(p), scratch, n);
@@ -282,10 +279,7 @@ void attend_all(const Geometry& g) {
 
 View view_of(const mx::array& a) {
   const auto& st = a.strides();
-  const Elem e = a.dtype() == mx::float16    ? Elem::f16
-                 : a.dtype() == mx::bfloat16 ? Elem::bf16
-                                             : Elem::f32;
-  return {a.data<void>(), st[0], st[1], st[2], st[3], e};
+  return {a.data<void>(), st[0], st[1], st[2], st[3], float_type(a.dtype())};
 }
 
 /* Inputs: q, the keys of each segment, the values of each segment, then the mask (if

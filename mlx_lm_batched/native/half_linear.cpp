@@ -61,13 +61,6 @@ inline void weight_row(const Problem& p, int n, float* dst) {
 }
 
 #ifdef MLXLMB_HALF_AVX2
-inline float hsum8(__m256 v) {  /* lane l with l + 4, then l + 2, then 0 with 1 */
-  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-  a = _mm_add_ss(a, _mm_movehdup_ps(a));
-  return _mm_cvtss_f32(a);
-}
-
 template <bool BF16>
 inline __m256 load8(const uint16_t* w) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));

@@ -276,15 +276,14 @@ class QuantizedLinear : public CpuPrimitive {
       if (M == 0 || N == 0) return;
       if (M <= SMALL_ROWS && fast_rows(inputs, out, M, N, K, group, bits)) return;
       /* Half-precision inputs are computed in float32 and rounded once at the end. */
-      std::vector<float> x_copy, s_copy, b_copy, bias_copy, y_copy;
+      std::vector<float> x_copy, s_copy, b_copy, bias_copy;
       std::vector<uint32_t> w_copy;
-      const bool float_out = out.dtype() == mx::float32;
-      if (!float_out) y_copy.resize(static_cast<size_t>(M) * N);
+      FloatOut result(out);
       Problem p{M, N, K, bits, group, float_rows(x, x_copy),
                 row_major(inputs[1], w_copy), float_rows(inputs[2], s_copy),
                 float_rows(inputs[3], b_copy),
                 inputs.size() > 4 ? float_rows(inputs[4], bias_copy) : nullptr,
-                float_out ? out.data<float>() : y_copy.data()};
+                result.data()};
       std::vector<float> x_order;
       if (bits == 4) {  /* x in the order the weights unpack in (both paths) */
         x_order.resize(static_cast<size_t>(M) * K);
@@ -295,7 +294,7 @@ class QuantizedLinear : public CpuPrimitive {
         small_rows(p, primitive_threads());
       else
         many_rows(p, primitive_threads());
-      if (!float_out) store_half(out, y_copy);
+      result.finish();
     });
   }
 

@@ -14,31 +14,28 @@ bool fast_rows(const std::vector<mx::array>& inputs, mx::array& out, int M, int 
   const auto& biases = inputs[3];
   if ((bits != 4 && bits != 5 && bits != 8) || scales.dtype() != biases.dtype()) return false;
   QuantizedRows p{M, N, K, bits, group, nullptr, nullptr, nullptr, nullptr,
-                  ScaleType::float32, nullptr, nullptr};
-  std::vector<float> x_copy, bias_copy, y_copy, s32, b32;
+                  float_type(scales.dtype()), nullptr, nullptr};
+  std::vector<float> x_copy, bias_copy, s32, b32;
   std::vector<uint32_t> w_copy;
   std::vector<mx::float16_t> s16, b16;
   std::vector<mx::bfloat16_t> sb16, bb16;
   if (scales.dtype() == mx::float16) {
-    p.scale_type = ScaleType::float16;
     p.scales = row_major(scales, s16);
     p.biases = row_major(biases, b16);
   } else if (scales.dtype() == mx::bfloat16) {
-    p.scale_type = ScaleType::bfloat16;
     p.scales = row_major(scales, sb16);
     p.biases = row_major(biases, bb16);
   } else {
     p.scales = row_major(scales, s32);
     p.biases = row_major(biases, b32);
   }
-  const bool float_out = out.dtype() == mx::float32;
-  if (!float_out) y_copy.resize(static_cast<size_t>(M) * N);
+  FloatOut result(out);
   p.x = float_rows(inputs[0], x_copy);
   p.w = row_major(inputs[1], w_copy);
   p.bias = inputs.size() > 4 ? float_rows(inputs[4], bias_copy) : nullptr;
-  p.out = float_out ? out.data<float>() : y_copy.data();
+  p.out = result.data();
   if (!quantized_rows_fast(p, primitive_threads())) return false;
-  if (!float_out) store_half(out, y_copy);
+  result.finish();
   return true;
 }
 

@@ -10,8 +10,6 @@
 
 namespace mlxlmb {
 
-enum class ScaleType { float32, float16, bfloat16 };
-
 /* x (M, K) float32 row-major times the affine-quantized weight (N, K) transposed, plus
  * bias, into out (M, N) row-major. Weight, scales and biases row-major; scales and biases
  * of one dtype, `scale_type`, read as they are stored. */
@@ -21,7 +19,7 @@ struct QuantizedRows {
   const uint32_t* w;       // (N, K * bits / 32)
   const void* scales;      // (N, K / group)
   const void* biases;      // (N, K / group)
-  ScaleType scale_type;
+  FloatType scale_type;
   const float* bias;       // (N,) or null
   float* out;
 };

@@ -58,14 +58,6 @@ inline float scalar(Bf16 v) {
   return f;
 }
 
-/* The 8 lanes added in one order: lane l with l + 4, then l with l + 2, then 0 with 1. */
-inline float hsum8(__m256 v) {
-  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-  a = _mm_add_ss(a, _mm_movehdup_ps(a));
-  return _mm_cvtss_f32(a);
-}
-
 /* pshufb control for one 8-value pack of 5-bit values starting at byte `at` of a 16-byte
  * source held in both halves: lane i gets the pack's byte 5i/8 and, where its 5 bits cross
  * into the next byte, that byte too (as a little-endian 16-bit word); -1 gives zero. */
@@ -223,8 +215,8 @@ void run(const QuantizedRows& p, int threads) {
 template <int BITS>
 void run_bits(const QuantizedRows& p, int threads) {
   switch (p.scale_type) {
-    case ScaleType::float16: run<BITS, uint16_t>(p, threads); break;
-    case ScaleType::bfloat16: run<BITS, Bf16>(p, threads); break;
+    case FloatType::float16: run<BITS, uint16_t>(p, threads); break;
+    case FloatType::bfloat16: run<BITS, Bf16>(p, threads); break;
     default: run<BITS, float>(p, threads);
   }
 }
