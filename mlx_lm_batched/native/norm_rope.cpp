@@ -32,19 +32,20 @@ namespace mlxlmb {
 namespace {
 
 /* A float32, float16 or bfloat16 input's rows as float32: its own memory (`offsets`, the
- * last axis' stride) when float32, else a row-major converted copy in `scratch`. */
+ * last axis' stride) when float32, else a row-major converted copy in `scratch`, its row
+ * offsets in `scratch_rows`. */
 struct FloatView {
   const float* data;
-  std::vector<int64_t> rows;  // element offset of each row
-  int64_t step;               // between a row's elements
+  const int64_t* rows;  // element offset of each row (as many as `offsets`)
+  int64_t step;         // between a row's elements
 };
 FloatView float_view(const mx::array& x, const std::vector<int64_t>& offsets,
-                     std::vector<float>& scratch) {
-  if (x.dtype() == mx::float32) return {x.data<float>(), offsets, x.strides().back()};
+                     std::vector<float>& scratch, std::vector<int64_t>& scratch_rows) {
+  if (x.dtype() == mx::float32) return {x.data<float>(), offsets.data(), x.strides().back()};
   const int64_t D = x.shape(-1);
-  std::vector<int64_t> rows(offsets.size());
-  for (size_t r = 0; r < rows.size(); r++) rows[r] = static_cast<int64_t>(r) * D;
-  return {float_rows(x, scratch), std::move(rows), 1};
+  scratch_rows.resize(offsets.size());
+  for (size_t r = 0; r < offsets.size(); r++) scratch_rows[r] = static_cast<int64_t>(r) * D;
+  return {float_rows(x, scratch), scratch_rows.data(), 1};
 }
 
 class RMSNorm : public CpuPrimitive {
@@ -58,12 +59,13 @@ class RMSNorm : public CpuPrimitive {
     const int D = x.shape(-1);
     run_on_cpu(inputs, out, [inputs, out, offsets = row_offsets(x), D, eps = eps_]() mutable {
       std::vector<float> x_copy, w_copy;
-      const auto [xp, rows, x_step] = float_view(inputs[0], offsets, x_copy);
+      std::vector<int64_t> copy_rows;
+      const auto [xp, rows, x_step] = float_view(inputs[0], offsets, x_copy, copy_rows);
       const float* w = inputs.size() > 1 ? float_rows(inputs[1], w_copy) : nullptr;
       FloatOut result(out);
       float* op = result.data();
       std::vector<float> row(D);
-      for (size_t r = 0; r < rows.size(); r++) {
+      for (size_t r = 0; r < offsets.size(); r++) {
         const float* xr = xp + rows[r];
         if (x_step != 1) {
           for (int d = 0; d < D; d++) row[d] = xr[d * x_step];
@@ -133,7 +135,8 @@ class RoPE : public CpuPrimitive {
                       freq_step = inputs[2].strides()[0], dims = dims_,
                       traditional = traditional_, scale = scale_]() mutable {
       std::vector<float> x_copy;
-      const auto [xp, rows, x_step] = float_view(inputs[0], offsets, x_copy);
+      std::vector<int64_t> copy_rows;
+      const auto [xp, rows, x_step] = float_view(inputs[0], offsets, x_copy, copy_rows);
       const int32_t* positions = inputs[1].data<int32_t>();
       const float* inv_freq = inputs[2].data<float>();
       FloatOut result(out);
@@ -150,7 +153,7 @@ class RoPE : public CpuPrimitive {
             sines[(static_cast<size_t>(b) * L + l) * half + i] = std::sin(theta);
           }
         }
-      for (size_t r = 0; r < rows.size(); r++) {
+      for (size_t r = 0; r < offsets.size(); r++) {
         const int b = static_cast<int>(r / per_row), l = static_cast<int>(r % L);
         const float* c = cosines.data() + (static_cast<size_t>(b) * L + l) * half;
         const float* s = sines.data() + (static_cast<size_t>(b) * L + l) * half;
