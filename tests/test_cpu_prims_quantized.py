@@ -90,6 +90,39 @@ def test_a_row_gets_the_same_bits_alone_and_in_a_batch(kernel, bits):
         assert mx.array_equal(some, batch[start:start + n]).item(), (start, n)
 
 
+def pack(values, bits):
+    """Integers (N, K) below 2**bits as MLX packs them: element i at bits [i * bits,
+    (i + 1) * bits) of each row's little-endian stream of uint32 words."""
+    per_word = 32 // bits
+    n, k = values.shape
+    lanes = values.astype(np.uint32).reshape(n, k // per_word, per_word)
+    words = np.zeros((n, k // per_word), dtype=np.uint32)
+    for t in range(per_word):
+        words |= lanes[:, :, t] << np.uint32(bits * t)
+    return mx.array(words)
+
+
+@pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16, mx.bfloat16])
+def test_4_bit_weights_give_the_bits_of_the_same_integers_stored_in_8_bits(kernel,
+                                                                            scale_dtype):
+    # The decode kernel dequantizes each weight to fma(scale, q, bias) and sums in one
+    # chain whatever the width; on AVX-512 builds 4-bit weights are looked up among their
+    # group's 16 possible values instead of converted. The same integers stored in 8 bits
+    # (the conversion path) must give the same bits, row by row, at 1 to 9 rows.
+    rng = np.random.default_rng(19)
+    q = rng.integers(0, 16, size=(37, 256))
+    scales = (random((37, 8), 20) * 0.1).astype(scale_dtype)
+    biases = (random((37, 8), 21) * 0.5).astype(scale_dtype)
+    x = random((9, 256), 22)
+    four = kernel.quantized_linear(x, pack(q, 4), scales, biases, None, 32, 4)
+    eight = kernel.quantized_linear(x, pack(q, 8), scales, biases, None, 32, 8)
+    assert mx.array_equal(four, eight).item()
+    assert_close(four, mlx_reference(x, pack(q, 4), scales, biases, 32, 4))
+    for rows in (slice(0, 1), slice(2, 5), slice(8, 9)):
+        assert mx.array_equal(kernel.quantized_linear(x[rows], pack(q, 4), scales, biases,
+                                                      None, 32, 4), four[rows]).item()
+
+
 @pytest.mark.parametrize("bits", [4, 5, 8])  # the AVX2 kernel's widths
 def test_one_row_with_a_bias_and_a_partial_block_gets_the_batch_bits(kernel, bits):
     # Input rows go 4 to a pass (the weights dequantized again in registers each pass), so
