@@ -145,6 +145,36 @@ inline __m256 looked_up8(const Lookup16& table, const uint8_t* __restrict w, int
 }
 #endif
 
+/* One weight row's group, its weights 32 at a time as float32: fma(scale, q, bias) of the
+ * unpacked integers, or on AVX-512 builds for 4-bit weights the same values looked up. */
+template <int BITS>
+struct GroupWeights {
+  __m256 scale, bias;
+#ifdef MLXLMB_LOOKUP_4BIT
+  Lookup16 table;  // for 4-bit weights
+#endif
+
+  GroupWeights() = default;
+  GroupWeights(float s, float b) : scale(_mm256_set1_ps(s)), bias(_mm256_set1_ps(b)) {
+#ifdef MLXLMB_LOOKUP_4BIT
+    if constexpr (BITS == 4) table = lookup16(scale, bias);
+#endif
+  }
+
+  /* Weight row w's 32 weights from column k, 8 to a register. */
+  void weights32(const uint8_t* __restrict w, int k, __m256 out[4]) const {
+#ifdef MLXLMB_LOOKUP_4BIT
+    if constexpr (BITS == 4) {
+      for (int j = 0; j < 4; j++) out[j] = looked_up8(table, w, k + 8 * j);
+      return;
+    }
+#endif
+    __m256i ints[4];
+    unpack32<BITS>(w, k, ints);
+    for (int j = 0; j < 4; j++) out[j] = weights8(ints[j], scale, bias);
+  }
+};
+
 /* MB input rows (1 to 4, from m0) by NB weight rows (from n0), each weight dequantized in
  * registers and used at once: w = fma(scale, q, bias) rounded to float32, then
  * acc = fma(x, w, acc) along K 8 lanes at a time, hsum8, the bias. The same chain for every
@@ -162,39 +192,19 @@ void in_registers(const QuantizedRows& p, int m0, int n0, const uint8_t* __restr
     for (int r = 0; r < NB; r++) acc[i][r] = _mm256_setzero_ps();
   const size_t ahead = WEIGHT_ROWS * row_bytes;  // the same bytes of the next block
   for (int g = 0; g < groups; g++) {
-    __m256 s[NB], b[NB];
+    GroupWeights<BITS> group[NB];
     for (int r = 0; r < NB; r++) {
       const size_t at = static_cast<size_t>(n0 + r) * groups + g;
-      s[r] = _mm256_set1_ps(scalar(scales[at]));
-      b[r] = _mm256_set1_ps(scalar(biases[at]));
+      group[r] = GroupWeights<BITS>(scalar(scales[at]), scalar(biases[at]));
     }
-#ifdef MLXLMB_LOOKUP_4BIT
-    if constexpr (BITS == 4) {
-      Lookup16 table[NB];
-      for (int r = 0; r < NB; r++) table[r] = lookup16(s[r], b[r]);
-      for (int k = g * p.group; k < (g + 1) * p.group; k += 32) {
-        for (int r = 0; r < NB; r++) {
-          _mm_prefetch(reinterpret_cast<const char*>(row[r] + ahead + k / 2), _MM_HINT_T0);
-          for (int j = 0; j < 4; j++) {
-            const __m256 wv = looked_up8(table[r], row[r], k + 8 * j);
-            for (int i = 0; i < MB; i++)
-              acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(x[i] + k + 8 * j), wv, acc[i][r]);
-          }
-        }
-      }
-      continue;
-    }
-#endif
     for (int k = g * p.group; k < (g + 1) * p.group; k += 32) {
       for (int r = 0; r < NB; r++) {
         _mm_prefetch(reinterpret_cast<const char*>(row[r] + ahead + k * BITS / 8), _MM_HINT_T0);
-        __m256i ints[4];
-        unpack32<BITS>(row[r], k, ints);
-        for (int j = 0; j < 4; j++) {
-          const __m256 wv = weights8(ints[j], s[r], b[r]);
+        __m256 wv[4];
+        group[r].weights32(row[r], k, wv);
+        for (int j = 0; j < 4; j++)
           for (int i = 0; i < MB; i++)
-            acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(x[i] + k + 8 * j), wv, acc[i][r]);
-        }
+            acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(x[i] + k + 8 * j), wv[j], acc[i][r]);
       }
     }
   }
