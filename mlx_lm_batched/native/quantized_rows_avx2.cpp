@@ -24,7 +24,7 @@
  *   prefetch alone was 1.3x at one row on 4-bit rows and 2.2x on an 8-bit LM head).
  *
  * One thread, 4-bit rows, an AMD EPYC: about 9 G weights a second at one row; with the
- * lookup (0.8.8) 1.35-1.8x that in CPU time from the cache (4096 x 4096), 1.07-1.1x with
+ * lookup (0.8.8) 1.2-1.46x that from the cache (4096 x 4096), 1.07-1.1x with
  * the weights streamed from memory, equal from 4 rows, where each dequantized weight serves
  * several input rows; a 3.4 B-parameter Q4_1 model decodes 1.15x faster at batch 1
  * (docs/performance.md). Up to 0.8.5,
