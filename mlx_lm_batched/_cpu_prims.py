@@ -161,6 +161,13 @@ def _check(module):
             if not mx.allclose(got, want, rtol=1e-5, atol=1e-4).item():
                 raise OSError("the quantized linear primitive disagrees with MLX's "
                               "quantized_matmul")
+            both = module.quantized_linears(rows, [wq, wq[:8]], [scales, scales[:8]],
+                                            [biases, biases[:8]], [b, None], 32, bits)
+            alone = module.quantized_linear(rows, wq[:8], scales[:8], biases[:8], None, 32, bits)
+            if not (mx.array_equal(both[0], got).item()
+                    and mx.array_equal(both[1], alone).item()):
+                raise OSError("the quantized linear primitive of several layers disagrees "
+                              "with the layers one at a time")
 
 
 def configured_threads():
@@ -285,12 +292,32 @@ def quantized_linear(x, weight, scales, biases, bias, group_size, bits):
     for affine weights of :data:`QUANTIZED_BITS` as one primitive on the CPU for a float32, float16 or
     bfloat16 ``x`` (computed in float32: to float32 rounding, not MLX's bits); None where
     it does not serve."""
-    if (x.dtype not in _FLOATS or mx.default_device() != mx.cpu or bits not in QUANTIZED_BITS
-            or group_size not in (32, 64, 128) or biases is None
-            or weight.dtype != mx.uint32 or weight.ndim != 2
-            or (bias is not None and bias.dtype not in _FLOATS) or module() is None):
+    if not quantized_linear_serves(x, weight, biases, bias, group_size, bits):
         return None
     return _module.quantized_linear(x, weight, scales, biases, bias, group_size, bits)
+
+
+def quantized_linear_serves(x, weight, biases, bias, group_size, bits):
+    """Whether :func:`quantized_linear`'s primitive takes these arguments."""
+    return not (x.dtype not in _FLOATS or mx.default_device() != mx.cpu
+                or bits not in QUANTIZED_BITS or group_size not in (32, 64, 128)
+                or biases is None or weight.dtype != mx.uint32 or weight.ndim != 2
+                or (bias is not None and bias.dtype not in _FLOATS) or module() is None)
+
+
+def quantized_linears(x, layers):
+    """:func:`quantized_linear` of several layers of one input, ``layers`` a sequence of
+    ``(weight, scales, biases, bias, group_size, bits)`` of one width and group, as one
+    primitive of one output per layer (its decode rows in one parallel region: a step's
+    query, key and value projections); None where it does not serve."""
+    group_size, bits = layers[0][4], layers[0][5]
+    if any(layer[4:] != (group_size, bits) for layer in layers):
+        return None
+    for weight, scales, biases, bias, _, _ in layers:
+        if not quantized_linear_serves(x, weight, biases, bias, group_size, bits):
+            return None
+    return _module.quantized_linears(x, *[list(parts) for parts in zip(*layers)][:4],
+                                     group_size, bits)
 
 
 def swiglu(gate, up):

@@ -199,9 +199,17 @@ def test_quantized_smollm2_decodes_through_it_as_with_mlx_ops(kernel, monkeypatc
     model, tokenizer = load(str(model_dir("smollm2", dtype="float32", quantize=True,
                                           q_bits=4, q_group_size=64)))
     assert isinstance(model.model.layers[0].mlp.gate_proj, nn.QuantizedLinear)
+    grouped = []
+    linears = _cpu_prims.quantized_linears
+    monkeypatch.setattr(_cpu_prims, "quantized_linears", lambda x, layers: grouped.append(
+        (x.shape, len(layers))) or linears(x, layers))
     calls, (ours, our_tokens), (theirs, their_tokens) = decode_with_and_without(
         model, tokenizer, monkeypatch, "quantized_linear")
-    # 7 projections per layer and the tied LM head, at each of the 7 one-column calls.
-    assert sum(shape[:2] == (3, 1) for shape in calls) == 7 * (7 * len(model.layers) + 1)
+    # 7 projections per layer and the tied LM head, at each of the 7 one-column calls: the
+    # output and down projections and the head alone, the query, key and value projections
+    # in one node, the gate and up ones in another.
+    n = len(model.layers)
+    assert sum(shape[:2] == (3, 1) for shape in calls) == 7 * (2 * n + 1)
+    assert sorted(size for shape, size in grouped if shape[:2] == (3, 1)) == [2] * 7 * n + [3] * 7 * n
     assert (our_tokens == their_tokens).all()
     assert float(np.abs(ours - theirs).max()) < 1e-3

@@ -219,9 +219,10 @@ class Attention(nn.Module):
             nq, nk = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
             qkv = cpu_ops.linear(getattr(self, self.qkv_name), x)
             return mx.split(qkv, [nq, nq + nk], axis=-1)
-        k = cpu_ops.linear(self.k_proj, x)
-        q = cpu_ops.linear(self.q_proj, x)
-        return q, k, k if self.values_from_keys else cpu_ops.linear(self.v_proj, x)
+        if self.values_from_keys:
+            q, k = cpu_ops.linears((self.q_proj, self.k_proj), x)
+            return q, k, k
+        return tuple(cpu_ops.linears((self.q_proj, self.k_proj, self.v_proj), x))
 
     def _qk_norm(self, q, k):
         q_name, k_name = self.qk_norm_names

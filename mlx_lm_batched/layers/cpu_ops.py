@@ -179,6 +179,21 @@ def linear(layer, x):
     return layer(x)
 
 
+def linears(layers, x):
+    """``[layer(x) for layer in layers]``. Where every layer is an affine
+    ``mlx.nn.QuantizedLinear`` of one width and group on the CPU, one primitive computes
+    them all (a decode step's rows of every layer in one parallel region: a layer's query,
+    key and value projections, a gated MLP's gate and up), each output with the bits
+    :func:`linear` gives it; otherwise each layer as :func:`linear` computes it."""
+    if all(type(layer) is nn.QuantizedLinear and layer.mode == "affine" for layer in layers):
+        out = _cpu_prims.quantized_linears(x, [
+            (layer.weight, layer.scales, layer.get("biases"), layer.get("bias"),
+             layer.group_size, layer.bits) for layer in layers])
+        if out is not None:
+            return out
+    return [linear(layer, x) for layer in layers]
+
+
 def tied_logits(embedding, h):
     """``embedding.as_linear(h)``; for a plain ``mlx.nn.Embedding`` on the CPU in
     float32, the linear primitive (the same bits, one node); for an affine quantized one,

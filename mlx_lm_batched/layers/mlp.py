@@ -81,7 +81,7 @@ class MLP(nn.Module):
         if self.fused_gate_up:
             gate, up = mx.split(cpu_ops.linear(self.gate_up_proj, x), 2, axis=-1)
         else:
-            gate, up = cpu_ops.linear(self.gate_proj, x), cpu_ops.linear(self.up_proj, x)
+            gate, up = cpu_ops.linears((self.gate_proj, self.up_proj), x)
         if isinstance(self.act, Activation) and self.act.name in ("silu", "swish"):
             hidden = cpu_ops.swiglu(gate, up)  # one node on the CPU
         else:

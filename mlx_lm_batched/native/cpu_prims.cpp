@@ -33,6 +33,9 @@ NB_MODULE(_mlxlmb_cpu_prims, m) {
         nb::arg("scales"), nb::arg("biases"), nb::arg("bias") = nb::none(),
         nb::arg("group_size"), nb::arg("bits"),
         "x @ dequantize(w)^T (+ bias), affine 4 or 8 bits (float32, float16 or bfloat16 x).");
+  m.def("quantized_linears", &mlxlmb::quantized_linears, nb::arg("x"), nb::arg("ws"),
+        nb::arg("scales"), nb::arg("biases"), nb::arg("bias"), nb::arg("group_size"),
+        nb::arg("bits"), "quantized_linear of several layers of one input, in one node.");
   m.def("block_size", &mlxlmb::block_size, nb::arg("length"), nb::arg("other"), nb::arg("K"),
         nb::arg("threads"), nb::arg("least") = 1,
         "Rows (or columns) per block when `length` of them, `other` wide, are split over "

@@ -113,6 +113,14 @@ class CpuPrimitive : public mx::Primitive {
     encoder.set_output_array(out);
     encoder.dispatch(std::move(task));
   }
+  /* The same for a primitive of several outputs. */
+  template <typename Task>
+  void run_on_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outs, Task task) {
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) encoder.set_input_array(a);
+    for (auto& out : outs) encoder.set_output_array(out);
+    encoder.dispatch(std::move(task));
+  }
 
   using Function = std::function<std::vector<mx::array>(const std::vector<mx::array>&)>;
 
@@ -320,5 +328,13 @@ void gemm_converted_rows(int M, int N, int K, const float* x, const float* bias,
 mx::array quantized_linear(const mx::array& x, const mx::array& w, const mx::array& scales,
                            const mx::array& biases, std::optional<mx::array> bias,
                            int group_size, int bits);
+/* The same for several layers of one input (each its weight, scales, biases and optional
+ * bias), one output each, computed in one node (a decode step's query, key and value
+ * projections): each output the bits quantized_linear gives it. */
+std::vector<mx::array> quantized_linears(const mx::array& x, const std::vector<mx::array>& ws,
+                                         const std::vector<mx::array>& scales,
+                                         const std::vector<mx::array>& biases,
+                                         const std::vector<std::optional<mx::array>>& bias,
+                                         int group_size, int bits);
 
 }  // namespace mlxlmb

@@ -24,14 +24,17 @@ struct QuantizedRows {
   float* out;
 };
 
-/* Computes `p` on `threads` threads and returns true, or returns false (nothing done)
- * where this build's kernel does not serve it (no AVX2 build, a width other than 4, 5 or
- * 8 bits). */
-bool quantized_rows_fast(const QuantizedRows& p, int threads);
+/* Computes every layer of `parts` (`count` of them, one input: the same M, K and x, one
+ * width, group and scale dtype) on `threads` threads in one parallel region, each output
+ * with the bits it gets alone, and returns true; or returns false (nothing done) where
+ * this build's kernel does not serve them (no AVX2 build, a width other than 4, 5 or 8
+ * bits, layers that differ in those). */
+bool quantized_rows_fast(const QuantizedRows* parts, int count, int threads);
 
-/* quantized_linear's inputs (x, w, scales, biases[, bias]) into `out` (allocated) by
- * quantized_rows_fast: true, or false with nothing done where it does not serve them. */
-bool fast_rows(const std::vector<mx::array>& inputs, mx::array& out, int M, int N, int K,
-               int group, int bits);
+/* Layers' arrays (each `w, scales, biases[, bias]`) against one input x (M, K) into
+ * `outs` (allocated) by quantized_rows_fast: true, or false with nothing done where it
+ * does not serve them. */
+bool fast_rows(const mx::array& x, const std::vector<std::vector<mx::array>>& layers,
+               std::vector<mx::array>& outs, int M, int K, int group, int bits);
 
 }  // namespace mlxlmb

@@ -47,6 +47,7 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace mlxlmb {
 
@@ -239,60 +240,72 @@ void block_in_registers(const QuantizedRows& p, int m0, int n0, int count, const
   }
 }
 
-/* Every input row against every weight row in registers, the input rows 4 at a time (each
- * pass dequantizes the block's weights again: they stay in L1). */
+/* Block b of layer p (its WEIGHT_ROWS weight rows from b * WEIGHT_ROWS) against every
+ * input row in registers, the input rows 4 at a time (each pass dequantizes the block's
+ * weights again: they stay in L1). */
 template <int BITS, typename S>
-void all_in_registers(const QuantizedRows& p, int teams, const uint8_t* w, size_t row_bytes,
-                      const S* scales, const S* biases) {
-  const int blocks = (p.N + WEIGHT_ROWS - 1) / WEIGHT_ROWS;
-#pragma omp parallel for num_threads(teams) schedule(static)
-  for (int b = 0; b < blocks; b++) {
-    const int n0 = b * WEIGHT_ROWS, count = std::min(WEIGHT_ROWS, p.N - n0);
-    for (int m0 = 0; m0 < p.M; m0 += 4) {
-      const auto pass = [&](auto rows) {
-        block_in_registers<BITS, S, decltype(rows)::value>(p, m0, n0, count, w, row_bytes,
-                                                           scales, biases);
-      };
-      switch (std::min(4, p.M - m0)) {
-        case 4: pass(std::integral_constant<int, 4>{}); break;
-        case 3: pass(std::integral_constant<int, 3>{}); break;
-        case 2: pass(std::integral_constant<int, 2>{}); break;
-        default: pass(std::integral_constant<int, 1>{});
-      }
-    }
-  }
-}
-
-template <int BITS, typename S>
-void run(const QuantizedRows& p, int threads) {
+void one_block(const QuantizedRows& p, int b) {
   const auto* scales = static_cast<const S*>(p.scales);
   const auto* biases = static_cast<const S*>(p.biases);
   const auto* w = reinterpret_cast<const uint8_t*>(p.w);
   const size_t row_bytes = static_cast<size_t>(p.K) * BITS / 8;
-  const int blocks = (p.N + WEIGHT_ROWS - 1) / WEIGHT_ROWS;
+  const int n0 = b * WEIGHT_ROWS, count = std::min(WEIGHT_ROWS, p.N - n0);
+  for (int m0 = 0; m0 < p.M; m0 += 4) {
+    const auto pass = [&](auto rows) {
+      block_in_registers<BITS, S, decltype(rows)::value>(p, m0, n0, count, w, row_bytes,
+                                                         scales, biases);
+    };
+    switch (std::min(4, p.M - m0)) {
+      case 4: pass(std::integral_constant<int, 4>{}); break;
+      case 3: pass(std::integral_constant<int, 3>{}); break;
+      case 2: pass(std::integral_constant<int, 2>{}); break;
+      default: pass(std::integral_constant<int, 1>{});
+    }
+  }
+}
+
+/* Every block of every layer in `parts`, one parallel region: the layers' blocks in a row,
+ * split over the threads in contiguous runs. A block is computed as it would be alone. */
+template <int BITS, typename S>
+void run(const QuantizedRows* parts, int count, int threads) {
+  std::vector<int> first(count + 1, 0);  // first[i]: the index of layer i's first block
+  for (int i = 0; i < count; i++)
+    first[i + 1] = first[i] + (parts[i].N + WEIGHT_ROWS - 1) / WEIGHT_ROWS;
+  const int blocks = first[count];
   const int teams = std::max(1, std::min(threads, blocks));
-  all_in_registers<BITS, S>(p, teams, w, row_bytes, scales, biases);
+#pragma omp parallel for num_threads(teams) schedule(static)
+  for (int b = 0; b < blocks; b++) {
+    int i = 0;
+    while (b >= first[i + 1]) i++;
+    one_block<BITS, S>(parts[i], b - first[i]);
+  }
 }
 
 template <int BITS>
-void run_bits(const QuantizedRows& p, int threads) {
-  switch (p.scale_type) {
-    case FloatType::float16: run<BITS, uint16_t>(p, threads); break;
-    case FloatType::bfloat16: run<BITS, Bf16>(p, threads); break;
-    default: run<BITS, float>(p, threads);
+void run_bits(const QuantizedRows* parts, int count, int threads) {
+  switch (parts[0].scale_type) {
+    case FloatType::float16: run<BITS, uint16_t>(parts, count, threads); break;
+    case FloatType::bfloat16: run<BITS, Bf16>(parts, count, threads); break;
+    default: run<BITS, float>(parts, count, threads);
   }
 }
 
 }  // namespace
 
-bool quantized_rows_fast(const QuantizedRows& p, int threads) {
+bool quantized_rows_fast(const QuantizedRows* parts, int count, int threads) {
+  if (count < 1) return true;
+  const QuantizedRows& p = parts[0];
   if ((p.bits != 4 && p.bits != 5 && p.bits != 8) || p.group % 32 != 0) return false;
+  for (int i = 1; i < count; i++)
+    if (parts[i].bits != p.bits || parts[i].group != p.group || parts[i].M != p.M ||
+        parts[i].scale_type != p.scale_type)
+      return false;
   if (p.bits == 4)
-    run_bits<4>(p, threads);
+    run_bits<4>(parts, count, threads);
   else if (p.bits == 5)
-    run_bits<5>(p, threads);
+    run_bits<5>(parts, count, threads);
   else
-    run_bits<8>(p, threads);
+    run_bits<8>(parts, count, threads);
   return true;
 }
 
@@ -301,7 +314,7 @@ bool quantized_rows_fast(const QuantizedRows& p, int threads) {
 #else  // no AVX2 / FMA / F16C in this build: quantized_linear.cpp's portable kernel serves
 
 namespace mlxlmb {
-bool quantized_rows_fast(const QuantizedRows&, int) { return false; }
+bool quantized_rows_fast(const QuantizedRows*, int, int) { return false; }
 }  // namespace mlxlmb
 
 #endif
