@@ -48,11 +48,12 @@ NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
 SOURCES = [os.path.join(NATIVE, name)
            for name in ("cpu_prims.cpp", "decode_attention.cpp", "norm_rope.cpp", "linear.cpp",
                         "swiglu.cpp", "quantized_linear.cpp", "quantized_rows.cpp",
-                        "quantized_rows_avx2.cpp", "split_gemm.cpp", "half_linear.cpp")]
+                        "quantized_rows_avx2.cpp", "split_gemm.cpp", "half_linear.cpp",
+                        "shared_work.cpp")]
 # Widths of MLX affine weights the quantized linear primitive unpacks: all of MLX's.
 QUANTIZED_BITS = (1, 2, 3, 4, 5, 6, 8)
 HEADERS = [os.path.join(NATIVE, name) for name in ("cpu_prims.h", "lanes.h", "exp_lanes.h",
-                                                  "quantized_rows.h")]
+                                                  "quantized_rows.h", "shared_work.h")]
 # -ffp-contract=off: no fused multiply-adds the source does not write (g++ fuses them in
 # C++ even with -std=c++20), so the exp and SiLU formulas round as cpu_ops' MLX ops do
 # and SwiGLU gives their very bits (a tensor-parallel check saw the difference).

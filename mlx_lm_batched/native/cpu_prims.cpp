@@ -4,6 +4,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "cpu_prims.h"
+#include "shared_work.h"
 
 namespace nb = nanobind;
 
@@ -15,6 +16,8 @@ NB_MODULE(_mlxlmb_cpu_prims, m) {
   m.def("decode_attention_segments", &mlxlmb::decode_attention_segments, nb::arg("q"),
         nb::arg("keys"), nb::arg("values"), nb::arg("scale"), nb::arg("mask") = nb::none(),
         "decode_attention over keys and values held in segments of consecutive slots.");
+  m.def("set_shared_work", &mlxlmb::set_shared_work_enabled, nb::arg("enabled"),
+        "Helpers that need not all arrive (True) or OpenMP's parallel for (False).");
   m.def("set_threads", &mlxlmb::set_attention_threads, nb::arg("threads"),
         "Threads decode_attention's tasks are split over.");
   m.def("rms_norm", &mlxlmb::rms_norm, nb::arg("x"), nb::arg("weight") = nb::none(),

@@ -6,7 +6,7 @@
  * whole (rows, heads, slots) score tensor once, on one core. Here each (row, KV head)
  * is one task: its query heads' scores against the row's keys, their softmax and the
  * weighted sum of the values, with the keys and values read once for all the query
- * heads that share them (GQA), on every core (OpenMP over the tasks).
+ * heads that share them (GQA), on every core (the tasks shared out by shared_work.h).
  *
  * Masked slots (padding, keys outside a sliding window) are skipped, not zeroed: a
  * row's output is the same chain of float32 operations over its attended keys in slot
@@ -22,7 +22,6 @@
  * Built by mlx_lm_batched/_cpu_prims.py with the system's C++ compiler against
  * the installed MLX and nanobind (once per machine, cached).
  */
-#include <omp.h>
 
 #include <cmath>
 #include <cstdint>
@@ -35,6 +34,7 @@
 #include "cpu_prims.h"
 #include "exp_lanes.h"
 #include "lanes.h"
+#include "shared_work.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
 #include "mlx/transforms.h"
@@ -268,13 +268,12 @@ void attend_one(const Geometry& g, int b, int kvh, std::vector<float>& work,
 void attend_all(const Geometry& g) {
   const int tasks = g.B * g.n_kv;
   const int threads = std::max(1, std::min(configured_threads, tasks));
-#pragma omp parallel num_threads(threads)
-  {
-    std::vector<float> work;
-    SlotRows at;
-#pragma omp for schedule(dynamic, 1)
-    for (int t = 0; t < tasks; t++) attend_one(g, t / g.n_kv, t % g.n_kv, work, at);
-  }
+  auto task = [&g](int t) {
+    thread_local std::vector<float> work;  // each thread's scratch, kept between calls
+    thread_local SlotRows at;
+    attend_one(g, t / g.n_kv, t % g.n_kv, work, at);
+  };
+  share_chunks(tasks, threads, task);
 }
 
 View view_of(const mx::array& a) {
