@@ -33,10 +33,11 @@ def threads(kernel):
 
 
 def decode_work(kernel, rows):
-    """Quantized layers of 4, 5 and 8 bits (sizes ending in partial blocks, one grouped
-    call of three layers) and a decode attention over a padded cache, evaluated."""
-    outs = []
-    for bits, n in ((4, 1536), (5, 99), (8, 576)):
+    """Quantized layers of 4, 5 and 8 bits (the AVX2 kernel's; sizes ending in partial
+    blocks, one grouped call of three layers) and of 3 bits (the portable kernel), a
+    bfloat16 layer and a decode attention over a padded cache, evaluated."""
+    outs = [kernel.half_linear(random((rows, 576), 30), random((99, 576), 31).astype(mx.bfloat16))]
+    for bits, n in ((4, 1536), (5, 99), (8, 576), (3, 203)):
         wq, s, b = mx.quantize(random((n, 576), bits), group_size=32, bits=bits)
         s, b = s.astype(mx.float16), b.astype(mx.float16)
         x = random((rows, 576), 10 + bits)

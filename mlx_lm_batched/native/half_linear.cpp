@@ -10,8 +10,9 @@
  *   dtype, half the bytes of float32, converted in registers (bfloat16: a shift; float16:
  *   F16C) and multiplied at once by every input row of a pass of 4: one 8-lane accumulator
  *   per output, one fused multiply-add per 8 weights along K in order, the lanes added in
- *   one fixed order (hsum8). Every output is that chain whatever the rows, the pass or the
- *   thread: a row's bits do not depend on the batch;
+ *   one fixed order (hsum8), blocks of weight rows shared out by shared_work.h. Every
+ *   output is that chain whatever the rows, the pass or the thread: a row's bits do not
+ *   depend on the batch;
  * - more rows (prefill), blocks of weight rows are converted to float32 and multiplied by
  *   the BLAS (`sgemm_nt`), blocks handed to our threads as they come free (`for_blocks`,
  *   split_gemm.cpp).
@@ -20,8 +21,6 @@
  * MLX's matmul gives (float16 or bfloat16 when both operands are; float32 with a float32
  * input). Builds without AVX2, FMA and F16C take the same structure in scalar code.
  */
-#include <omp.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -29,6 +28,7 @@
 #include <vector>
 
 #include "cpu_prims.h"
+#include "shared_work.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -161,10 +161,7 @@ void rows_of_portable(const Problem& p, int n0, int count) {
 #endif
 
 void small_rows(const Problem& p, int threads) {
-  const int blocks = (p.N + WEIGHT_ROWS - 1) / WEIGHT_ROWS;
-  const int teams = std::max(1, std::min(threads, blocks));
-#pragma omp parallel for num_threads(teams) schedule(static)
-  for (int b = 0; b < blocks; b++) {
+  auto block = [&p](int b) {
     const int n0 = b * WEIGHT_ROWS, count = std::min(WEIGHT_ROWS, p.N - n0);
 #ifdef MLXLMB_HALF_AVX2
     if (p.bf16)
@@ -174,7 +171,8 @@ void small_rows(const Problem& p, int threads) {
 #else
     rows_of_portable(p, n0, count);
 #endif
-  }
+  };
+  share_blocks((p.N + WEIGHT_ROWS - 1) / WEIGHT_ROWS, threads, block);
 }
 
 /* A prefill's rows: weight rows converted to float32 a block at a time for the BLAS. */

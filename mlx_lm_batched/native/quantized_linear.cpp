@@ -24,7 +24,6 @@
  * to float32 rounding (about 1e-6 relative), not bit for bit. Float16 and bfloat16 inputs
  * are computed in float32 and the output rounded to their dtype once.
  */
-#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -35,6 +34,7 @@
 #include "cpu_prims.h"
 #include "lanes.h"
 #include "quantized_rows.h"
+#include "shared_work.h"
 
 namespace mlxlmb {
 
@@ -207,8 +207,8 @@ void small_tiles(const Problem& p, int n0, const float* q, const float* xsum) {
   last_rows<NB>(p, m0, p.M - m0, n0, q, xsum);
 }
 
-/* Rows of few inputs: blocks of NB weight rows split over the threads, each row
- * unpacked once and multiplied with every input row. */
+/* Rows of few inputs: blocks of NB weight rows shared out over the threads
+ * (shared_work.h), each row unpacked once and multiplied with every input row. */
 void small_rows(const Problem& p, int threads) {
   constexpr int NB = TILE_COLS;
   const int groups = p.K / p.group;
@@ -222,23 +222,19 @@ void small_rows(const Problem& p, int threads) {
       xsum[static_cast<size_t>(m) * groups + g] = reduce_lanes(lanes);
     }
   const int words = p.K * p.bits / 32;
-  const int blocks = (p.N + NB - 1) / NB;
-  const int teams = std::max(1, std::min(threads, blocks));
-#pragma omp parallel num_threads(teams)
-  {
-    std::vector<float> q(static_cast<size_t>(NB) * p.K);
-#pragma omp for schedule(static)
-    for (int b = 0; b < blocks; b++) {
-      const int n0 = b * NB, rows = std::min(NB, p.N - n0);
-      for (int r = 0; r < rows; r++)
-        unpack_row(p.w + static_cast<size_t>(n0 + r) * words, p.bits, p.K,
-                   q.data() + static_cast<size_t>(r) * p.K);
-      if (rows == NB)
-        small_tiles<NB>(p, n0, q.data(), xsum.data());
-      else  /* the last weight row of an odd N */
-        small_tiles<1>(p, n0, q.data(), xsum.data());
-    }
-  }
+  auto block = [&](int b) {
+    thread_local std::vector<float> q;  // each thread's unpacked rows, kept between calls
+    q.resize(static_cast<size_t>(NB) * p.K);
+    const int n0 = b * NB, rows = std::min(NB, p.N - n0);
+    for (int r = 0; r < rows; r++)
+      unpack_row(p.w + static_cast<size_t>(n0 + r) * words, p.bits, p.K,
+                 q.data() + static_cast<size_t>(r) * p.K);
+    if (rows == NB)
+      small_tiles<NB>(p, n0, q.data(), xsum.data());
+    else  /* the last weight row of an odd N */
+      small_tiles<1>(p, n0, q.data(), xsum.data());
+  };
+  share_blocks((p.N + NB - 1) / NB, threads, block);
 }
 
 /* Rows of a prefill: the weight dequantized by MLX's formula (in unpack order, like x),

@@ -265,25 +265,19 @@ void one_block(const QuantizedRows& p, int b) {
 }
 
 /* Every block of every layer in `parts`, the layers' blocks in a row, shared out in
- * chunks of consecutive blocks (share_chunks: the calling thread starts at once, helpers
+ * chunks of consecutive blocks (shared_work.h: the calling thread starts at once, helpers
  * join as they wake). A block is computed as it would be alone. */
 template <int BITS, typename S>
 void run(const QuantizedRows* parts, int count, int threads) {
   std::vector<int> first(count + 1, 0);  // first[i]: the index of layer i's first block
   for (int i = 0; i < count; i++)
     first[i + 1] = first[i] + (parts[i].N + WEIGHT_ROWS - 1) / WEIGHT_ROWS;
-  const int blocks = first[count];
-  // A few chunks per thread: a helper that wakes late still finds some.
-  const int chunks = std::max(1, std::min(blocks, 8 * threads));
-  auto chunk = [&](int c) {
-    const int end = static_cast<int>(static_cast<int64_t>(c + 1) * blocks / chunks);
+  auto block = [&](int b) {
     int i = 0;
-    for (int b = static_cast<int>(static_cast<int64_t>(c) * blocks / chunks); b < end; b++) {
-      while (b >= first[i + 1]) i++;
-      one_block<BITS, S>(parts[i], b - first[i]);
-    }
+    while (b >= first[i + 1]) i++;
+    one_block<BITS, S>(parts[i], b - first[i]);
   };
-  share_chunks(chunks, threads, chunk);
+  share_blocks(first[count], threads, block);
 }
 
 template <int BITS>
