@@ -47,9 +47,9 @@ MODULE = "_mlxlmb_cpu_prims"  # NB_MODULE's name in native/cpu_prims.cpp
 NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
 SOURCES = [os.path.join(NATIVE, name)
            for name in ("cpu_prims.cpp", "decode_attention.cpp", "norm_rope.cpp", "linear.cpp",
-                        "swiglu.cpp", "quantized_linear.cpp", "quantized_rows.cpp",
-                        "quantized_rows_avx2.cpp", "split_gemm.cpp", "half_linear.cpp",
-                        "shared_work.cpp")]
+                        "swiglu.cpp", "quantized_linear.cpp", "quantized_linear_primitive.cpp",
+                        "quantized_rows.cpp", "quantized_rows_avx2.cpp", "split_gemm.cpp",
+                        "half_linear.cpp", "shared_work.cpp")]
 # Widths of MLX affine weights the quantized linear primitive unpacks: all of MLX's.
 QUANTIZED_BITS = (1, 2, 3, 4, 5, 6, 8)
 HEADERS = [os.path.join(NATIVE, name) for name in ("cpu_prims.h", "lanes.h", "exp_lanes.h",

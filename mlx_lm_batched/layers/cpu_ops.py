@@ -5,14 +5,13 @@ time, at 20-40 ns per element on x86-64, while multiplies and adds run vectorise
 at well under 1 ns. Attention softmax (rows x heads x queries x keys exponentials
 per layer) and SiLU then take a large share of a CPU forward pass. ``exp`` here
 computes ``2^(x log2 e)`` as a power of two, built from the float's exponent bits,
-times a degree-7 polynomial, using only vectorised ops: about 3x faster on CPU and
-as accurate as ``mx.exp`` (both are limited by the rounding of ``x log2 e``).
+times a degree-7 polynomial, using only vectorised ops, as accurate as ``mx.exp``
+(both are limited by the rounding of ``x log2 e``).
 
 Other devices use MLX's own kernels. On the CPU the formulas here serve every array,
 whatever its size: a formula chosen by size would give the same token different
 logits in a bigger batch or a longer prefill chunk (batch invariance,
-docs/architecture.md). On SmolLM2-135M (2-core Xeon, MKL) a decode step or a prefill
-with these formulas at every size is 3-10% faster than with MLX's ``exp`` at every size.
+docs/architecture.md).
 
 Each formula is ~25 ops, and at small batches a decode step is bound by its op count
 (each op is dispatched alone, whatever its size): on the CPU they run fused by
