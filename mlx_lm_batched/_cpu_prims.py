@@ -189,6 +189,8 @@ def module():
         loaded = _import(_build())
         loaded.set_threads(configured_threads())
         _check(loaded)
+        # The small-row float32 matmul shares its products out the same way.
+        _small_gemm.share_threads_with(loaded.share_chunks_address())
     except Exception as e:  # noqa: BLE001 (any failure: MLX's ops give the same values)
         problem = f"{type(e).__name__}: {e}".splitlines()[0]
         # Said once, on stderr: decoding still works, only slower (about 1.6x at batch 1).

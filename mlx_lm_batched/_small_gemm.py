@@ -152,7 +152,18 @@ def install():
         return False
     _lib.mlxlmb_configure.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     _lib.mlxlmb_configure.restype = ctypes.c_int
+    _lib.mlxlmb_set_sharer.argtypes = [ctypes.c_void_p]
+    _lib.mlxlmb_set_sharer.restype = None
     return True
+
+
+def share_threads_with(address):
+    """Split the kernel's products over threads with the CPU primitives' helpers
+    (``share_chunks`` of ``native/shared_work.cpp`` at ``address``: the caller starts at
+    once, helpers join as they wake, nothing waits for a sleeping one) instead of
+    OpenMP's parallel for; ``_cpu_prims`` hands it over when it loads."""
+    if _lib is not None:
+        _lib.mlxlmb_set_sharer(ctypes.c_void_p(address))
 
 
 def attach(blas):
@@ -179,6 +190,17 @@ def set_max_rows(rows):
         return 0
     previous = _lib.mlxlmb_configure(None, int(rows), threads)
     max_rows = int(rows)
+    return previous
+
+
+def set_threads(count):
+    """Split the kernel's products over ``count`` threads (at least 1); returns the
+    previous count. Benchmarks compare thread counts with it."""
+    global threads
+    previous = threads
+    threads = max(1, int(count))
+    if _lib is not None:
+        _lib.mlxlmb_configure(None, max_rows, threads)
     return previous
 
 

@@ -3,14 +3,15 @@
 the default) against OpenMP's parallel for and one thread, in one process.
 
     python scripts/bench_shared_work.py --model DIR_OR_GGUF [--batch-sizes 1,4,16]
-        [--prompt-tokens 256] [--tokens 64] [--repeats 6] [--json out.json]
+        [--prompt-tokens 256] [--tokens 64] [--repeats 6] [--dequantize] [--json out.json]
 
 For each batch size, ``batch_generate`` runs ``--repeats`` rounds of greedy generation of
 ``--tokens`` tokens from corpus prompts of ``--prompt-tokens`` tokens, the three ways
 alternated within each round so that machine noise hits them alike; prints the median
 decode rate (``generation_tps``) of each way, each round's ratio of shared work over
 OpenMP, and whether all three gave the same tokens (they must: a chunk is computed the
-same whoever computes it).
+same whoever computes it). ``--dequantize`` loads a quantized model as float32 (the
+small-row float32 matmul, ``native/small_gemm.c``, shares its products the same way).
 """
 
 import argparse
@@ -24,7 +25,7 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]  # bench_report, and the working tr
 
 import mlx_lm_batched  # noqa: E402,F401  (BLAS preload before mlx.core)
 from bench_report import kernels, machine  # noqa: E402
-from mlx_lm_batched import _cpu_prims, batch_generate, load  # noqa: E402
+from mlx_lm_batched import _cpu_prims, _small_gemm, batch_generate, load  # noqa: E402
 
 WAYS = (("openmp", False, None), ("shared", True, None), ("one thread", True, 1))
 
@@ -45,15 +46,18 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=6)
+    ap.add_argument("--dequantize", action="store_true",
+                    help="a quantized model's weights as float32 (load(..., dequantize=True))")
     ap.add_argument("--json")
     args = ap.parse_args()
     module = _cpu_prims.module()
     if module is None:
         raise SystemExit(f"the CPU primitives are not built: {_cpu_prims.problem}")
     threads = _cpu_prims.configured_threads()
-    model, tokenizer = load(args.model)
+    model, tokenizer = load(args.model, dequantize=args.dequantize)
     load_before = os.getloadavg()[0]
     result = {"machine": machine(), "kernels": kernels(), "model": args.model,
+              "dequantize": args.dequantize,
               "threads": threads, "prompt_tokens": args.prompt_tokens,
               "tokens": args.tokens, "repeats": args.repeats, "results": []}
     print(f"{result['machine']}; {result['kernels']}; load average {load_before:.2f}")
@@ -67,12 +71,14 @@ def main():
             for name, shared, count in WAYS:
                 module.set_shared_work(shared)
                 module.set_threads(count or threads)
+                _small_gemm.set_threads(count or threads)
                 response = batch_generate(model, tokenizer, prompts, max_tokens=args.tokens,
                                           verbose=False)
                 rates[name].append(response.stats.generation_tps)
                 texts.setdefault(name, response.texts)
         module.set_shared_work(True)
         module.set_threads(threads)
+        _small_gemm.set_threads(threads)
         same = all(t == texts["openmp"] for t in texts.values())
         ratios = [s / o for s, o in zip(rates["shared"], rates["openmp"])]
         for name, values in rates.items():

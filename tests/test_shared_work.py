@@ -13,7 +13,7 @@ import pytest
 import mlx_lm_batched  # noqa: F401  (the BLAS and the kernels load before mlx.core)
 import mlx.core as mx  # noqa: E402
 from conftest import corpus_prompts, greedy_logprobs  # noqa: E402
-from mlx_lm_batched import _cpu_prims, load  # noqa: E402
+from mlx_lm_batched import _cpu_prims, _small_gemm, load  # noqa: E402
 from mlx_lm_batched.loading.demo_models import smollm2_gguf_path  # noqa: E402
 from test_cpu_prims import kernel, pytestmark, random  # noqa: E402,F401
 
@@ -59,6 +59,37 @@ def test_every_thread_count_and_way_gives_the_bits_of_one_thread(kernel, threads
         threads(count, shared)
         for got, want in zip(decode_work(kernel, rows), alone):
             assert mx.array_equal(got, want).item(), (count, shared)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_the_small_row_float32_matmul_gives_the_same_bits_every_way(kernel, threads, rows):
+    # native/small_gemm.c (the float32 linear's cblas_sgemm up to 32 rows) shares its
+    # panels through the primitives' helpers once they load; with them, with OpenMP
+    # behind share_chunks and with its own OpenMP (no sharer) the products are equal.
+    x, w = random((rows, 576), 40), random((1536, 576), 41)
+    threads(2)
+    shared = kernel.linear(x, w)
+    threads(2, shared=False)
+    openmp = kernel.linear(x, w)
+    _small_gemm.share_threads_with(0)  # no sharer: the library's own parallel for
+    try:
+        own = kernel.linear(x, w)
+        mx.eval(own)
+    finally:
+        _small_gemm.share_threads_with(kernel.share_chunks_address())
+    before = _small_gemm.set_threads(1)  # the library's one-thread path
+    try:
+        alone = kernel.linear(x, w)
+        mx.eval(alone)
+    finally:
+        assert _small_gemm.set_threads(before) == 1
+    assert mx.array_equal(shared, alone).item()
+    with _small_gemm.switched_off():  # the same call, to the BLAS: float32 rounding
+        blas = kernel.linear(x, w)
+        mx.eval(blas)
+    assert mx.array_equal(shared, openmp).item() and mx.array_equal(shared, own).item()
+    np.testing.assert_allclose(np.array(shared), np.array(blas), rtol=1e-4, atol=1e-4)
+    assert _small_gemm.counts()[0] > 0
 
 
 def test_thousands_of_jobs_in_a_row_and_two_streams_at_once(kernel, threads):

@@ -3,6 +3,8 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdint>
+
 #include "cpu_prims.h"
 #include "shared_work.h"
 
@@ -18,6 +20,10 @@ NB_MODULE(_mlxlmb_cpu_prims, m) {
         "decode_attention over keys and values held in segments of consecutive slots.");
   m.def("set_shared_work", &mlxlmb::set_shared_work_enabled, nb::arg("enabled"),
         "Helpers that need not all arrive (True) or OpenMP's parallel for (False).");
+  m.def("share_chunks_address", [] {
+    void (*share)(int, int, void (*)(void*, int), void*) = &mlxlmb::share_chunks;
+    return reinterpret_cast<uintptr_t>(share);
+  }, "The address of share_chunks (shared_work.h), for the small-row matmul library.");
   m.def("set_threads", &mlxlmb::set_attention_threads, nb::arg("threads"),
         "Threads decode_attention's tasks are split over.");
   m.def("rms_norm", &mlxlmb::rms_norm, nb::arg("x"), nb::arg("weight") = nb::none(),

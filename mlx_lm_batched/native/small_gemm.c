@@ -177,20 +177,26 @@ static void rows_of_b(int M, int n0, int n1, int K, float alpha, const float *A,
 /* Rows of B per pass: enough for the threads' memory streams, few enough for L2. */
 #define PANEL_BYTES (128 * 1024)
 
-/* The OS thread ids that computed products here, by OpenMP thread number: 0 is the
- * caller (MLX's CPU stream thread), the others the kernel's own workers. Profilers read
+/* The OS thread ids that computed products here: 0 is the caller (MLX's CPU stream
+ * thread), the others the threads that helped (OpenMP's, by thread number, or the CPU
+ * primitives' helpers, in the order they first helped). Profilers read
  * them (mlxlmb_team) to tell the threads' CPU time apart; a thread looks its id up once. */
 #define MAX_TEAM 64
 static long team_tids[MAX_TEAM];
 
-static inline void note_thread(int number) {
+/* This thread's OS id (0 off Linux). */
+static long this_tid(void) {
 #ifdef __linux__
   static __thread long tid;
   if (!tid) tid = syscall(SYS_gettid);
-  if (number < MAX_TEAM) __atomic_store_n(&team_tids[number], tid, __ATOMIC_RELAXED);
+  return tid;
 #else
-  (void)number;
+  return 0;
 #endif
+}
+
+static inline void note_thread(int number) {
+  if (number < MAX_TEAM) __atomic_store_n(&team_tids[number], this_tid(), __ATOMIC_RELAXED);
 }
 
 /* Copies up to n recorded thread ids (0: none recorded for that number); returns the
@@ -199,6 +205,37 @@ int mlxlmb_team(long *out, int n) {
   int count = n < MAX_TEAM ? n : MAX_TEAM;
   for (int i = 0; i < count; i++) out[i] = __atomic_load_n(&team_tids[i], __ATOMIC_RELAXED);
   return count;
+}
+
+/* The CPU primitives' way of sharing chunks over threads (native/shared_work.cpp: the
+ * caller starts at once, helpers join as they wake, nothing waits for a sleeping one),
+ * handed over by mlx_lm_batched/_cpu_prims.py once that library is loaded; until then
+ * (or without it) OpenMP's parallel for. */
+typedef void (*share_fn)(int chunks, int threads, void (*fn)(void *, int), void *ctx);
+static share_fn sharer;
+static int helpers_seen; /* team slots handed to helper threads so far */
+
+void mlxlmb_set_sharer(void *share) { __atomic_store_n(&sharer, (share_fn)share, __ATOMIC_RELEASE); }
+
+struct panels {
+  int M, N, K, panel;
+  float alpha, beta;
+  const float *A, *B;
+  float *C;
+  int lda, ldb, ldc;
+  long caller; /* the calling thread's OS id (team slot 0) */
+};
+
+/* Panel p of B's rows, on whichever thread takes it; a helper notes its team slot once. */
+static void panel_of_b(void *context, int p) {
+  const struct panels *x = context;
+  static __thread int slot;
+  if (this_tid() != x->caller && !slot) {
+    slot = 1 + __atomic_fetch_add(&helpers_seen, 1, __ATOMIC_RELAXED);
+    note_thread(slot);
+  }
+  int n0 = p * x->panel, n1 = n0 + x->panel < x->N ? n0 + x->panel : x->N;
+  rows_of_b(x->M, n0, n1, x->K, x->alpha, x->A, x->lda, x->B, x->ldb, x->beta, x->C, x->ldc);
 }
 
 void mlxlmb_gemm_nt(int M, int N, int K, float alpha, const float *A, int lda,
@@ -212,6 +249,13 @@ void mlxlmb_gemm_nt(int M, int N, int K, float alpha, const float *A, int lda,
     int per_thread = (N + 4 * threads - 1) / (4 * threads);
     if (panel > per_thread) panel = (per_thread + 7) / 8 * 8;
     int panels = (N + panel - 1) / panel;
+    share_fn share = __atomic_load_n(&sharer, __ATOMIC_ACQUIRE);
+    if (share) {
+      note_thread(0);
+      struct panels x = {M, N, K, panel, alpha, beta, A, B, C, lda, ldb, ldc, this_tid()};
+      share(panels, threads, panel_of_b, &x);
+      return;
+    }
 #pragma omp parallel num_threads(threads)
     {
       /* Every member of the team, whether or not it gets a panel (the first to start
