@@ -15,6 +15,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 try:
@@ -126,6 +127,29 @@ def _remember_failure(path, message):
             f.write(message + "\n")
 
 
+def _compile_and_link(compiler, sources, flags, out, timeout):
+    """``compiler sources flags -o out`` as one object file per source, compiled up to the
+    cores at once, then one link: the CPU primitives' dozen files took 57 s in one call
+    on 2 cores. Returns the first failed step's CompletedProcess, else the link's."""
+    if len(sources) == 1:
+        return subprocess.run([compiler, *sources, *flags, "-o", out],
+                              capture_output=True, text=True, timeout=timeout)
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(out)) as objects:
+        outputs = [os.path.join(objects, f"{i}.o") for i in range(len(sources))]
+
+        def compile_one(i):
+            # Link-only options (-L, -l, -Wl) are unused here, as the link uses them.
+            return subprocess.run([compiler, "-c", sources[i], *flags, "-o", outputs[i]],
+                                  capture_output=True, text=True, timeout=timeout)
+
+        with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+            for done in pool.map(compile_one, range(len(sources))):
+                if done.returncode != 0:
+                    return done
+        return subprocess.run([compiler, *outputs, *flags, "-o", out],
+                              capture_output=True, text=True, timeout=timeout)
+
+
 @dataclass(frozen=True)
 class BuildOptions:
     """What a build needs beyond its compile command: the binary's file ``suffix``,
@@ -172,8 +196,7 @@ def cached_build(name, what, compiler, sources, flags, options=BuildOptions()):
             with _exclusive(directory, name):
                 if os.path.exists(path):  # another process built it meanwhile
                     return path
-                done = subprocess.run([compiler, *sources, *flags, "-o", partial],
-                                      capture_output=True, text=True, timeout=timeout)
+                done = _compile_and_link(compiler, sources, flags, partial, timeout)
                 if done.returncode != 0:
                     lines = [line for line in done.stderr.strip().splitlines()
                              if "error" in line] or done.stderr.strip().splitlines() or ["?"]
