@@ -20,6 +20,9 @@ MKL runs sequentially (on the calling thread) unless ``MKL_THREADING_LAYER``,
 ``MKL_NUM_THREADS`` or ``OMP_NUM_THREADS`` is set: its threads stall when the
 cores are busy (see ``_configure_mkl_threads``). OpenBLAS keeps its defaults.
 
+Importing ``mlx.core`` first is fine: libmlx's ``cblas_sgemm`` binding is then rewritten
+to point here (``_rebind``), as if this module had loaded first.
+
 ``MLX_LM_BATCHED_NO_OPENBLAS=1`` is an alias of ``none``, and
 ``MLX_LM_BATCHED_OPENBLAS=/path/libopenblas.so.0`` names the OpenBLAS to load
 (and chooses it in ``auto``). :func:`describe` says which BLAS serves MLX.
@@ -30,7 +33,7 @@ import glob
 import os
 import sys
 
-from . import _small_gemm
+from . import _rebind, _small_gemm
 
 ENV = "MLX_LM_BATCHED_BLAS"
 CHOICES = ("auto", "mkl", "openblas", "none")
@@ -155,7 +158,7 @@ def _configure_mkl_threads(lib):
         pass
 
 
-def _load(kind):
+def _load(kind, late=False):
     path = find_mkl() if kind == "mkl" else find_openblas()
     if path is None:
         return None
@@ -165,7 +168,7 @@ def _load(kind):
         return None
     # Our small-row matmul kernel takes the global scope's cblas_sgemm first, then hands
     # the calls it does not serve to this library (see _small_gemm).
-    _small_gemm.install()
+    _small_gemm.install(late=late)
     lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     if kind == "mkl":
         _configure_mkl_threads(lib)
@@ -183,7 +186,8 @@ def preload(choice=None):
     """Load the BLAS ``choice`` (default: :func:`requested`) globally.
 
     Returns the loaded library's path, or None when MLX keeps its bundled BLAS.
-    Does nothing off Linux, or once ``mlx.core`` is imported (too late then).
+    Does nothing off Linux. Once ``mlx.core`` is imported, MLX's binding to its bundled
+    BLAS is rewritten to the library loaded here (:func:`_rebind_late`).
     """
     global loaded_kind, loaded_path
     if loaded_path is not None:
@@ -193,21 +197,38 @@ def preload(choice=None):
         return None
     # This is the one native step that must stay at import: the BLAS (and the small-row
     # kernel ahead of it) must be in the global symbol scope before ``mlx.core`` loads,
-    # or MLX binds its matmuls to the bundled BLAS for the life of the process.
-    if "mlx.core" in sys.modules:
-        if choice != "auto":
-            _warn(f"{ENV}={choice}: mlx.core was imported before mlx_lm_batched, "
-                  "too late to choose the BLAS")
-        return None
+    # or MLX binds its matmuls to the bundled BLAS (see _rebind_late when it came first).
+    late = "mlx.core" in sys.modules
     for kind in ([choice] if choice != "auto" else _auto_order()):
-        path = _load(kind)
+        path = _load(kind, late)
         if path is not None:
             loaded_kind, loaded_path = kind, path
+            if late:
+                _rebind_late(kind)
             return path
     if choice != "auto":
         hint = "pip install mkl" if choice == "mkl" else "apt-get install libopenblas0-pthread"
         _warn(f"{ENV}={choice}: no {choice} library found ({hint}); using MLX's bundled BLAS")
     return None
+
+
+def _rebind_late(kind):
+    """``mlx.core`` came first (``import mlx.core as mx`` ahead of ``mlx_lm_batched``:
+    most mlx-lm code): Python's RTLD_NOW load bound libmlx's ``cblas_sgemm`` to the
+    reference BLAS its wheel links (a 121-token prefill of SmolLM2's Q4_1 GGUF took 8 s
+    instead of 0.5). Point that binding at the definition first in the global scope now
+    (our small-row kernel, else the BLAS just loaded), as if they had loaded first."""
+    address = _rebind.global_address("cblas_sgemm")
+    try:
+        done = address is not None and _rebind.rebind("libmlx", "cblas_sgemm", address) > 0
+    except OSError as e:
+        done, why = False, str(e)
+    else:
+        why = "no cblas_sgemm reference found in libmlx"
+    if not done:
+        _warn(f"mlx.core was imported before mlx_lm_batched and MLX's matmuls could not be "
+              f"pointed at {kind} ({why}): they keep MLX's bundled BLAS; import "
+              "mlx_lm_batched first")
 
 
 def _version(kind, path):

@@ -131,17 +131,19 @@ def build():
         _native_build.BuildOptions(headers=(LANES,), timeout=120))
 
 
-def install():
+def install(late=False):
     """Build (or find) and load the kernel into the global symbol scope.
 
     Called by ``mlx_lm_batched._blas`` just before it loads the BLAS, and before
-    ``mlx.core`` is imported; :func:`attach` then gives it the BLAS. Returns True when
-    loaded. Failures leave every matmul to the BLAS and are kept in :data:`problem`.
+    ``mlx.core`` is imported unless ``late`` (``_blas`` then rebinds MLX's calls to it);
+    :func:`attach` then gives it the BLAS. Returns True when loaded. Failures leave every
+    matmul to the BLAS and are kept in :data:`problem`.
     """
     global _lib, problem
     if _lib is not None:
         return True
-    if not requested() or not sys.platform.startswith("linux") or "mlx.core" in sys.modules:
+    if (not requested() or not sys.platform.startswith("linux")
+            or ("mlx.core" in sys.modules and not late)):
         return False
     try:
         path = build()

@@ -1,3 +1,3 @@
 """The package version: pyproject.toml reads it from here (one place to change)."""
 
-__version__ = "0.8.9"
+__version__ = "0.8.10"
