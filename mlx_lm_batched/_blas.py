@@ -220,7 +220,7 @@ def _rebind_late(kind):
     (our small-row kernel, else the BLAS just loaded), as if they had loaded first."""
     address = _rebind.global_address("cblas_sgemm")
     try:
-        done = address is not None and _rebind.rebind("libmlx", "cblas_sgemm", address) > 0
+        done = address is not None and _rebind.rebind("libmlx.", "cblas_sgemm", address) > 0
     except OSError as e:
         done, why = False, str(e)
     else:

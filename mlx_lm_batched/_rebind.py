@@ -46,9 +46,9 @@ def global_address(symbol):
 
 
 def rebind(library, symbol, address):
-    """Point the references to ``symbol`` of every loaded library whose path contains
-    ``library`` at ``address``. Returns how many were rewritten (0 off Linux or when none
-    was found). Raises OSError when the rebinder cannot be built."""
+    """Point the references to ``symbol`` of every loaded library whose file name starts
+    with ``library`` (``"libmlx."``) at ``address``. Returns how many were rewritten (0
+    off Linux or when none was found). Raises OSError when the rebinder cannot be built."""
     if not sys.platform.startswith("linux"):
         return 0
     try:

@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 struct request {
-  const char *object; /* a substring of the library's path, e.g. "libmlx" */
+  const char *object; /* how the library's file name starts, e.g. "libmlx." */
   const char *symbol;
   void *replacement;
   int patched;
@@ -67,7 +67,10 @@ static int patch_table(struct dl_phdr_info *info, const ElfW(Rela) *table, size_
 static int visit(struct dl_phdr_info *info, size_t size, void *data) {
   (void)size;
   struct request *r = data;
-  if (!info->dlpi_name || !strstr(info->dlpi_name, r->object)) return 0;
+  if (!info->dlpi_name) return 0;
+  const char *slash = strrchr(info->dlpi_name, '/');
+  const char *base = slash ? slash + 1 : info->dlpi_name;
+  if (strncmp(base, r->object, strlen(r->object)) != 0) return 0;
   const ElfW(Dyn) *dynamic = NULL;
   for (int i = 0; i < info->dlpi_phnum; i++)
     if (info->dlpi_phdr[i].p_type == PT_DYNAMIC)
@@ -102,8 +105,8 @@ static int visit(struct dl_phdr_info *info, size_t size, void *data) {
 }
 #endif
 
-/* Point every loaded library whose path contains `object` at `replacement` for its
- * references to `symbol`. Returns the slots rewritten (0: none found, or not Linux). */
+/* Point every loaded library whose file name starts with `object` at `replacement` for
+ * its references to `symbol`. Returns the slots rewritten (0: none found, or not Linux). */
 int mlxlmb_rebind(const char *object, const char *symbol, void *replacement) {
 #if defined(__linux__)
   struct request r = {object, symbol, replacement, 0};
