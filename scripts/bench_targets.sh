@@ -51,7 +51,6 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python}
 LLAMA="$HERE/bench_llama_cpp.sh"
 DECODE="$PY $HERE/bench_decode.py"
-WORK=${TMPDIR:-/tmp}/llama-cpp-bench
 SMOL=$($PY -c 'from mlx_lm_batched.demo_models import smollm2_gguf_path as p; print(p())')
 GEMMA=$($PY -c 'from mlx_lm_batched.demo_models import gemma3_gguf_path as p; print(p())')
 F32=$OUT/smollm2-f32
@@ -70,9 +69,11 @@ if wants 1; then
         # shellcheck disable=SC2086
         "$LLAMA" --gguf "$file" $how --threads 2 --npl 1,4,16 --npp 256 --ntg 64 \
             > "$OUT/t1-llamacpp-$name.txt" 2>&1
-        case "$how" in
-            --quant*) file="$WORK/$(basename "${file%.gguf}")-$(echo "${how#--quant }" | tr 'A-Z' 'a-z').gguf" ;;
-        esac
+        # The file llama.cpp ran (with --quant, the one it wrote), from its header line
+        # "llama.cpp (source), FILE, N threads, ...": ours runs the same one.
+        file=$(sed -n '1s/^llama\.cpp ([^)]*), \(.*\), [0-9]* threads, .*/\1/p' \
+            "$OUT/t1-llamacpp-$name.txt")
+        [ -n "$file" ] || { echo "bench_targets.sh: no model named in $OUT/t1-llamacpp-$name.txt" >&2; exit 1; }
         log "target 1, $name: ours ($file)"
         $DECODE --model "$file" --batch-sizes 1,4,16 --prompt-len 256 --steps 64 --repeats 1 \
             --parts loop --json "$OUT/t1-ours-$name.json" > "$OUT/t1-ours-$name.txt" 2>&1
